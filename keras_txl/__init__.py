@@ -1,0 +1,35 @@
+"""keras-txl: Transformer-XL (Dai et al., 2019) in Keras 3."""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from keras_txl.adaptive import AdaptiveEmbedding  # noqa: E402
+from keras_txl.adaptive import AdaptiveSoftmax  # noqa: E402
+from keras_txl.backbone import TransformerXLBackbone  # noqa: E402
+from keras_txl.causal_lm import TransformerXLCausalLM  # noqa: E402
+from keras_txl.config import TransformerXLConfig  # noqa: E402
+from keras_txl.decoder_block import TransformerXLBlock  # noqa: E402
+from keras_txl.hf_checkpoint import load_hf_checkpoint  # noqa: E402
+from keras_txl.memory import attention_mask  # noqa: E402
+from keras_txl.memory import update_memory  # noqa: E402
+from keras_txl.presets import PRESETS  # noqa: E402
+from keras_txl.relative_attention import RelativeMultiHeadAttention  # noqa: E402
+from keras_txl.relative_attention import relative_shift  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaptiveEmbedding",
+    "AdaptiveSoftmax",
+    "PRESETS",
+    "RelativeMultiHeadAttention",
+    "TransformerXLBackbone",
+    "TransformerXLBlock",
+    "TransformerXLCausalLM",
+    "TransformerXLConfig",
+    "attention_mask",
+    "load_hf_checkpoint",
+    "relative_shift",
+    "update_memory",
+]

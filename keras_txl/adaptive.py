@@ -1,0 +1,261 @@
+"""Adaptive input embeddings and adaptive softmax (Baevski & Auli; Grave et al.).
+
+The vocabulary is split by `cutoffs` into a head shortlist `[0, c0)` and
+tail clusters `[c_{i-1}, c_i)`. Cluster i has a table of width
+`embedding_dim // div_val**i` and a projection to/from `hidden_dim`.
+Projections are stored as (E_i, D) matrices: the embedding uses `row @ P`,
+the softmax uses `h @ P^T` (one variable, used both ways when tied).
+
+Shape legend: B batch, T segment, D hidden_dim, E_i cluster width,
+V vocabulary, C number of tail clusters.
+"""
+
+import keras
+from keras import ops
+
+NEG_INF = -3.4028234663852886e38
+
+
+def cluster_has_projection(config, i):
+    """Whether cluster i maps between its width and hidden_dim."""
+    width = config.cluster_embedding_dim(i)
+    if config.div_val == 1:
+        return width != config.hidden_dim
+    return config.project_same_dim or width != config.hidden_dim
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class AdaptiveEmbedding(keras.layers.Layer):
+    """Adaptive input embedding, scaled by sqrt(hidden_dim) after projection.
+
+    With `div_val == 1` there is one (V, E) table (projected iff E != D);
+    otherwise one table and projection per cluster.
+
+    Args:
+        config: `TransformerXLConfig` (as a dict in `get_config`).
+
+    Call arguments:
+        token_ids: (B, T) int tensor.
+
+    Returns:
+        (B, T, D) tensor in the layer's compute dtype.
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        from keras_txl.config import TransformerXLConfig
+
+        if isinstance(config, dict):
+            config = TransformerXLConfig.from_dict(config)
+        self.config = config
+        self.tables = []
+        self.projections = []
+
+    def build(self, input_shape=None):
+        cfg = self.config
+        table_init = keras.initializers.RandomNormal(stddev=cfg.init_std)
+        proj_init = keras.initializers.RandomNormal(
+            stddev=cfg.projection_init_std
+        )
+        if cfg.div_val == 1:
+            bounds = [(0, cfg.vocabulary_size)]
+        else:
+            bounds = cfg.cluster_bounds
+        for i, (start, end) in enumerate(bounds):
+            width = cfg.cluster_embedding_dim(i)
+            self.tables.append(
+                self.add_weight(
+                    name=f"table_{i}", shape=(end - start, width),
+                    initializer=table_init,
+                )
+            )
+            if cluster_has_projection(cfg, i):
+                self.projections.append(
+                    self.add_weight(
+                        name=f"projection_{i}", shape=(width, cfg.hidden_dim),
+                        initializer=proj_init,
+                    )
+                )
+            else:
+                self.projections.append(None)
+        self.built = True
+
+    def _project(self, x, projection):
+        if projection is None:
+            return x
+        return ops.einsum(
+            "bte,ed->btd", x, ops.cast(projection, self.compute_dtype)
+        )
+
+    def call(self, token_ids):
+        cfg = self.config
+        token_ids = ops.cast(token_ids, "int32")
+        dtype = self.compute_dtype
+        if cfg.div_val == 1:
+            x = ops.take(ops.cast(self.tables[0], dtype), token_ids, axis=0)
+            x = self._project(x, self.projections[0])
+        else:
+            # Static shapes (XLA/TFLite friendly): every cluster looks up a
+            # clipped local id and the cluster mask keeps the right one.
+            x = None
+            for i, (start, end) in enumerate(cfg.cluster_bounds):
+                local = ops.clip(token_ids - start, 0, end - start - 1)
+                part = ops.take(ops.cast(self.tables[i], dtype), local, axis=0)
+                part = self._project(part, self.projections[i])  # (B, T, D)
+                inside = ops.logical_and(token_ids >= start, token_ids < end)
+                part = part * ops.cast(inside[..., None], dtype)
+                x = part if x is None else x + part
+        return x * ops.cast(cfg.hidden_dim**0.5, dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(config=self.config.to_dict())
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class AdaptiveSoftmax(keras.layers.Layer):
+    """Adaptive log-softmax over the full vocabulary, float32 output.
+
+    Head logits = `(h @ P_0^T) @ [W_0 ; cluster_kernel]^T + [b_0 ; cluster_bias]`:
+    the shortlist tokens then one logit per tail cluster. A token of tail
+    cluster i gets `head_logprob[c0 + i - 1] + tail_logprob_i`. Without
+    cutoffs it is a plain (optionally projected) log-softmax.
+
+    Tables (and tied projections) belong to the `AdaptiveEmbedding` and are
+    passed in at call time; this layer owns the output biases, the cluster
+    logits, untied projections and, with `tie_embeddings=False`, its own
+    tables.
+
+    Args:
+        config: `TransformerXLConfig`.
+
+    Call arguments:
+        hidden: (B, T, D) tensor.
+        embedding_tables: list of the embedding's tables.
+        embedding_projections: list of the embedding's projections.
+
+    Returns:
+        (B, T, V) float32 log-probabilities.
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        from keras_txl.config import TransformerXLConfig
+
+        if isinstance(config, dict):
+            config = TransformerXLConfig.from_dict(config)
+        self.config = config
+        self.own_projections = []
+        self.own_tables = []
+
+    def build(self, input_shape=None):
+        cfg = self.config
+        init = keras.initializers.RandomNormal(stddev=cfg.init_std)
+        proj_init = keras.initializers.RandomNormal(
+            stddev=cfg.projection_init_std
+        )
+        self.bias = self.add_weight(
+            name="bias", shape=(cfg.vocabulary_size,), initializer="zeros"
+        )
+        if cfg.num_clusters:
+            self.cluster_kernel = self.add_weight(
+                name="cluster_kernel",
+                shape=(cfg.num_clusters, cfg.cluster_embedding_dim(0)),
+                initializer=init,
+            )
+            self.cluster_bias = self.add_weight(
+                name="cluster_bias", shape=(cfg.num_clusters,),
+                initializer="zeros",
+            )
+        ties = cfg.resolved_tie_projections
+        for i in range(cfg.num_clusters + 1):
+            if cluster_has_projection(cfg, i) and not ties[i]:
+                self.own_projections.append(
+                    self.add_weight(
+                        name=f"projection_{i}",
+                        shape=(cfg.cluster_embedding_dim(i), cfg.hidden_dim),
+                        initializer=proj_init,
+                    )
+                )
+            else:
+                self.own_projections.append(None)
+        if not cfg.tie_embeddings:
+            if cfg.div_val == 1:
+                shapes = [(cfg.vocabulary_size, cfg.cluster_embedding_dim(0))]
+            else:
+                shapes = [
+                    (end - start, cfg.cluster_embedding_dim(i))
+                    for i, (start, end) in enumerate(cfg.cluster_bounds)
+                ]
+            for i, shape in enumerate(shapes):
+                self.own_tables.append(
+                    self.add_weight(
+                        name=f"table_{i}", shape=shape, initializer=init
+                    )
+                )
+        self.built = True
+
+    def cluster_weights(self, embedding_tables, embedding_projections):
+        """[(table_i, bias_i, projection_i or None)] per cluster, head first."""
+        cfg = self.config
+        tables = self.own_tables if not cfg.tie_embeddings else embedding_tables
+        ties = cfg.resolved_tie_projections
+        out = []
+        for i, (start, end) in enumerate(cfg.cluster_bounds):
+            if cfg.div_val == 1:
+                table = tables[0][start:end]
+                shared = embedding_projections[0]
+            else:
+                table = tables[i]
+                shared = embedding_projections[i]
+            if not cluster_has_projection(cfg, i):
+                projection = None
+            elif ties[i]:
+                projection = shared
+            else:
+                projection = self.own_projections[i]
+            out.append((table, self.bias[start:end], projection))
+        return out
+
+    def _logits(self, hidden, table, bias, projection):
+        dtype = self.compute_dtype
+        if projection is not None:
+            hidden = ops.einsum(
+                "btd,ed->bte", hidden, ops.cast(projection, dtype)
+            )  # (B, T, E_i)
+        logits = ops.einsum("bte,ve->btv", hidden, ops.cast(table, dtype))
+        return ops.cast(logits, "float32") + ops.cast(bias, "float32")
+
+    def call(self, hidden, embedding_tables, embedding_projections):
+        cfg = self.config
+        hidden = ops.cast(hidden, self.compute_dtype)
+        weights = self.cluster_weights(embedding_tables, embedding_projections)
+        head_table, head_bias, head_projection = weights[0]
+        if not cfg.num_clusters:
+            return ops.log_softmax(
+                self._logits(hidden, head_table, head_bias, head_projection),
+                axis=-1,
+            )
+        head_table = ops.concatenate(
+            [ops.cast(head_table, "float32"), self.cluster_kernel], axis=0
+        )
+        head_bias = ops.concatenate([head_bias, self.cluster_bias], axis=0)
+        head = ops.log_softmax(
+            self._logits(hidden, head_table, head_bias, head_projection), axis=-1
+        )  # (B, T, c0 + C)
+        shortlist = cfg.cutoffs[0]
+        pieces = [head[..., :shortlist]]
+        for i in range(1, cfg.num_clusters + 1):
+            table, bias, projection = weights[i]
+            tail = ops.log_softmax(
+                self._logits(hidden, table, bias, projection), axis=-1
+            )
+            column = shortlist + i - 1
+            pieces.append(head[..., column : column + 1] + tail)
+        return ops.concatenate(pieces, axis=-1)  # (B, T, V)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(config=self.config.to_dict())
+        return config

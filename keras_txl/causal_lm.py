@@ -1,0 +1,299 @@
+"""`TransformerXLCausalLM`: the Keras model users train, save and export.
+
+Shape legend: B batch, T segment, L num_layers, M memory_length,
+D hidden_dim, V vocabulary_size.
+"""
+
+import numpy as np
+import keras
+import tensorflow as tf
+from keras import ops
+
+from keras_txl.adaptive import AdaptiveSoftmax
+from keras_txl.backbone import TransformerXLBackbone
+from keras_txl.config import TransformerXLConfig
+
+
+def _is_concrete(x):
+    """True for numpy arrays and eager tensors: values can be checked now."""
+    if isinstance(x, np.ndarray):
+        return True
+    return (
+        tf.is_tensor(x)
+        and not isinstance(x, tf.Variable)
+        and not tf.is_symbolic_tensor(x)
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class TransformerXLCausalLM(keras.Model):
+    """Transformer-XL language model with explicit or stateful memory.
+
+    `call_with_memory(token_ids, memory)` is pure: it returns the log-probs
+    and the new memory and touches no state. With `stateful=True` the memory
+    lives in a non-trainable variable of shape (batch_size, L, M, D) that
+    each call reads and overwrites (like a stateful Keras RNN): the batch
+    size is fixed, feed segments in order with `fit(shuffle=False)` and call
+    `reset_memory()` between unrelated texts. Under a `tf.distribute`
+    strategy `batch_size` is the per-replica batch and every replica keeps
+    its own memory.
+
+    Args:
+        config: `TransformerXLConfig` or its dict.
+        stateful: bool. Keep the memory in a variable across calls.
+        batch_size: int. Batch each call sees; required when stateful.
+
+    Call arguments:
+        token_ids: (B, T) int tensor.
+        training: bool.
+
+    Returns:
+        (B, T, V) float32 log-probabilities.
+
+    Example:
+    ```python
+    config = keras_txl.TransformerXLConfig.from_preset("tiny")
+    model = keras_txl.TransformerXLCausalLM(config)
+    out = model.call_with_memory(np.zeros((2, 8), "int32"))
+    out = model.call_with_memory(next_ids, out["memory"])
+    ```
+
+    Reference:
+        Dai et al., 2019, arXiv:1901.02860.
+    """
+
+    def __init__(self, config, stateful=False, batch_size=None, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = TransformerXLConfig.from_dict(config)
+        if not isinstance(config, TransformerXLConfig):
+            raise ValueError(
+                "`config` must be a TransformerXLConfig or a dict, received "
+                f"{type(config).__name__}."
+            )
+        if stateful and (
+            not isinstance(batch_size, int) or isinstance(batch_size, bool)
+            or batch_size <= 0
+        ):
+            raise ValueError(
+                "A stateful TransformerXLCausalLM needs a fixed positive "
+                f"integer `batch_size`, received batch_size={batch_size!r}."
+            )
+        self.txl_config = config
+        self.stateful = stateful
+        self.batch_size = batch_size
+        self.backbone = TransformerXLBackbone(
+            config, dtype=self.dtype_policy, name="backbone"
+        )
+        self.softmax = AdaptiveSoftmax(
+            config, dtype=self.dtype_policy, name="softmax"
+        )
+        self.backbone.build()
+        self.softmax.build()
+        self.memory = None
+        if stateful:
+            # ON_READ + ONLY_FIRST_REPLICA: each replica keeps its own copy
+            # under MirroredStrategy (shared/TF_NOTES.md section 2).
+            self.memory = keras.Variable(
+                initializer="zeros",
+                shape=self.memory_shape(batch_size),
+                dtype="float32",
+                trainable=False,
+                synchronization="on_read",
+                aggregation="only_first_replica",
+                name="memory",
+            )
+        self.built = True
+
+    # --- memory -----------------------------------------------------------
+    def memory_shape(self, batch_size):
+        cfg = self.txl_config
+        return (batch_size, cfg.num_layers, cfg.memory_length, cfg.hidden_dim)
+
+    def initial_memory(self, batch_size):
+        """All-zero memory (B, L, M, D) float32 for the first segment."""
+        return ops.zeros(self.memory_shape(batch_size), dtype="float32")
+
+    def reset_memory(self):
+        """Zero the stateful memory (start of a new text or epoch)."""
+        if not self.stateful:
+            raise ValueError(
+                "reset_memory() needs a model built with stateful=True; this "
+                "model takes the memory as an argument of call_with_memory()."
+            )
+        self.memory.assign(ops.zeros(self.memory.shape, dtype="float32"))
+
+    # --- validation -------------------------------------------------------
+    def _check_token_ids(self, token_ids):
+        cfg = self.txl_config
+        if not (tf.is_tensor(token_ids) or isinstance(token_ids, keras.KerasTensor)):
+            array = np.asarray(token_ids)
+            if array.dtype == object:
+                raise ValueError(
+                    "`token_ids` must be an integer array of shape "
+                    "(batch, segment_length)."
+                )
+            token_ids = array
+        dtype = str(token_ids.dtype.name if hasattr(token_ids.dtype, "name")
+                    else token_ids.dtype)
+        if "int" not in dtype:
+            raise ValueError(
+                "`token_ids` must be an integer tensor (int32 or int64) of "
+                f"shape (batch, segment_length), received dtype {dtype}."
+            )
+        shape = tuple(token_ids.shape)
+        if len(shape) != 2:
+            raise ValueError(
+                "`token_ids` must have rank 2, (batch, segment_length), "
+                f"received shape {shape}."
+            )
+        if shape[1] == 0:
+            raise ValueError(
+                "`token_ids` must hold at least one position per row, "
+                f"received shape {shape} (segment_length 0)."
+            )
+        if _is_concrete(token_ids):
+            values = np.asarray(token_ids)
+            if values.size and (
+                values.min() < 0 or values.max() >= cfg.vocabulary_size
+            ):
+                raise ValueError(
+                    "`token_ids` must be in [0, vocabulary_size="
+                    f"{cfg.vocabulary_size}), received values in "
+                    f"[{values.min()}, {values.max()}]."
+                )
+            return ops.convert_to_tensor(values.astype("int32"))
+        token_ids = ops.cast(token_ids, "int32")
+        if tf.is_tensor(token_ids):
+            # Graph mode: checked at run time (a no-op under XLA).
+            with tf.control_dependencies([
+                tf.debugging.assert_non_negative(
+                    token_ids, message="`token_ids` must be >= 0"
+                ),
+                tf.debugging.assert_less(
+                    token_ids, tf.constant(cfg.vocabulary_size, tf.int32),
+                    message=f"`token_ids` must be < vocabulary_size="
+                    f"{cfg.vocabulary_size}",
+                ),
+            ]):
+                token_ids = tf.identity(token_ids)
+        return token_ids
+
+    def _check_memory(self, memory, token_ids):
+        cfg = self.txl_config
+        if not (tf.is_tensor(memory) or isinstance(memory, keras.KerasTensor)
+                or isinstance(memory, tf.Variable)):
+            memory = np.asarray(memory)
+        dtype = str(memory.dtype.name if hasattr(memory.dtype, "name")
+                    else memory.dtype)
+        if "float" not in dtype:
+            raise ValueError(
+                f"`memory` must be a float tensor, received dtype {dtype}."
+            )
+        shape = tuple(memory.shape)
+        expected = (cfg.num_layers, cfg.memory_length, cfg.hidden_dim)
+        if len(shape) != 4 or any(
+            s is not None and s != e for s, e in zip(shape[1:], expected)
+        ):
+            raise ValueError(
+                "`memory` must have shape (batch, num_layers, memory_length, "
+                f"hidden_dim) = (batch, {expected[0]}, {expected[1]}, "
+                f"{expected[2]}), received shape {shape}."
+            )
+        batch = token_ids.shape[0]
+        if shape[0] is not None and batch is not None and shape[0] != batch:
+            raise ValueError(
+                f"`memory` has batch size {shape[0]} but `token_ids` has batch "
+                f"size {batch}; pass the memory returned for this batch."
+            )
+        if _is_concrete(memory):
+            values = np.asarray(memory)
+            if not np.all(np.isfinite(values)):
+                raise ValueError(
+                    "`memory` contains NaN or Inf values; pass the memory "
+                    "returned by the previous segment or zeros."
+                )
+            return ops.convert_to_tensor(values.astype("float32"))
+        return ops.cast(memory, "float32")
+
+    # --- forward ----------------------------------------------------------
+    def call_with_memory(
+        self, token_ids, memory=None, training=False, return_hidden=False
+    ):
+        """Pure forward pass over one segment.
+
+        Args:
+            token_ids: (B, T) int tensor, ids in [0, vocabulary_size).
+            memory: (B, L, M, D) float tensor or None (all-zero memory).
+            training: bool. Dropout on.
+            return_hidden: bool. Also return the final hidden states.
+
+        Returns:
+            dict with "log_probs" (B, T, V) float32 and "memory"
+            (B, L, M, D) float32 (and "hidden" (B, T, D)).
+
+        Raises:
+            ValueError: on ids out of range, wrong dtype/rank, or memory of
+                the wrong shape, batch or dtype.
+        """
+        token_ids = self._check_token_ids(token_ids)
+        if memory is not None:
+            memory = self._check_memory(memory, token_ids)
+        hidden, new_memory = self.backbone(
+            token_ids, memory, training=training
+        )
+        log_probs = self.log_probs_from_hidden(hidden)
+        out = {"log_probs": log_probs, "memory": new_memory}
+        if return_hidden:
+            out["hidden"] = hidden
+        return out
+
+    def log_probs_from_hidden(self, hidden):
+        """(B, T, D) hidden states -> (B, T, V) float32 log-probabilities."""
+        embedding = self.backbone.token_embedding
+        return self.softmax(hidden, embedding.tables, embedding.projections)
+
+    def call(self, token_ids, training=False):
+        if not self.stateful:
+            return self.call_with_memory(token_ids, None, training)["log_probs"]
+        out = self.call_with_memory(token_ids, self.memory, training)
+        self.memory.assign(out["memory"])
+        return out["log_probs"]
+
+    def compute_output_spec(self, token_ids, training=False):
+        shape = tuple(token_ids.shape)
+        return keras.KerasTensor(
+            (*shape, self.txl_config.vocabulary_size), dtype="float32"
+        )
+
+    # --- evaluation settings ---------------------------------------------
+    def with_settings(self, stateful=False, batch_size=None, **changes):
+        """A copy with other memory_length / clamp_length / same_length...
+
+        Weights do not depend on those settings (the paper evaluates with a
+        longer memory than it trains with); the copy shares no variables.
+        """
+        config = self.txl_config.replace(**changes)
+        clone = TransformerXLCausalLM(
+            config, stateful=stateful, batch_size=batch_size,
+            dtype=self.dtype_policy,
+        )
+        source = [w for w in self.weights if w is not self.memory]
+        target = [w for w in clone.weights if w is not clone.memory]
+        for s, t in zip(source, target):
+            t.assign(s)
+        return clone
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            config=self.txl_config.to_dict(),
+            stateful=self.stateful,
+            batch_size=self.batch_size,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(**config)

@@ -1,0 +1,300 @@
+"""Model configuration: one frozen dataclass, strict JSON round trip, presets.
+
+The fields of `TransformerXLConfig` are exactly the constructor arguments of
+`TransformerXLCausalLM` (besides `stateful`/`batch_size`), so a config file
+rebuilds its own model.
+"""
+
+import dataclasses
+import json
+from typing import Any
+
+SAME_LENGTH_CONVENTIONS = ("official_tf", "pytorch")
+ATTENTION_TYPES = ("relative", "vanilla")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerXLConfig:
+    """Hyper-parameters of a Transformer-XL language model.
+
+    Names follow Keras/keras-hub; the paper's and the official code's names
+    are given in brackets.
+    """
+
+    # Number of token ids; ids are in [0, vocabulary_size). [n_token]
+    vocabulary_size: int
+    # Number of decoder blocks. [n_layer]
+    num_layers: int
+    # Width of the residual stream. [d_model]
+    hidden_dim: int
+    # Number of attention heads. [n_head]
+    num_heads: int
+    # Width of the feed-forward inner layer. [d_inner]
+    intermediate_dim: int
+    # Width of one head; None means hidden_dim // num_heads. [d_head]
+    head_dim: int | None = None
+    # Width of the (first) embedding table; None means hidden_dim. [d_embed]
+    embedding_dim: int | None = None
+    # Adaptive input/softmax cluster boundaries, strictly increasing,
+    # each in (0, vocabulary_size); () means one plain softmax. [cutoffs]
+    cutoffs: tuple = ()
+    # Embedding width of cluster i is embedding_dim // div_val**i. [div_val]
+    div_val: int = 1
+    # Per cluster (head first): share the softmax projection with the input
+    # embedding's projection. None = the paper's "all but first". [tie_projs]
+    tie_projections: tuple | None = None
+    # Output tables are the input embedding tables. [tie_weight]
+    tie_embeddings: bool = True
+    # With div_val > 1, give a cluster whose width equals hidden_dim a
+    # projection anyway (HF/PyTorch always do; the official TF code with
+    # proj_same_dim=False does not). [proj_same_dim]
+    project_same_dim: bool = True
+    # Training segment length; the model itself runs any length. [tgt_len]
+    segment_length: int = 128
+    # Cached positions per layer; 0 disables the recurrence. [mem_len]
+    memory_length: int = 128
+    # Relative distances above this are clamped; <= 0 disables. [clamp_len]
+    clamp_length: int = -1
+    # Every query sees the same number of keys. [same_length]
+    same_length: bool = False
+    # "official_tf": a query sees M+1 keys (the TF code behind the paper's
+    # numbers); "pytorch": M keys (PyTorch and Hugging Face).
+    same_length_convention: str = "official_tf"
+    # Pre-LN blocks instead of the paper's post-LN. [pre_lnorm]
+    pre_layer_norm: bool = False
+    # Separate u/v biases per layer instead of shared ones. [untie_r]
+    untie_relative_bias: bool = False
+    # "relative" is Transformer-XL; "vanilla" uses absolute sinusoid
+    # positions per segment and no relative terms (the paper's baseline).
+    attention_type: str = "relative"
+    # Dropout on embeddings, R, attention output, FFN and final output.
+    dropout: float = 0.1
+    # Dropout on attention probabilities. [dropatt]
+    attention_dropout: float = 0.0
+    # LayerNorm epsilon: 1e-5 in PyTorch/HF, 1e-12 in the official TF code.
+    layer_norm_epsilon: float = 1e-5
+    # Normal(0, init_std) for kernels, tables and u/v biases.
+    init_std: float = 0.02
+    # Normal(0, projection_init_std) for the adaptive projections.
+    projection_init_std: float = 0.01
+
+    def __post_init__(self):
+        # Normalise containers so JSON lists and tuples compare equal.
+        object.__setattr__(self, "cutoffs", tuple(self.cutoffs))
+        if self.tie_projections is not None:
+            object.__setattr__(
+                self, "tie_projections", tuple(self.tie_projections)
+            )
+        self.validate()
+
+    # --- derived values -------------------------------------------------
+    @property
+    def resolved_embedding_dim(self) -> int:
+        return self.hidden_dim if self.embedding_dim is None else self.embedding_dim
+
+    @property
+    def resolved_head_dim(self) -> int:
+        if self.head_dim is None:
+            return self.hidden_dim // self.num_heads
+        return self.head_dim
+
+    @property
+    def num_clusters(self) -> int:
+        """Number of tail clusters (0 for a plain softmax)."""
+        return len(self.cutoffs)
+
+    @property
+    def cluster_bounds(self) -> list:
+        """[(start, end)] for the head shortlist and each tail cluster."""
+        edges = [0, *self.cutoffs, self.vocabulary_size]
+        return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+    @property
+    def resolved_tie_projections(self) -> tuple:
+        if self.tie_projections is None:
+            return (False,) + (True,) * self.num_clusters
+        return self.tie_projections
+
+    def cluster_embedding_dim(self, i: int) -> int:
+        if self.div_val == 1:
+            return self.resolved_embedding_dim
+        return self.resolved_embedding_dim // (self.div_val**i)
+
+    # --- validation -----------------------------------------------------
+    def validate(self) -> None:
+        def positive(name):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(
+                    f"`{name}` must be a positive integer, received "
+                    f"{name}={value!r}."
+                )
+
+        for name in (
+            "vocabulary_size",
+            "num_layers",
+            "hidden_dim",
+            "num_heads",
+            "intermediate_dim",
+            "div_val",
+            "segment_length",
+        ):
+            positive(name)
+        if self.embedding_dim is not None:
+            positive("embedding_dim")
+        if self.head_dim is not None:
+            positive("head_dim")
+        elif self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"`hidden_dim`={self.hidden_dim} must be divisible by "
+                f"`num_heads`={self.num_heads} when `head_dim` is not given; "
+                "set head_dim explicitly or change one of them."
+            )
+        for name in ("memory_length", "clamp_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(
+                    f"`{name}` must be an integer, received {name}={value!r}."
+                )
+        if self.memory_length < 0:
+            raise ValueError(
+                "`memory_length` must be >= 0 (0 disables the recurrence), "
+                f"received memory_length={self.memory_length}."
+            )
+        if self.hidden_dim % 2:
+            raise ValueError(
+                "`hidden_dim` must be even (the sinusoid position encoding "
+                f"has sin and cos halves), received hidden_dim={self.hidden_dim}."
+            )
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(
+                    f"`{name}` must be in [0, 1), received {name}={value!r}."
+                )
+        for name in ("layer_norm_epsilon", "init_std", "projection_init_std"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(
+                    f"`{name}` must be a positive number, received "
+                    f"{name}={value!r}."
+                )
+        for name in ("same_length", "pre_layer_norm", "untie_relative_bias",
+                     "tie_embeddings", "project_same_dim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"`{name}` must be a bool, received "
+                    f"{name}={getattr(self, name)!r}."
+                )
+        if self.same_length_convention not in SAME_LENGTH_CONVENTIONS:
+            raise ValueError(
+                "`same_length_convention` must be one of "
+                f"{SAME_LENGTH_CONVENTIONS}, received "
+                f"{self.same_length_convention!r}."
+            )
+        if self.attention_type not in ATTENTION_TYPES:
+            raise ValueError(
+                f"`attention_type` must be one of {ATTENTION_TYPES}, received "
+                f"{self.attention_type!r}."
+            )
+        cutoffs = self.cutoffs
+        if any(not isinstance(c, int) or isinstance(c, bool) for c in cutoffs):
+            raise ValueError(
+                f"`cutoffs` must be integers, received cutoffs={list(cutoffs)}."
+            )
+        if list(cutoffs) != sorted(set(cutoffs)):
+            raise ValueError(
+                "`cutoffs` must be strictly increasing, received "
+                f"cutoffs={list(cutoffs)}."
+            )
+        if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocabulary_size):
+            raise ValueError(
+                "`cutoffs` must lie strictly between 0 and vocabulary_size="
+                f"{self.vocabulary_size}, received cutoffs={list(cutoffs)}."
+            )
+        if self.div_val > 1:
+            smallest = self.resolved_embedding_dim // (
+                self.div_val ** len(cutoffs)
+            )
+            if smallest < 1:
+                raise ValueError(
+                    f"`embedding_dim`={self.resolved_embedding_dim} with "
+                    f"div_val={self.div_val} and {len(cutoffs)} cutoffs gives "
+                    "an empty embedding for the last cluster; lower div_val."
+                )
+        if self.tie_projections is not None:
+            if len(self.tie_projections) != len(cutoffs) + 1 or any(
+                not isinstance(t, bool) for t in self.tie_projections
+            ):
+                raise ValueError(
+                    "`tie_projections` must be None or one bool per cluster "
+                    f"(len(cutoffs) + 1 = {len(cutoffs) + 1}), received "
+                    f"{list(self.tie_projections)}."
+                )
+
+    # --- serialisation --------------------------------------------------
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["cutoffs"] = list(self.cutoffs)
+        if self.tie_projections is not None:
+            out["tie_projections"] = list(self.tie_projections)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TransformerXLConfig":
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"A config must be a dict, received {type(data).__name__}."
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(
+                f"Unknown config key(s) {unknown}. Valid keys: {names}."
+            )
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.name not in data
+        ]
+        if required:
+            raise ValueError(f"Missing required config key(s) {required}.")
+        return cls(**data)
+
+    def to_json(self, path: str | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> "TransformerXLConfig":
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            with open(text_or_path) as f:
+                text = f.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"Config is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "TransformerXLConfig":
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ValueError(
+                f"Unknown config key(s) {unknown}. Valid keys: {sorted(names)}."
+            )
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_preset(cls, name: str, **changes: Any) -> "TransformerXLConfig":
+        from keras_txl.presets import PRESETS
+
+        if name not in PRESETS:
+            raise ValueError(
+                f"Unknown preset {name!r}. Available: {sorted(PRESETS)}."
+            )
+        return cls.from_dict(PRESETS[name]["model"]).replace(**changes)

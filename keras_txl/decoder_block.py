@@ -1,0 +1,164 @@
+"""One Transformer-XL decoder block: relative attention + position-wise FFN.
+
+Shape legend: B batch, T segment, M memory, K = M + T, D hidden_dim.
+"""
+
+import keras
+from keras import ops
+
+from keras_txl.relative_attention import RelativeMultiHeadAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class TransformerXLBlock(keras.layers.Layer):
+    """Decoder block, post-LN (the paper) or pre-LN.
+
+    Post-LN: `h = LN(h + Attn([mem ; h]))`, then `h = LN(h + FFN(h))`.
+    Pre-LN: `h = h + Attn(LN([mem ; h]))`, then `h = h + FFN(LN(h))`; the
+    stored memory itself is never normalised. FFN is
+    `Dense(intermediate, relu) -> dropout -> Dense(D) -> dropout`.
+
+    Args:
+        num_heads: int.
+        head_dim: int.
+        intermediate_dim: int.
+        dropout: float.
+        attention_dropout: float.
+        pre_layer_norm: bool.
+        layer_norm_epsilon: float.
+        relative: bool. Relative attention (False: vanilla attention).
+        kernel_initializer: initializer.
+
+    Call arguments:
+        hidden: (B, T, D) input of the block.
+        memory: (B, M, D) memory of this block.
+        position_embedding, content_bias, position_bias, attention_mask,
+        training, return_scores: as in `RelativeMultiHeadAttention`.
+
+    Returns:
+        (B, T, D) tensor (and the attention details with `return_scores`).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        intermediate_dim,
+        dropout=0.0,
+        attention_dropout=0.0,
+        pre_layer_norm=False,
+        layer_norm_epsilon=1e-5,
+        relative=True,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.pre_layer_norm = pre_layer_norm
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.relative = relative
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+        self.attention = RelativeMultiHeadAttention(
+            num_heads, head_dim, dropout=dropout,
+            attention_dropout=attention_dropout, relative=relative,
+            kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy,
+            name="attention",
+        )
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
+            name="attention_norm",
+        )
+        self.intermediate_dense = keras.layers.Dense(
+            intermediate_dim, activation="relu",
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy, name="intermediate_dense",
+        )
+        self.output_dense = None  # created in build: needs D
+        self.feedforward_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
+            name="feedforward_norm",
+        )
+        self._intermediate_dropout = keras.layers.Dropout(dropout)
+        self._output_dropout = keras.layers.Dropout(dropout)
+
+    def build(self, hidden_shape):
+        hidden_dim = hidden_shape[-1]
+        self.attention.build(hidden_shape)
+        self.attention_norm.build(hidden_shape)
+        self.intermediate_dense.build(hidden_shape)
+        self.output_dense = keras.layers.Dense(
+            hidden_dim, kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy, name="output_dense",
+        )
+        self.output_dense.build((*hidden_shape[:-1], self.intermediate_dim))
+        self.feedforward_norm.build(hidden_shape)
+        self.built = True
+
+    def _feedforward(self, x, training):
+        x = self.intermediate_dense(x)
+        x = self._intermediate_dropout(x, training=training)
+        x = self.output_dense(x)
+        return self._output_dropout(x, training=training)
+
+    def call(
+        self,
+        hidden,
+        memory,
+        position_embedding=None,
+        content_bias=None,
+        position_bias=None,
+        attention_mask=None,
+        training=False,
+        return_scores=False,
+    ):
+        hidden = ops.cast(hidden, self.compute_dtype)
+        memory = ops.cast(memory, self.compute_dtype)
+        if self.pre_layer_norm:
+            # LN([mem ; h]) == [LN(mem) ; LN(h)]: LayerNorm is per position.
+            query, keys = self.attention_norm(hidden), self.attention_norm(memory)
+        else:
+            query, keys = hidden, memory
+        attended = self.attention(
+            query, keys, position_embedding=position_embedding,
+            content_bias=content_bias, position_bias=position_bias,
+            attention_mask=attention_mask, training=training,
+            return_scores=return_scores,
+        )
+        details = None
+        if return_scores:
+            attended, details = attended
+        if self.pre_layer_norm:
+            hidden = hidden + attended
+            hidden = hidden + self._feedforward(
+                self.feedforward_norm(hidden), training
+            )
+        else:
+            hidden = self.attention_norm(hidden + attended)
+            hidden = self.feedforward_norm(
+                hidden + self._feedforward(hidden, training)
+            )
+        if return_scores:
+            return hidden, details
+        return hidden
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            intermediate_dim=self.intermediate_dim,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            pre_layer_norm=self.pre_layer_norm,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            relative=self.relative,
+            kernel_initializer=keras.initializers.serialize(
+                self.kernel_initializer
+            ),
+        )
+        return config

@@ -1,0 +1,71 @@
+"""Pure helpers for the segment-level recurrence: masks and memory update.
+
+Shape legend: B batch, T segment length, M memory length, K = M + T keys,
+L layers, D hidden_dim.
+"""
+
+from keras import ops
+
+
+def attention_mask(
+    segment_length,
+    memory_length,
+    same_length=False,
+    same_length_convention="official_tf",
+):
+    """Boolean (T, K) matrix, True where query i may attend to key j.
+
+    Keys are `[memory ; segment]`. Query i sits at key position M + i, so the
+    causal rule is `j <= M + i`. With `same_length`, every query sees the
+    same number of keys:
+      - "official_tf": keys `[i, M + i]`, M + 1 of them (the official TF code
+        that produced the paper's results);
+      - "pytorch": keys `(i, M + i]`, M of them (PyTorch / Hugging Face). With
+        M == 0 this blocks every key and the attention becomes uniform, as in
+        Hugging Face.
+    """
+    query = ops.arange(segment_length)[:, None]  # (T, 1)
+    key = ops.arange(segment_length + memory_length)[None, :]  # (1, K)
+    allowed = key <= query + memory_length
+    if same_length:
+        if same_length_convention == "official_tf":
+            allowed = ops.logical_and(allowed, key >= query)
+        elif same_length_convention == "pytorch":
+            allowed = ops.logical_and(allowed, key > query)
+        else:
+            raise ValueError(
+                "`same_length_convention` must be 'official_tf' or 'pytorch', "
+                f"received {same_length_convention!r}."
+            )
+    return allowed  # (T, K)
+
+
+def update_memory(previous_memory, layer_input, memory_length):
+    """New memory of one layer: the last M positions of [old memory ; input].
+
+    The result is cut from the graph (paper eq. in section 3.2:
+    `SG(h_{tau}^{n-1})`): no gradient flows into an older segment.
+
+    Args:
+        previous_memory: (B, M_old, D) tensor.
+        layer_input: (B, T, D) tensor, the input of this layer in the segment.
+        memory_length: int, M.
+
+    Returns:
+        (B, M, D) tensor.
+    """
+    if memory_length == 0:
+        return previous_memory[:, :0, :]  # (B, 0, D)
+    layer_input = ops.cast(layer_input, previous_memory.dtype)
+    joined = ops.concatenate([previous_memory, layer_input], axis=1)
+    return ops.stop_gradient(joined[:, -memory_length:, :])  # (B, M, D)
+
+
+def zero_memory(batch_size, num_layers, memory_length, hidden_dim):
+    """All-zero memory of full length, (B, L, M, D) float32.
+
+    What the official TF code and Hugging Face feed to the first segment.
+    """
+    return ops.zeros(
+        (batch_size, num_layers, memory_length, hidden_dim), dtype="float32"
+    )

@@ -50,6 +50,8 @@ class TransformerXLBackbone(keras.layers.Layer):
     """
 
     def __init__(self, config, **kwargs):
+        # The float32 memory must not be cast to the compute dtype on entry.
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if isinstance(config, dict):
             config = TransformerXLConfig.from_dict(config)
@@ -157,7 +159,9 @@ class TransformerXLBackbone(keras.layers.Layer):
                 details["attention"].append(attention)
                 details["hidden"].append(x)
         x = self._output_dropout(x, training=training)
-        new_memory = ops.stack(new_memory, axis=1)  # (B, L, M, D)
+        # Memory is float32 whatever the compute dtype (it is exported and
+        # fed back by clients).
+        new_memory = ops.cast(ops.stack(new_memory, axis=1), "float32")  # (B,L,M,D)
         if return_details:
             return x, new_memory, details
         return x, new_memory

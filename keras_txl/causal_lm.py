@@ -18,6 +18,8 @@ def _is_concrete(x):
     """True for numpy arrays and eager tensors: values can be checked now."""
     if isinstance(x, np.ndarray):
         return True
+    if isinstance(x, (keras.Variable, keras.KerasTensor)):
+        return False
     return (
         tf.is_tensor(x)
         and not isinstance(x, tf.Variable)
@@ -278,11 +280,29 @@ class TransformerXLCausalLM(keras.Model):
             config, stateful=stateful, batch_size=batch_size,
             dtype=self.dtype_policy,
         )
-        source = [w for w in self.weights if w is not self.memory]
-        target = [w for w in clone.weights if w is not clone.memory]
+        clone.assign_weights_from(self)
+        return clone
+
+    def model_weights(self):
+        """All weights but the stateful memory, in a fixed order."""
+        return [w for w in self.weights if w is not self.memory]
+
+    def assign_weights_from(self, other):
+        """Copies the weights of a model with the same architecture.
+
+        The memory variable (if any) is left alone, so a stateful model can
+        take the weights of a pure one and the other way round.
+        """
+        source, target = other.model_weights(), self.model_weights()
+        if len(source) != len(target) or any(
+            tuple(a.shape) != tuple(b.shape) for a, b in zip(source, target)
+        ):
+            raise ValueError(
+                "assign_weights_from() needs a model with the same "
+                "architecture; the weight shapes differ."
+            )
         for s, t in zip(source, target):
             t.assign(s)
-        return clone
 
     def get_config(self):
         config = super().get_config()

@@ -120,6 +120,39 @@ class TransformerXLConfig:
             return self.resolved_embedding_dim
         return self.resolved_embedding_dim // (self.div_val**i)
 
+    def num_parameters(self) -> int:
+        """Trainable parameters, counted from the shapes (no model built)."""
+        from keras_txl.adaptive import cluster_has_projection
+
+        D, E = self.hidden_dim, self.resolved_embedding_dim
+        NH = self.num_heads * self.resolved_head_dim
+        V = self.vocabulary_size
+        if self.div_val == 1:
+            tables = V * E
+            projections = D * E if E != D else 0
+        else:
+            tables = projections = 0
+            for i, (start, end) in enumerate(self.cluster_bounds):
+                width = self.cluster_embedding_dim(i)
+                tables += (end - start) * width
+                if cluster_has_projection(self, i):
+                    projections += width * D
+        block = 5 * NH * D + 4 * D  # qkv (3), r, o; two LayerNorms
+        block += 2 * D * self.intermediate_dim + self.intermediate_dim + D
+        if self.attention_type == "vanilla":
+            block -= NH * D  # no position projection
+        biases = 0
+        if self.attention_type == "relative":
+            biases = 2 * NH * (self.num_layers if self.untie_relative_bias else 1)
+        softmax = V + self.num_clusters * (self.cluster_embedding_dim(0) + 1)
+        ties = self.resolved_tie_projections
+        for i in range(self.num_clusters + 1):
+            if cluster_has_projection(self, i) and not ties[i]:
+                softmax += self.cluster_embedding_dim(i) * D
+        if not self.tie_embeddings:
+            softmax += tables
+        return tables + projections + self.num_layers * block + biases + softmax
+
     # --- validation -----------------------------------------------------
     def validate(self) -> None:
         def positive(name):

@@ -1,0 +1,262 @@
+"""TransformerXLCausalLM: pure vs stateful, gradients, errors, saving, XLA,
+mixed precision, distribution."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_txl
+from keras_txl import TransformerXLCausalLM
+from keras_txl import TransformerXLConfig
+
+B, T, M, V = 2, 4, 4, 11
+
+
+def tiny(**changes):
+    base = dict(vocabulary_size=V, num_layers=2, hidden_dim=8, num_heads=2,
+                intermediate_dim=16, segment_length=T, memory_length=M,
+                dropout=0.0, cutoffs=(5,), div_val=2, init_std=0.3,
+                projection_init_std=0.3)
+    base.update(changes)
+    return TransformerXLConfig(**base)
+
+
+def segments(n=3, batch=B, length=T, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, V, size=(batch, length)).astype("int32") for _ in range(n)]
+
+
+def chained(model, segs, memory=None):
+    outs = []
+    for seg in segs:
+        out = model.call_with_memory(seg, memory)
+        memory = out["memory"]
+        outs.append(out)
+    return outs
+
+
+CONFIG_VARIANTS = {
+    "post_ln": {},
+    "pre_ln": {"pre_layer_norm": True},
+    "same_length_tf": {"same_length": True, "same_length_convention": "official_tf"},
+    "same_length_pt": {"same_length": True, "same_length_convention": "pytorch"},
+    "vanilla": {"attention_type": "vanilla"},
+    "memory_0": {"memory_length": 0},
+    "clamp_1": {"clamp_length": 1, "untie_relative_bias": True},
+    "plain_softmax": {"cutoffs": (), "div_val": 1},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(CONFIG_VARIANTS))
+def test_stateful_model_equals_chained_pure_calls(variant):
+    config = tiny(**CONFIG_VARIANTS[variant])
+    pure = TransformerXLCausalLM(config)
+    stateful = TransformerXLCausalLM(config, stateful=True, batch_size=B)
+    stateful.assign_weights_from(pure)
+    segs = segments()
+    for seg, out in zip(segs, chained(pure, segs)):
+        np.testing.assert_allclose(stateful(seg).numpy(), out["log_probs"].numpy(),
+                                   atol=1e-6)
+        np.testing.assert_allclose(stateful.memory.numpy(), out["memory"].numpy(),
+                                   atol=1e-6)
+    log_probs = out["log_probs"].numpy()
+    np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
+    stateful.reset_memory()
+    assert not np.any(stateful.memory.numpy())
+    np.testing.assert_allclose(stateful(segs[0]).numpy(),
+                               pure.call_with_memory(segs[0])["log_probs"].numpy(),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["post_ln", "same_length_tf", "vanilla", "pre_ln"])
+def test_changing_a_future_token_never_changes_earlier_log_probs(variant):
+    model = TransformerXLCausalLM(tiny(**CONFIG_VARIANTS[variant]))
+    memory = model.call_with_memory(segments(1)[0])["memory"]
+    seg = segments(1, seed=5)[0]
+    base = model.call_with_memory(seg, memory)["log_probs"].numpy()
+    for t in range(T):
+        changed = seg.copy()
+        changed[:, t] = (changed[:, t] + 1) % V
+        other = model.call_with_memory(changed, memory)["log_probs"].numpy()
+        np.testing.assert_allclose(other[:, :t], base[:, :t], atol=1e-6)
+        assert np.abs(other[:, t:] - base[:, t:]).max() > 1e-4
+
+
+def test_memory_carries_information_and_zero_length_memory_does_not():
+    with_memory = TransformerXLCausalLM(tiny())
+    a, b = segments(2)
+    m1 = with_memory.call_with_memory(a)["memory"]
+    m2 = with_memory.call_with_memory(b)["memory"]
+    out1 = with_memory.call_with_memory(b, m1)["log_probs"].numpy()
+    out2 = with_memory.call_with_memory(b, m2)["log_probs"].numpy()
+    assert np.abs(out1 - out2).max() > 1e-3
+    # The memory is the last M inputs of each layer: layer 0 = embeddings.
+    embedded = with_memory.backbone.token_embedding(b).numpy()
+    np.testing.assert_allclose(m2.numpy()[:, 0], embedded[:, -M:], atol=1e-6)
+    no_memory = TransformerXLCausalLM(tiny(memory_length=0))
+    out = no_memory.call_with_memory(a)
+    assert tuple(out["memory"].shape) == (B, 2, 0, 8)
+    again = no_memory.call_with_memory(a, out["memory"])["log_probs"].numpy()
+    np.testing.assert_allclose(again, out["log_probs"].numpy(), atol=1e-6)
+
+
+def test_no_gradient_flows_into_the_memory():
+    model = TransformerXLCausalLM(tiny())
+    a, b = segments(2)
+    memory = tf.Variable(model.call_with_memory(a)["memory"])
+    with tf.GradientTape() as tape:
+        out = model.call_with_memory(b, memory, training=True)
+        loss = -tf.reduce_mean(out["log_probs"])
+    grads = tape.gradient(loss, [memory] + model.trainable_variables)
+    assert grads[0] is None
+    assert all(g is not None for g in grads[1:])
+    with tf.GradientTape() as tape:
+        out = model.call_with_memory(b, memory)
+        new_memory_sum = tf.reduce_sum(out["memory"])
+    assert all(g is None for g in tape.gradient(new_memory_sum, model.trainable_variables))
+
+
+@pytest.mark.parametrize("ids, message", [
+    (np.full((B, T), V, "int32"), r"must be in \[0, vocabulary_size=11\), received values in \[11, 11\]"),
+    (np.full((B, T), -1, "int64"), r"must be in \[0, vocabulary_size=11\)"),
+    (np.zeros((B, T), "float32"), "integer tensor .* received dtype float32"),
+    (np.zeros((B, T, 1), "int32"), r"rank 2, \(batch, segment_length\), received shape \(2, 4, 1\)"),
+    (np.zeros((B,), "int32"), "rank 2"),
+    (np.zeros((B, 0), "int32"), "segment_length 0"),
+])
+def test_bad_token_ids(ids, message):
+    model = TransformerXLCausalLM(tiny())
+    with pytest.raises(ValueError, match=message):
+        model.call_with_memory(ids)
+    with pytest.raises(ValueError, match=message):
+        model.call_with_memory(tf.constant(ids))
+
+
+def test_out_of_range_ids_fail_inside_tf_function_too():
+    model = TransformerXLCausalLM(tiny())
+    fn = tf.function(lambda ids: model.call_with_memory(ids)["log_probs"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="vocabulary_size=11"):
+        fn(tf.fill((B, T), V))
+
+
+@pytest.mark.parametrize("memory, message", [
+    (np.zeros((B, 2, M + 1, 8), "float32"), r"\(batch, 2, 4, 8\), received shape \(2, 2, 5, 8\)"),
+    (np.zeros((B, 3, M, 8), "float32"), "received shape"),
+    (np.zeros((2, M, 8), "float32"), "received shape"),
+    (np.zeros((B + 1, 2, M, 8), "float32"), "batch size 3 but `token_ids` has batch size 2"),
+    (np.zeros((B, 2, M, 8), "int32"), "float tensor, received dtype int32"),
+    (np.full((B, 2, M, 8), np.nan, "float32"), "NaN or Inf"),
+])
+def test_bad_memory(memory, message):
+    model = TransformerXLCausalLM(tiny())
+    with pytest.raises(ValueError, match=message):
+        model.call_with_memory(segments(1)[0], memory)
+
+
+def test_stateful_needs_a_batch_size_and_pure_model_has_no_reset():
+    with pytest.raises(ValueError, match="fixed positive integer `batch_size`"):
+        TransformerXLCausalLM(tiny(), stateful=True)
+    with pytest.raises(ValueError, match="stateful=True"):
+        TransformerXLCausalLM(tiny()).reset_memory()
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_keras_save_and_load_round_trip(tmp_path, stateful):
+    model = TransformerXLCausalLM(tiny(), stateful=stateful, batch_size=B)
+    segs = segments()
+    if stateful:
+        model(segs[0])  # non-zero memory is saved and restored too
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)  # safe_mode stays on
+    assert isinstance(loaded, TransformerXLCausalLM)
+    assert loaded.txl_config == model.txl_config
+    for seg in segs[1:]:
+        np.testing.assert_array_equal(loaded(seg).numpy(), model(seg).numpy())
+    a = model.call_with_memory(segs[0])
+    b = loaded.call_with_memory(segs[0])
+    np.testing.assert_array_equal(a["memory"].numpy(), b["memory"].numpy())
+
+
+def test_xla_compiled_forward_matches_eager():
+    model = TransformerXLCausalLM(tiny(same_length=True))
+    fn = tf.function(lambda ids, mem: model.call_with_memory(ids, mem), jit_compile=True)
+    memory = model.initial_memory(B)
+    eager_memory = None
+    for seg in segments():
+        compiled = fn(tf.constant(seg), memory)
+        eager = model.call_with_memory(seg, eager_memory)
+        np.testing.assert_allclose(compiled["log_probs"].numpy(),
+                                   eager["log_probs"].numpy(), atol=1e-5)
+        memory, eager_memory = compiled["memory"], eager["memory"]
+        np.testing.assert_allclose(memory.numpy(), eager_memory.numpy(), atol=1e-5)
+
+
+def test_mixed_bfloat16_keeps_log_probs_and_memory_in_float32():
+    reference = TransformerXLCausalLM(tiny())
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = TransformerXLCausalLM(tiny())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.assign_weights_from(reference)
+    assert model.backbone.blocks[0].attention.compute_dtype == "bfloat16"
+    segs = segments()
+    outs, ref_outs = chained(model, segs), chained(reference, segs)
+    for out, ref in zip(outs, ref_outs):
+        assert out["log_probs"].dtype == tf.float32
+        assert out["memory"].dtype == tf.float32
+        np.testing.assert_allclose(np.exp(out["log_probs"].numpy()).sum(-1), 1.0, atol=1e-4)
+        # bf16 has 8 bits of mantissa: close, not equal.
+        np.testing.assert_allclose(out["log_probs"].numpy(), ref["log_probs"].numpy(),
+                                   atol=0.15)
+        assert np.abs(out["log_probs"].numpy() - ref["log_probs"].numpy()).max() > 0
+
+
+def test_with_settings_keeps_weights_and_changes_memory_length():
+    model = TransformerXLCausalLM(tiny())
+    longer = model.with_settings(memory_length=8, clamp_length=3, same_length=True)
+    assert longer.txl_config.memory_length == 8
+    out = longer.call_with_memory(segments(1)[0])
+    assert tuple(out["memory"].shape) == (B, 2, 8, 8)
+    # With a memory-0 copy both run the same math on the first segment only
+    # if the zero memory is empty: compare weights instead.
+    for a, b in zip(model.trainable_variables, longer.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_each_replica_keeps_its_own_memory_under_mirrored_strategy():
+    devices = tf.config.list_logical_devices("CPU")
+    assert len(devices) >= 2, "conftest configures two logical CPUs"
+    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]])
+    config = tiny()
+    reference = TransformerXLCausalLM(config)
+    with strategy.scope():
+        model = TransformerXLCausalLM(config, stateful=True, batch_size=1)
+        model.assign_weights_from(reference)
+
+    @tf.function
+    def step(ids):
+        return strategy.run(lambda x: model(x), args=(ids,))
+
+    segs = segments()
+    # Rows in order; each global batch (B, T) is split by rows over replicas.
+    dataset = tf.data.Dataset.from_tensor_slices(np.concatenate(segs)).batch(B)
+    dist = iter(strategy.experimental_distribute_dataset(dataset))
+    memory = None
+    for seg in segs:
+        result = step(next(dist))
+        expected = reference.call_with_memory(seg, memory)
+        memory = expected["memory"]
+        got = np.concatenate([r.numpy() for r in strategy.experimental_local_results(result)])
+        np.testing.assert_allclose(got, expected["log_probs"].numpy(), atol=1e-5)
+    def replica_copies():
+        return [v.numpy() for v in strategy.experimental_local_results(model.memory.value)]
+
+    copies = replica_copies()
+    np.testing.assert_allclose(np.concatenate(copies), memory.numpy(), atol=1e-5)
+    assert np.abs(copies[0] - copies[1]).max() > 1e-3  # the replicas differ
+    with strategy.scope():
+        model.reset_memory()
+    assert all(not np.any(copy) for copy in replica_copies())

@@ -1,0 +1,98 @@
+"""TransformerXLConfig: validation, JSON round trip, presets."""
+
+import json
+
+import pytest
+
+import keras_txl
+from keras_txl import TransformerXLConfig
+from keras_txl.presets import PRESETS
+
+TINY = dict(vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
+            intermediate_dim=16, segment_length=4, memory_length=4)
+
+
+def test_json_round_trip(tmp_path):
+    config = TransformerXLConfig(**TINY, cutoffs=[5, 8], div_val=2,
+                                 tie_projections=[False, True, False])
+    path = tmp_path / "config.json"
+    config.to_json(str(path))
+    assert TransformerXLConfig.from_json(str(path)) == config
+    assert TransformerXLConfig.from_json(config.to_json()) == config
+    assert json.loads(path.read_text())["cutoffs"] == [5, 8]
+
+
+def test_unknown_keys_are_named():
+    with pytest.raises(ValueError, match=r"Unknown config key\(s\) \['d_model'\]"):
+        TransformerXLConfig.from_dict({**TINY, "d_model": 8})
+    with pytest.raises(ValueError, match="Unknown config key"):
+        TransformerXLConfig(**TINY).replace(mem_len=3)
+
+
+def test_missing_keys_are_named():
+    data = dict(TINY)
+    del data["num_heads"]
+    with pytest.raises(ValueError, match=r"Missing required config key\(s\) \['num_heads'\]"):
+        TransformerXLConfig.from_dict(data)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_dim": 30, "num_heads": 4}, "hidden_dim`=30 must be divisible by `num_heads`=4"),
+    ({"hidden_dim": 7, "head_dim": 2}, "hidden_dim` must be even"),
+    ({"num_layers": -1}, "num_layers` must be a positive integer"),
+    ({"vocabulary_size": 0}, "vocabulary_size` must be a positive integer"),
+    ({"memory_length": -2}, "memory_length` must be >= 0"),
+    ({"dropout": 1.5}, r"dropout` must be in \[0, 1\)"),
+    ({"cutoffs": [8, 5]}, "strictly increasing"),
+    ({"cutoffs": [5, 11]}, "strictly between 0 and vocabulary_size=11"),
+    ({"cutoffs": [0, 5]}, "strictly between 0"),
+    ({"cutoffs": [5], "tie_projections": [True]}, "one bool per cluster"),
+    ({"cutoffs": [2, 4, 6], "div_val": 4, "embedding_dim": 16}, "empty embedding"),
+    ({"same_length_convention": "hf"}, "same_length_convention"),
+    ({"attention_type": "shaw"}, "attention_type"),
+    ({"layer_norm_epsilon": 0}, "layer_norm_epsilon` must be a positive"),
+    ({"same_length": "yes"}, "same_length` must be a bool"),
+])
+def test_bad_values_name_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerXLConfig(**{**TINY, **changes})
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid(name):
+    config = TransformerXLConfig.from_preset(name)
+    assert TransformerXLConfig.from_dict(config.to_dict()) == config
+
+
+def test_paper_presets_hold_the_paper_hyper_parameters():
+    large = TransformerXLConfig.from_preset("wt103_large")
+    assert (large.num_layers, large.hidden_dim, large.num_heads, large.head_dim,
+            large.intermediate_dim, large.div_val) == (18, 1024, 16, 64, 4096, 4)
+    assert large.cutoffs == (20000, 40000, 200000)
+    # The Hugging Face state dict of this model has 285,205,322 unique
+    # parameters (shared/REFERENCE.md section 3).
+    assert large.num_parameters() == 285_205_322
+    enwik8 = TransformerXLConfig.from_preset("enwik8_large")
+    assert (enwik8.num_layers, enwik8.hidden_dim, enwik8.num_heads) == (24, 1024, 8)
+    assert enwik8.vocabulary_size == 204 and not enwik8.cutoffs
+    assert PRESETS["enwik8_large"]["eval"]["memory_length"] == 3800
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="Unknown preset 'gpt2'"):
+        TransformerXLConfig.from_preset("gpt2")
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"cutoffs": [5, 8], "div_val": 2},
+    {"cutoffs": [5, 8], "div_val": 1, "embedding_dim": 6},
+    {"cutoffs": [5], "div_val": 2, "tie_embeddings": False,
+     "tie_projections": [False, False], "untie_relative_bias": True},
+    {"attention_type": "vanilla"},
+    {"cutoffs": [5, 8], "div_val": 2, "project_same_dim": False},
+])
+def test_parameter_count_matches_the_built_model(changes):
+    config = TransformerXLConfig(**{**TINY, **changes})
+    model = keras_txl.TransformerXLCausalLM(config)
+    assert model.count_params() == config.num_parameters()

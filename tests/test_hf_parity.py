@@ -1,0 +1,137 @@
+"""Numerical parity with Hugging Face's PyTorch TransfoXL on saved fixtures.
+
+`../shared/fixtures/hf_transfo_xl_tiny` (cutoffs + div_val 2, untied r
+biases, post-LN) and the folders under `tests/fixtures/` (made by
+`tools/make_hf_fixtures.py` with transformers 4.37.2 for the options the
+shared one does not cover) hold weights, inputs and expected outputs of
+three segments with the memory carried.
+"""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+import keras_txl
+from tests.conftest import LOCAL_FIXTURES
+from tests.conftest import SHARED_FIXTURES
+
+SHARED = SHARED_FIXTURES / "hf_transfo_xl_tiny"
+
+
+def _fixture_dirs():
+    dirs = [str(SHARED)] + sorted(
+        os.path.dirname(p) for p in glob.glob(str(LOCAL_FIXTURES / "*" / "config.json"))
+    )
+    return [pytest.param(d, id=os.path.basename(d)) for d in dirs]
+
+
+def _run_segments(model, directory):
+    ids = np.load(os.path.join(directory, "inputs.npy"))
+    first = np.load(os.path.join(directory, "expected_logprobs_seg0.npy"))
+    width = first.shape[1]
+    memory, results = None, []
+    for s in range(ids.shape[1] // width):
+        segment = ids[:, s * width : (s + 1) * width]
+        out = model.call_with_memory(segment, memory, return_hidden=True)
+        results.append((segment, out))
+        memory = out["memory"]
+    return results
+
+
+@pytest.mark.parametrize("directory", _fixture_dirs())
+def test_matches_reference_over_three_segments(directory):
+    if not os.path.isdir(directory):
+        pytest.skip(f"fixture folder {directory} is absent (CI has it)")
+    model = keras_txl.load_hf_checkpoint(directory)
+    with open(os.path.join(directory, "config.json")) as f:
+        mem_len = json.load(f)["mem_len"]
+    results = _run_segments(model, directory)
+    assert len(results) == 3
+    for s, (segment, out) in enumerate(results):
+        expected = np.load(os.path.join(directory, f"expected_logprobs_seg{s}.npy"))
+        np.testing.assert_allclose(
+            out["log_probs"].numpy(), expected, atol=1e-4, rtol=1e-5,
+            err_msg=f"log-probs of segment {s}",
+        )
+        hidden_path = os.path.join(directory, f"expected_hidden_seg{s}.npy")
+        if os.path.exists(hidden_path):
+            np.testing.assert_allclose(
+                out["hidden"].numpy(), np.load(hidden_path), atol=5e-5, rtol=1e-5,
+                err_msg=f"hidden of segment {s}",
+            )
+        memory = out["memory"].numpy()
+        assert memory.shape[2] == mem_len
+        mems_path = os.path.join(directory, f"expected_mems_seg{s}.npz")
+        if mem_len:
+            expected_mems = np.load(mems_path)
+            for layer in range(memory.shape[1]):
+                # HF memory is time-major (M, B, D); ours is (B, L, M, D).
+                reference = expected_mems[f"layer_{layer}"].transpose(1, 0, 2)
+                np.testing.assert_allclose(
+                    memory[:, layer], reference, atol=5e-5, rtol=1e-5,
+                    err_msg=f"memory of layer {layer} after segment {s}",
+                )
+
+
+def test_per_token_losses_match_reference():
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (CI has it)")
+    model = keras_txl.load_hf_checkpoint(str(SHARED))
+    for s, (segment, out) in enumerate(_run_segments(model, str(SHARED))):
+        log_probs = out["log_probs"].numpy()
+        # NLL of token t+1 predicted at position t, within the segment.
+        nll = -np.take_along_axis(
+            log_probs[:, :-1], segment[:, 1:, None], axis=-1
+        )[..., 0]
+        expected = np.load(SHARED / f"expected_loss_inorder_seg{s}.npy")
+        np.testing.assert_allclose(nll, expected, atol=1e-4, rtol=1e-5)
+        mean = np.load(SHARED / f"expected_meanloss_seg{s}.npy")
+        np.testing.assert_allclose(nll[nll != 0].mean(), mean, atol=1e-4)
+
+
+def test_config_mapping_of_reference():
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (CI has it)")
+    with open(SHARED / "config.json") as f:
+        config = keras_txl.hf_checkpoint.config_from_hf(json.load(f))
+    assert config.cutoffs == (100, 200)
+    assert config.div_val == 2
+    assert config.memory_length == 12
+    assert config.tie_projections == (False, True, True)
+    assert config.same_length_convention == "pytorch"
+    assert config.layer_norm_epsilon == 1e-5
+    assert config.untie_relative_bias
+
+
+def test_rejects_unsupported_attention_type(tmp_path):
+    hf = {"vocab_size": 10, "d_model": 8, "n_head": 2, "d_head": 4,
+          "d_inner": 8, "n_layer": 1, "attn_type": 2}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match="attn_type=2"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))
+
+
+def test_truncated_safetensors_is_a_clear_error(tmp_path):
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (CI has it)")
+    (tmp_path / "config.json").write_bytes((SHARED / "config.json").read_bytes())
+    data = (SHARED / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))
+
+
+def test_weights_of_another_config_are_rejected(tmp_path):
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (CI has it)")
+    hf = json.loads((SHARED / "config.json").read_text())
+    hf["d_inner"] = 96
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    (tmp_path / "model.safetensors").write_bytes(
+        (SHARED / "model.safetensors").read_bytes()
+    )
+    with pytest.raises(ValueError, match="CoreNet.0.weight.*expected \\(96, 64\\)"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))

@@ -1,0 +1,207 @@
+"""Hand-computed checks of the building blocks, one at a time."""
+
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_txl
+from keras_txl.adaptive import AdaptiveEmbedding
+from keras_txl.adaptive import AdaptiveSoftmax
+from keras_txl.memory import attention_mask
+from keras_txl.memory import update_memory
+from keras_txl.position_encoding import relative_position_embedding
+from keras_txl.relative_attention import RelativeMultiHeadAttention
+from keras_txl.relative_attention import relative_shift
+
+
+def test_relative_shift_on_a_3x5_example():
+    # T=3 queries, K=5 keys (M=2). Raw column c holds distance K-1-c, so
+    # raw[i, c] = 10*i + (K-1-c) encodes (query, distance).
+    T, K, M = 3, 5, 2
+    raw = np.array([[10 * i + (K - 1 - c) for c in range(K)] for i in range(T)],
+                   dtype="float32")
+    out = ops.convert_to_numpy(relative_shift(raw[None, None]))[0, 0]
+    for i in range(T):
+        for j in range(K):
+            if j <= M + i:  # visible: must hold distance M + i - j of query i
+                assert out[i, j] == 10 * i + (M + i - j), (i, j, out)
+    # The exact matrix, garbage entries included (they are masked later).
+    np.testing.assert_array_equal(out, [[2, 1, 0, 0, 14],
+                                        [13, 12, 11, 10, 0],
+                                        [24, 23, 22, 21, 20]])
+
+
+def test_relative_shift_keeps_leading_axes_apart():
+    x = np.random.default_rng(0).normal(size=(2, 3, 4, 6)).astype("float32")
+    out = ops.convert_to_numpy(relative_shift(x))
+    for b in range(2):
+        for n in range(3):
+            single = ops.convert_to_numpy(relative_shift(x[b, n]))
+            np.testing.assert_array_equal(out[b, n], single)
+
+
+def test_causal_mask_over_memory_and_segment():
+    mask = ops.convert_to_numpy(attention_mask(3, 2))
+    np.testing.assert_array_equal(mask.astype(int), [[1, 1, 1, 0, 0],
+                                                     [1, 1, 1, 1, 0],
+                                                     [1, 1, 1, 1, 1]])
+
+
+def test_same_length_official_tf_sees_memory_plus_one_keys():
+    mask = ops.convert_to_numpy(attention_mask(3, 2, True, "official_tf"))
+    np.testing.assert_array_equal(mask.astype(int), [[1, 1, 1, 0, 0],
+                                                     [0, 1, 1, 1, 0],
+                                                     [0, 0, 1, 1, 1]])
+    assert (mask.sum(1) == 3).all()
+
+
+def test_same_length_pytorch_sees_memory_keys():
+    mask = ops.convert_to_numpy(attention_mask(3, 2, True, "pytorch"))
+    np.testing.assert_array_equal(mask.astype(int), [[0, 1, 1, 0, 0],
+                                                     [0, 0, 1, 1, 0],
+                                                     [0, 0, 0, 1, 1]])
+    # Hugging Face's degenerate case: no memory blocks every key.
+    assert not ops.convert_to_numpy(attention_mask(3, 0, True, "pytorch")).any()
+
+
+def test_update_memory_keeps_last_positions():
+    old = np.arange(2 * 3 * 1, dtype="float32").reshape(2, 3, 1)
+    new = 100 + np.arange(2 * 2 * 1, dtype="float32").reshape(2, 2, 1)
+    out = ops.convert_to_numpy(update_memory(old, new, 3))
+    np.testing.assert_array_equal(out[0, :, 0], [2, 100, 101])
+    out = ops.convert_to_numpy(update_memory(old, new, 1))
+    np.testing.assert_array_equal(out[1, :, 0], [103])
+    assert ops.convert_to_numpy(update_memory(old[:, :0], new, 0)).shape == (2, 0, 1)
+
+
+def test_position_embedding_is_sin_then_cos_with_clamp():
+    R = ops.convert_to_numpy(relative_position_embedding(5, 4, clamp_length=2))
+    inv = 1.0 / 10000 ** (np.arange(0, 4, 2) / 4)
+    distances = np.minimum(np.arange(4, -1, -1), 2)  # 4..0 clamped to 2
+    angles = distances[:, None] * inv[None]
+    np.testing.assert_allclose(R, np.concatenate([np.sin(angles), np.cos(angles)], 1),
+                               atol=1e-6)
+
+
+def _naive_relative_attention(q_in, mem, Wqkv, Wr, Wo, u, v, R, mask):
+    """Direct transcription of the paper's A_ij, one (i, j) at a time."""
+    cat = np.concatenate([mem, q_in], 1)
+    B, K, _ = cat.shape
+    T = q_in.shape[1]
+    M = K - T
+    N, H = u.shape
+    q = np.einsum("btd,dnh->btnh", q_in, Wqkv[:, 0])
+    k = np.einsum("bkd,dnh->bknh", cat, Wqkv[:, 1])
+    val = np.einsum("bkd,dnh->bknh", cat, Wqkv[:, 2])
+    out = np.zeros((B, T, N, H))
+    for b in range(B):
+        for n in range(N):
+            for i in range(T):
+                scores = np.full(K, -np.inf)
+                for j in range(K):
+                    if not mask[i, j]:
+                        continue
+                    dist = M + i - j
+                    r = R[K - 1 - dist] @ Wr[:, n]  # row of distance `dist`
+                    scores[j] = ((q[b, i, n] + u[n]) @ k[b, j, n]
+                                 + (q[b, i, n] + v[n]) @ r) / np.sqrt(H)
+                p = np.exp(scores - scores.max())
+                p /= p.sum()
+                out[b, i, n] = p @ val[b, :, n]
+    return np.einsum("btnh,nhd->btd", out, Wo)
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+def test_relative_attention_matches_naive_formula(same_length):
+    rng = np.random.default_rng(1)
+    B, T, M, D, N, H = 2, 3, 4, 8, 2, 4
+    layer = RelativeMultiHeadAttention(N, H)
+    layer.build((B, T, D))
+    weights = [rng.normal(size=w.shape).astype("float32") * 0.5 for w in layer.weights]
+    for w, value in zip(layer.weights, weights):
+        w.assign(value)
+    Wqkv, Wr, Wo = weights
+    u, v = rng.normal(size=(N, H)), rng.normal(size=(N, H))
+    q_in = rng.normal(size=(B, T, D)).astype("float32")
+    mem = rng.normal(size=(B, M, D)).astype("float32")
+    R = ops.convert_to_numpy(relative_position_embedding(M + T, D))
+    mask = ops.convert_to_numpy(attention_mask(T, M, same_length, "official_tf"))
+    got = layer(q_in, mem, position_embedding=R, content_bias=u.astype("float32"),
+                position_bias=v.astype("float32"), attention_mask=mask)
+    expected = _naive_relative_attention(q_in, mem, Wqkv, Wr, Wo, u, v, R, mask)
+    np.testing.assert_allclose(ops.convert_to_numpy(got), expected, atol=1e-4)
+
+
+def _config(**changes):
+    base = dict(vocabulary_size=20, num_layers=1, hidden_dim=8, num_heads=2,
+                intermediate_dim=8, cutoffs=(5, 12), div_val=2, embedding_dim=8,
+                memory_length=2, segment_length=3)
+    base.update(changes)
+    return keras_txl.TransformerXLConfig(**base)
+
+
+def test_adaptive_embedding_looks_up_the_right_cluster():
+    cfg = _config()
+    layer = AdaptiveEmbedding(cfg)
+    layer.build()
+    ids = np.array([[0, 4, 5, 11, 12, 19]])
+    got = ops.convert_to_numpy(layer(ids))[0]
+    tables = [ops.convert_to_numpy(t) for t in layer.tables]
+    projections = [ops.convert_to_numpy(p) for p in layer.projections]
+    starts = [0, 5, 12]
+    for pos, token in enumerate(ids[0]):
+        c = 0 if token < 5 else (1 if token < 12 else 2)
+        expected = tables[c][token - starts[c]] @ projections[c] * np.sqrt(8)
+        np.testing.assert_allclose(got[pos], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"div_val": 1, "embedding_dim": 6},
+    {"div_val": 1, "embedding_dim": 8},
+    {"cutoffs": (), "div_val": 1},
+    {"tie_projections": (True, False, True)},
+    {"tie_embeddings": False},
+])
+def test_adaptive_softmax_is_a_distribution_matching_a_direct_computation(changes):
+    cfg = _config(**changes)
+    embedding, softmax = AdaptiveEmbedding(cfg), AdaptiveSoftmax(cfg)
+    embedding.build()
+    softmax.build()
+    for w in softmax.weights:  # non-zero biases so they matter
+        w.assign(np.random.default_rng(2).normal(size=w.shape).astype("float32"))
+    hidden = np.random.default_rng(3).normal(size=(2, 3, 8)).astype("float32")
+    log_probs = ops.convert_to_numpy(
+        softmax(hidden, embedding.tables, embedding.projections))
+    assert log_probs.shape == (2, 3, 20) and log_probs.dtype == np.float32
+    np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
+
+    # Direct computation from the cluster weights, written independently.
+    def logsoftmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    clusters = [(ops.convert_to_numpy(t), ops.convert_to_numpy(b),
+                 None if p is None else ops.convert_to_numpy(p))
+                for t, b, p in softmax.cluster_weights(embedding.tables,
+                                                       embedding.projections)]
+
+    def logits(i):
+        t, b, p = clusters[i]
+        h = hidden if p is None else hidden @ p.T
+        return h @ t.T + b
+
+    if not cfg.cutoffs:
+        np.testing.assert_allclose(log_probs, logsoftmax(logits(0)), atol=1e-5)
+        return
+    t0, b0, p0 = clusters[0]
+    h0 = hidden if p0 is None else hidden @ p0.T
+    head = logsoftmax(np.concatenate(
+        [h0 @ t0.T + b0,
+         h0 @ ops.convert_to_numpy(softmax.cluster_kernel).T
+         + ops.convert_to_numpy(softmax.cluster_bias)], -1))
+    c0 = cfg.cutoffs[0]
+    expected = [head[..., :c0]]
+    for i in (1, 2):
+        expected.append(head[..., c0 + i - 1 : c0 + i] + logsoftmax(logits(i)))
+    np.testing.assert_allclose(log_probs, np.concatenate(expected, -1), atol=1e-5)

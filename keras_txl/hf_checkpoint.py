@@ -148,7 +148,16 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
         for bias, hf_name in ((backbone.content_bias, "r_w_bias"),
                               (backbone.position_bias, "r_r_bias")):
             name = f"transformer.{hf_name}"
-            _assign(bias, sd.get(name, (N, H)), name)
+            shared = sd.get(name, (N, H))
+            _assign(bias, shared, name)
+            # HF also lists the shared bias under every layer's name.
+            for l in range(cfg.num_layers):
+                copy = f"transformer.layers.{l}.dec_attn.{hf_name}"
+                if sd.has(copy) and not np.array_equal(sd.get(copy, (N, H)), shared):
+                    raise ValueError(
+                        f"{path}: {copy} differs from {name} but config.json "
+                        "says untie_r=false (shared biases)."
+                    )
 
     # Decoder blocks.
     for l, block in enumerate(backbone.blocks):

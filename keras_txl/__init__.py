@@ -11,6 +11,8 @@ from keras_txl.causal_lm import TransformerXLCausalLM  # noqa: E402
 from keras_txl.config import TransformerXLConfig  # noqa: E402
 from keras_txl.decoder_block import TransformerXLBlock  # noqa: E402
 from keras_txl.hf_checkpoint import load_hf_checkpoint  # noqa: E402
+from keras_txl.io import load_pretrained  # noqa: E402
+from keras_txl.io import save_pretrained  # noqa: E402
 from keras_txl.memory import attention_mask  # noqa: E402
 from keras_txl.memory import update_memory  # noqa: E402
 from keras_txl.presets import PRESETS  # noqa: E402
@@ -30,6 +32,8 @@ __all__ = [
     "TransformerXLConfig",
     "attention_mask",
     "load_hf_checkpoint",
+    "load_pretrained",
+    "save_pretrained",
     "relative_shift",
     "update_memory",
 ]

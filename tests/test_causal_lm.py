@@ -260,3 +260,21 @@ def test_each_replica_keeps_its_own_memory_under_mirrored_strategy():
     with strategy.scope():
         model.reset_memory()
     assert all(not np.any(copy) for copy in replica_copies())
+
+
+def test_save_pretrained_round_trip_and_mismatched_config(tmp_path):
+    model = TransformerXLCausalLM(tiny())
+    keras_txl.save_pretrained(model, str(tmp_path / "m"))
+    loaded = keras_txl.load_pretrained(str(tmp_path / "m"))
+    seg = segments(1)[0]
+    np.testing.assert_array_equal(loaded.call_with_memory(seg)["log_probs"].numpy(),
+                                  model.call_with_memory(seg)["log_probs"].numpy())
+    longer = keras_txl.load_pretrained(str(tmp_path / "m"), memory_length=9)
+    assert longer.txl_config.memory_length == 9
+    other = TransformerXLCausalLM(tiny(intermediate_dim=12))
+    keras_txl.save_pretrained(other, str(tmp_path / "other"))
+    (tmp_path / "m" / "model.safetensors").write_bytes(
+        (tmp_path / "other" / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="another config"):
+        keras_txl.load_pretrained(str(tmp_path / "m"))
+    assert not [p for p in (tmp_path / "m").iterdir() if p.name.startswith(".tmp-")]

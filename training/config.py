@@ -1,0 +1,147 @@
+"""Training configuration: a frozen dataclass with strict overrides.
+
+`--set key=value` on the command line is parsed against the field types;
+unknown keys and wrong types are errors that name the field.
+"""
+
+import dataclasses
+import json
+from typing import Any
+
+LOOPS = ("custom", "fit")
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+NON_FINITE = ("stop", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to train and evaluate (the model itself is a TransformerXLConfig)."""
+
+    # Global batch (all replicas together); rows are parallel text streams.
+    batch_size: int = 8
+    # Peak learning rate of Adam.
+    learning_rate: float = 2.5e-4
+    # Linear warm-up steps, then cosine decay to min_lr_ratio * peak.
+    warmup_steps: int = 0
+    # Total optimizer steps (the cosine ends here).
+    steps: int = 1000
+    # Final learning rate as a fraction of the peak (0.004 GPU, 0.01 TPU).
+    min_lr_ratio: float = 0.004
+    # Global-norm gradient clipping (the paper's 0.25); 0 disables.
+    clip_norm: float = 0.25
+    # Adam epsilon (the official code uses TF's 1e-8).
+    adam_epsilon: float = 1e-8
+    # Steps between log lines / TensorBoard scalars.
+    log_every: int = 50
+    # Steps between validation runs (0: only at the end).
+    eval_every: int = 0
+    # Segments of the validation split used by in-training evaluation
+    # (0: the whole split).
+    eval_max_segments: int = 0
+    # Steps between checkpoints (0: only at the end).
+    checkpoint_every: int = 500
+    # Checkpoints kept on disk.
+    keep_checkpoints: int = 3
+    # "custom": tf.function step run by strategy.run; "fit": Keras fit.
+    loop: str = "custom"
+    # Distribution strategy.
+    strategy: str = "default"
+    # Compile the training step with XLA (not under Mirrored on CPU).
+    jit_compile: bool = False
+    # "mixed_bfloat16" or "float32".
+    precision: str = "float32"
+    # On a NaN/Inf loss: "stop" (keep the last good checkpoint) or "skip"
+    # the update.
+    on_non_finite: str = "stop"
+    # Seed for initialisation and dropout.
+    seed: int = 0
+    # Report bits per character instead of perplexity in the log line.
+    report_bpc: bool = False
+
+    def __post_init__(self):
+        for name in ("batch_size", "steps", "log_every", "keep_checkpoints"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(
+                    f"`{name}` must be a positive integer, received {value!r}."
+                )
+        for name in ("warmup_steps", "eval_every", "checkpoint_every",
+                     "eval_max_segments", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"`{name}` must be an integer >= 0, received {value!r}."
+                )
+        if not self.learning_rate > 0:
+            raise ValueError(
+                f"`learning_rate` must be > 0, received {self.learning_rate!r}."
+            )
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(
+                f"`min_lr_ratio` must be in [0, 1], received {self.min_lr_ratio!r}."
+            )
+        if self.clip_norm < 0:
+            raise ValueError(f"`clip_norm` must be >= 0, received {self.clip_norm!r}.")
+        if self.warmup_steps > self.steps:
+            raise ValueError(
+                f"`warmup_steps`={self.warmup_steps} exceeds `steps`={self.steps}."
+            )
+        for name, allowed in (("loop", LOOPS), ("strategy", STRATEGIES),
+                              ("on_non_finite", NON_FINITE),
+                              ("precision", ("float32", "mixed_bfloat16"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"`{name}` must be one of {allowed}, received "
+                    f"{getattr(self, name)!r}."
+                )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"Unknown train config key(s) {unknown}. Valid keys: {names}.")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return self.from_dict({**self.to_dict(), **changes})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def parse_override(text: str, fields: dict) -> tuple:
+    """`key=value` -> (key, typed value), checked against `fields` types.
+
+    `fields` maps names to their current values (used for the type).
+    """
+    if "=" not in text:
+        raise ValueError(f"--set expects key=value, received {text!r}.")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if key not in fields:
+        raise ValueError(f"Unknown key {key!r} in --set. Valid keys: {sorted(fields)}.")
+    current = fields[key]
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    if isinstance(current, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"--set {key}: expected true/false, received {raw!r}.")
+    elif isinstance(current, int) and not isinstance(current, bool):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"--set {key}: expected an integer, received {raw!r}.")
+    elif isinstance(current, float):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"--set {key}: expected a number, received {raw!r}.")
+        value = float(value)
+    elif isinstance(current, (list, tuple)):
+        if not isinstance(value, list):
+            raise ValueError(f"--set {key}: expected a JSON list, received {raw!r}.")
+    elif isinstance(current, str):
+        value = raw
+    return key, value

@@ -1,0 +1,180 @@
+"""Training through Keras `compile` / `fit` with the stateful model.
+
+The memory lives in the model's per-replica variable and is carried from
+batch to batch (each batch row continues the same text stream), reset at
+every epoch start and around evaluation by `ResetMemory`. Use this path
+for the default and Mirrored strategies; Keras 3's `fit` is broken under
+MultiWorkerMirroredStrategy (shared/TF_NOTES.md section 3): use the custom
+loop (`training.loop.Trainer`) there.
+
+Note: Keras clips gradients per replica before summing them, so with
+`clip_norm` and several replicas `fit` is not bit-equal to one device;
+the custom loop is (it sums, then clips).
+"""
+
+import logging
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_txl import TransformerXLCausalLM
+from keras_txl.io import save_pretrained
+from training.checkpoint import CheckpointManager
+from training.checkpoint import assign_tensors
+from training.loop import batchify
+from training.loop import check_corpus
+from training.loop import steps_per_epoch
+from training.metrics import BitsPerCharacter
+from training.metrics import Perplexity
+from training.metrics import TokenNLL
+from training.schedules import WarmupCosine
+
+logger = logging.getLogger(__name__)
+
+
+class ResetMemory(keras.callbacks.Callback):
+    """Zeroes a stateful model's memory at each epoch start and around
+    evaluation (so validation starts clean and does not leak into training)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.reset_memory()
+
+    def on_test_begin(self, logs=None):
+        self.model.reset_memory()
+
+    def on_test_end(self, logs=None):
+        self.model.reset_memory()
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """Atomic checkpoints (model, optimizer, memory, step) every N steps."""
+
+    def __init__(self, manager, every, model_config, train_config):
+        super().__init__()
+        self.manager = manager
+        self.every = every
+        self.model_config = model_config
+        self.train_config = train_config
+        self.step = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step = int(self.model.optimizer.iterations.numpy())
+        if self.every and self.step % self.every == 0:
+            self.save()
+
+    def save(self):
+        memory = self.model.memory.numpy()
+        self.manager.save(
+            self.step, self.model, self.model.optimizer, memory,
+            {"model_config": self.model_config.to_dict(),
+             "train_config": self.train_config.to_dict(), "loop": "fit"},
+        )
+
+
+def segments_dataset(tokens, global_batch, segment_length):
+    """One epoch of ordered (inputs, targets) global batches."""
+    streams = batchify(tokens, global_batch)
+    steps = steps_per_epoch(len(tokens), global_batch, segment_length)
+    T = segment_length
+    x = streams[:, : steps * T].reshape(global_batch, steps, T).transpose(1, 0, 2)
+    y = streams[:, 1 : steps * T + 1].reshape(global_batch, steps, T).transpose(1, 0, 2)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF
+    )
+    return tf.data.Dataset.from_tensor_slices((x, y)).with_options(options), steps
+
+
+def compile_model(model, train_config, jit_compile=False):
+    schedule = WarmupCosine(
+        train_config.learning_rate, train_config.warmup_steps,
+        train_config.steps, train_config.min_lr_ratio,
+    )
+    optimizer = keras.optimizers.Adam(
+        schedule, epsilon=train_config.adam_epsilon,
+        global_clipnorm=train_config.clip_norm or None,
+    )
+    model.compile(
+        optimizer=optimizer, loss=TokenNLL(),
+        metrics=[Perplexity(), BitsPerCharacter()], jit_compile=jit_compile,
+    )
+    return model
+
+
+def train_with_fit(model_config, train_config, strategy, train_tokens,
+                   valid_tokens=None, workdir=None, tokenizer=None, verbose=1):
+    """Trains with `model.fit`; returns (model, keras History).
+
+    Epochs are passes over the training text; `train_config.steps` is the
+    total number of optimizer steps (the last epoch may be partial).
+    """
+    replicas = strategy.num_replicas_in_sync
+    B, T = train_config.batch_size, model_config.segment_length
+    if B % replicas:
+        raise ValueError(
+            f"batch_size={B} is not divisible by the {replicas} replicas of "
+            f"the strategy; use a multiple of {replicas}."
+        )
+    check_corpus(len(train_tokens), B, T, "train")
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise ValueError(
+            "Keras fit is broken under MultiWorkerMirroredStrategy in Keras 3 "
+            "(tensorflow/tensorflow#72388); use loop='custom'."
+        )
+    keras.mixed_precision.set_global_policy(train_config.precision)
+    keras.utils.set_random_seed(train_config.seed)
+    jit = train_config.jit_compile and replicas == 1
+    with strategy.scope():
+        model = TransformerXLCausalLM(
+            model_config, stateful=True, batch_size=B // replicas
+        )
+        compile_model(model, train_config, jit_compile=jit)
+    keras.mixed_precision.set_global_policy("float32")
+    train_ds, per_epoch = segments_dataset(train_tokens, B, T)
+    if replicas > 1:
+        # Keras 3 builds a distributed model from the MEAN of the first
+        # batch over replicas, which turns int token ids into floats. Build
+        # it here from a real int batch instead (everything is then built
+        # and Keras skips its own symbolic build).
+        x0, y0 = next(iter(train_ds))
+        with strategy.scope():
+            model._symbolic_build(data_batch=(x0[: B // replicas], y0[: B // replicas]))
+    valid_ds = None
+    if valid_tokens is not None:
+        check_corpus(len(valid_tokens), B, T, "valid")
+        valid_ds, _ = segments_dataset(valid_tokens, B, T)
+    callbacks = [ResetMemory()]
+    manager = None
+    initial_epoch = 0
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+        model_config.to_json(os.path.join(workdir, "config.json"))
+        manager = CheckpointManager(
+            os.path.join(workdir, "checkpoints"), train_config.keep_checkpoints
+        )
+        latest = manager.latest()
+        if latest:
+            tensors, state = CheckpointManager.read(latest)
+            model.optimizer.build(model.trainable_variables)
+            with strategy.scope():
+                assign_tensors(tensors, model, model.optimizer, source=latest)
+            initial_epoch = int(state["step"]) // min(per_epoch, train_config.steps)
+            logger.info("Resumed from %s (epoch %d).", latest, initial_epoch)
+        callbacks.append(CheckpointCallback(
+            manager, train_config.checkpoint_every, model_config, train_config))
+        callbacks.append(keras.callbacks.TensorBoard(
+            os.path.join(workdir, "tensorboard"), update_freq=train_config.log_every))
+    # A Keras "epoch" is one pass over the text (or all the steps, if fewer).
+    chunk = min(per_epoch, train_config.steps)
+    epochs = int(np.ceil(train_config.steps / chunk))
+    history = model.fit(
+        train_ds.repeat(), epochs=epochs, steps_per_epoch=chunk,
+        initial_epoch=initial_epoch, validation_data=valid_ds, shuffle=False,
+        callbacks=callbacks, verbose=verbose,
+    )
+    if manager is not None:
+        callbacks[1].save()
+        save_pretrained(model, os.path.join(workdir, "model"), tokenizer=tokenizer)
+    return model, history

@@ -1,0 +1,436 @@
+"""The custom training loop: a `tf.function` step run by `strategy.run`.
+
+Works the same under the default, Mirrored, MultiWorkerMirrored and TPU
+strategies. The memory is explicit loop state (one tensor per replica,
+never copied to the host between steps), fed to the stateless core and
+replaced by the new memory it returns, exactly as the TPU version of the
+official code carries its `cache`.
+
+Exactness across strategies: gradients are summed over replicas first,
+then clipped by their global norm (the paper's 0.25), then applied, so a
+step on R replicas equals a step on one device with the same global batch.
+
+Shape legend: B global batch, b = B / R per-replica batch, T segment,
+L layers, M memory, D hidden_dim.
+"""
+
+import json
+import logging
+import math
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_txl import TransformerXLCausalLM
+from keras_txl.io import save_pretrained
+from training.checkpoint import CheckpointManager
+from training.checkpoint import assign_tensors
+from training.config import TrainConfig
+from training.metrics import LN2
+from training.metrics import token_nll
+from training.schedules import WarmupCosine
+from training.strategy import is_chief
+
+logger = logging.getLogger(__name__)
+
+
+# --- ordered LM streams per replica -------------------------------------
+def batchify(tokens, batch_size):
+    """(N,) stream -> (B, N // B) parallel streams; the remainder is dropped."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    per_row = len(tokens) // batch_size
+    return tokens[: per_row * batch_size].reshape(batch_size, per_row)
+
+
+def steps_per_epoch(num_tokens, batch_size, segment_length):
+    """Full segments each row yields (targets need one token more)."""
+    return max((num_tokens // batch_size - 1) // segment_length, 0)
+
+
+def check_corpus(num_tokens, batch_size, segment_length, split="train"):
+    if num_tokens == 0:
+        raise ValueError(f"The {split} split is empty (0 tokens).")
+    per_row = num_tokens // batch_size
+    if per_row < segment_length + 1:
+        raise ValueError(
+            f"The {split} split has {num_tokens} tokens: {per_row} per stream "
+            f"for batch_size={batch_size}, but segment_length={segment_length} "
+            f"needs at least {segment_length + 1} per stream. Use a smaller "
+            "batch_size or segment_length, or more text."
+        )
+
+
+def distributed_segments(strategy, tokens, global_batch, segment_length,
+                         start_step=0, repeat=True):
+    """Ordered (inputs, targets) per replica, as a distributed dataset.
+
+    The stream is cut into `global_batch` rows; replica r (global id) always
+    gets rows [r*b, (r+1)*b), segment after segment, so its memory stays
+    valid. `start_step` skips that many segments of the first epoch without
+    reading them (resuming). With `repeat`, epochs follow each other.
+    """
+    streams = batchify(tokens, global_batch)  # (B, n)
+    steps = steps_per_epoch(len(tokens), global_batch, segment_length)
+    replicas = strategy.num_replicas_in_sync
+    per_replica = global_batch // replicas
+    T = segment_length
+
+    def segments(rows):
+        n = rows.shape[0]
+        x = rows[:, : steps * T].reshape(n, steps, T)
+        y = rows[:, 1 : steps * T + 1].reshape(n, steps, T)
+        return x.transpose(1, 0, 2), y.transpose(1, 0, 2)  # (steps, n, T)
+
+    def dataset_fn(context):
+        pipelines = context.num_input_pipelines
+        local = replicas // pipelines  # replicas fed by this pipeline
+        first = context.input_pipeline_id * local * per_replica
+        rows = streams[first : first + local * per_replica]
+        x, y = segments(rows)
+        # (steps, local, b, T): one element per step, then one per replica.
+        x = x.reshape(steps, local, per_replica, T)
+        y = y.reshape(steps, local, per_replica, T)
+        base = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = base.skip(start_step % steps) if steps else base
+        if repeat:
+            ds = ds.concatenate(base.repeat())
+        ds = ds.unbatch()  # local replica 0, 1, ... of each step in turn
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF
+        )
+        return ds.with_options(options).prefetch(2)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+# --- the trainer ---------------------------------------------------------
+class Trainer:
+    """Trains a `TransformerXLCausalLM` with the custom loop.
+
+    Args:
+        model_config: `TransformerXLConfig`.
+        train_config: `TrainConfig`.
+        strategy: a `tf.distribute` strategy.
+        workdir: str or None. Checkpoints, logs, TensorBoard and the final
+            model folder go here (only the chief writes).
+        tokenizer: optional, saved beside the model.
+    """
+
+    def __init__(self, model_config, train_config, strategy, workdir=None,
+                 tokenizer=None, verbose=True):
+        self.model_config = model_config
+        self.config = train_config
+        self.strategy = strategy
+        self.workdir = workdir
+        self.tokenizer = tokenizer
+        self.verbose = verbose
+        replicas = strategy.num_replicas_in_sync
+        if train_config.batch_size % replicas:
+            raise ValueError(
+                f"batch_size={train_config.batch_size} is not divisible by the "
+                f"{replicas} replicas of the strategy; use a multiple of {replicas}."
+            )
+        self.per_replica_batch = train_config.batch_size // replicas
+        self.chief = is_chief(strategy)
+        keras.mixed_precision.set_global_policy(train_config.precision)
+        keras.utils.set_random_seed(train_config.seed)
+        with strategy.scope():
+            self.model = TransformerXLCausalLM(model_config)
+            self.schedule = WarmupCosine(
+                train_config.learning_rate, train_config.warmup_steps,
+                train_config.steps, train_config.min_lr_ratio,
+            )
+            self.optimizer = keras.optimizers.Adam(
+                self.schedule, epsilon=train_config.adam_epsilon
+            )
+            self.optimizer.build(self.model.trainable_variables)
+        keras.mixed_precision.set_global_policy("float32")
+        self.step = 0
+        self.memory = self._zero_memory()
+        self.checkpoints = None
+        if workdir and self.chief:
+            self.checkpoints = CheckpointManager(
+                os.path.join(workdir, "checkpoints"), train_config.keep_checkpoints
+            )
+        jit = train_config.jit_compile
+        if jit and isinstance(strategy, (tf.distribute.MirroredStrategy,
+                                         tf.distribute.MultiWorkerMirroredStrategy)):
+            logger.warning(
+                "jit_compile is not used under %s on CPU (XLA cannot reach the "
+                "other replicas' variables, shared/TF_NOTES.md section 2).",
+                type(strategy).__name__,
+            )
+            jit = False
+        self._train_step = tf.function(self._train_step_fn, jit_compile=jit)
+        self.history = []
+
+    # --- memory ---------------------------------------------------------
+    def _zero_memory(self):
+        shape = self.model.memory_shape(self.per_replica_batch)
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.zeros(shape, tf.float32)
+        )
+
+    def memory_numpy(self):
+        """The memory of all local replicas, (b * local replicas, L, M, D)."""
+        parts = self.strategy.experimental_local_results(self.memory)
+        return np.concatenate([p.numpy() for p in parts])
+
+    def _set_memory(self, array):
+        parts = np.split(array, len(self.strategy.experimental_local_results(self.memory)))
+
+        def value_fn(ctx):
+            return tf.constant(parts[ctx.replica_id_in_sync_group % len(parts)])
+
+        self.memory = self.strategy.experimental_distribute_values_from_function(value_fn)
+
+    # --- one step -------------------------------------------------------
+    def _train_step_fn(self, inputs, targets, memory):
+        cfg = self.config
+        model = self.model
+        def replica_fn(x, y, mem):
+            global_tokens = float(cfg.batch_size * x.shape[-1])
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                hidden, new_memory = model.backbone(x, mem, training=True)
+                log_probs = model.log_probs_from_hidden(hidden)
+                loss = tf.reduce_sum(token_nll(log_probs, y)) / global_tokens
+            grads = tape.gradient(loss, variables)
+            context = tf.distribute.get_replica_context()
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            total_loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
+            norm = tf.linalg.global_norm(grads)
+            if cfg.clip_norm > 0:
+                grads, _ = tf.clip_by_global_norm(grads, cfg.clip_norm, use_norm=norm)
+            finite = tf.logical_and(tf.math.is_finite(total_loss), tf.math.is_finite(norm))
+            # Skipping: a zero update (Adam's moments still decay) and a
+            # fresh memory; "stop" mode never saves after a bad step.
+            grads = [tf.where(finite, g, tf.zeros_like(g)) for g in grads]
+            new_memory = tf.where(finite, new_memory, tf.zeros_like(new_memory))
+            # The optimizer sums over replicas again: hand it 1/R of the sum.
+            replicas = float(self.strategy.num_replicas_in_sync)
+            self.optimizer.apply_gradients(
+                zip([g / replicas for g in grads], variables)
+            )
+            return total_loss, norm, new_memory
+
+        loss, norm, new_memory = self.strategy.run(
+            replica_fn, args=(inputs, targets, memory)
+        )
+        first = lambda v: self.strategy.experimental_local_results(v)[0]  # noqa: E731
+        return first(loss), first(norm), new_memory
+
+    # --- training -------------------------------------------------------
+    def restore(self, path=None):
+        """Restores the latest (or given) checkpoint; returns its step or 0."""
+        if path is None:
+            path = self.checkpoints.latest() if self.checkpoints else None
+        if path is None:
+            return 0
+        tensors, state = CheckpointManager.read(path)
+        saved = state.get("model_config")
+        if saved is not None and saved != self.model_config.to_dict():
+            raise ValueError(
+                f"{path} was written for another model config; start a new "
+                "workdir or pass the same config."
+            )
+        with self.strategy.scope():
+            assign_tensors(tensors, self.model, self.optimizer, source=path)
+        if "memory" in tensors and tensors["memory"].shape == self.memory_numpy().shape:
+            self._set_memory(tensors["memory"])
+        else:
+            self.memory = self._zero_memory()
+        self.step = int(state["step"])
+        self.history = list(state.get("history", []))
+        logger.info("Resumed from %s at step %d.", path, self.step)
+        return self.step
+
+    def save_checkpoint(self):
+        if not self.checkpoints:
+            return None
+        state = {
+            "model_config": self.model_config.to_dict(),
+            "train_config": self.config.to_dict(),
+            "history": self.history[-1000:],
+        }
+        return self.checkpoints.save(
+            self.step, self.model, self.optimizer, self.memory_numpy(), state
+        )
+
+    def train(self, train_tokens, valid_tokens=None, steps=None,
+              eval_settings=None):
+        """Runs until `steps` (default: the config's) optimizer steps.
+
+        Returns the list of per-step losses of this call.
+        """
+        cfg = self.config
+        T = self.model_config.segment_length
+        check_corpus(len(train_tokens), cfg.batch_size, T, "train")
+        total = cfg.steps if steps is None else steps
+        per_epoch = steps_per_epoch(len(train_tokens), cfg.batch_size, T)
+        dataset = distributed_segments(
+            self.strategy, train_tokens, cfg.batch_size, T,
+            start_step=self.step % per_epoch,
+        )
+        iterator = iter(dataset)
+        writer = None
+        if self.workdir and self.chief:
+            os.makedirs(self.workdir, exist_ok=True)
+            writer = tf.summary.create_file_writer(
+                os.path.join(self.workdir, "tensorboard")
+            )
+            self.model_config.to_json(os.path.join(self.workdir, "config.json"))
+            with open(os.path.join(self.workdir, "train_config.json"), "w") as f:
+                f.write(cfg.to_json() + "\n")
+        progress = None
+        if self.verbose:
+            progress = keras.utils.Progbar(total - self.step)
+        losses = []
+        window_start, window_tokens, window_losses = time.perf_counter(), 0, []
+        while self.step < total:
+            if self.step % per_epoch == 0:
+                self.memory = self._zero_memory()  # a new pass over the text
+            inputs, targets = next(iterator)
+            loss, norm, self.memory = self._train_step(inputs, targets, self.memory)
+            loss = float(loss)
+            self.step += 1
+            if not math.isfinite(loss):
+                if cfg.on_non_finite == "stop":
+                    raise FloatingPointError(
+                        f"Non-finite loss ({loss}) at step {self.step}; stopping. "
+                        "The last good checkpoint is kept "
+                        f"({self.checkpoints.latest() if self.checkpoints else 'none'})."
+                    )
+                logger.warning("Non-finite loss at step %d: update skipped.", self.step)
+            losses.append(loss)
+            window_losses.append(loss)
+            window_tokens += cfg.batch_size * T
+            if progress is not None:
+                progress.add(1, values=[("loss", loss)])
+            if self.step % cfg.log_every == 0 or self.step == total:
+                self._log(window_losses, window_tokens,
+                          time.perf_counter() - window_start, float(norm), writer)
+                window_start, window_tokens, window_losses = time.perf_counter(), 0, []
+            if (valid_tokens is not None and cfg.eval_every
+                    and self.step % cfg.eval_every == 0 and self.step < total):
+                self._evaluate_and_log(valid_tokens, eval_settings, writer)
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+        if valid_tokens is not None:
+            self._evaluate_and_log(valid_tokens, eval_settings, writer)
+        self.save_checkpoint()
+        if self.workdir and self.chief:
+            save_pretrained(self.model, os.path.join(self.workdir, "model"),
+                            tokenizer=self.tokenizer)
+        return losses
+
+    def _log(self, window_losses, tokens, seconds, norm, writer):
+        mean = float(np.mean(window_losses)) if window_losses else float("nan")
+        lr = float(self.schedule(self.step))
+        record = {
+            "step": self.step, "loss": mean,
+            "ppl": math.exp(min(mean, 700.0)), "bpc": mean / LN2, "lr": lr,
+            "grad_norm": norm,
+            "ms_per_step": 1000.0 * seconds / max(len(window_losses), 1),
+            "tokens_per_s": tokens / max(seconds, 1e-9),
+        }
+        self.history.append(record)
+        quality = (f"bpc {record['bpc']:.3f}" if self.config.report_bpc
+                   else f"ppl {record['ppl']:.1f}")
+        logger.info(
+            "step %d | loss %.4f | %s | lr %.2e | %.0f ms/step | %.0f tok/s",
+            self.step, mean, quality, lr, record["ms_per_step"], record["tokens_per_s"],
+        )
+        if writer is not None:
+            with writer.as_default(step=self.step):
+                for key in ("loss", "ppl", "bpc", "lr", "grad_norm", "tokens_per_s"):
+                    tf.summary.scalar(f"train/{key}", record[key])
+            with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"split": "train", **record}) + "\n")
+
+    def _evaluate_and_log(self, valid_tokens, eval_settings, writer):
+        settings = dict(eval_settings or {})
+        if self.config.eval_max_segments:
+            settings.setdefault("max_segments", self.config.eval_max_segments)
+        result = evaluate(self.model, valid_tokens, **settings)
+        result["step"] = self.step
+        logger.info("eval step %d | loss %.4f | ppl %.2f | bpc %.4f | %d tokens",
+                    self.step, result["loss"], result["ppl"], result["bpc"],
+                    result["tokens"])
+        self.history.append({"split": "valid", **result})
+        if writer is not None:
+            with writer.as_default(step=self.step):
+                for key in ("loss", "ppl", "bpc"):
+                    tf.summary.scalar(f"valid/{key}", result[key])
+            with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"split": "valid", **result}) + "\n")
+        return result
+
+
+# --- evaluation ------------------------------------------------------------
+def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,
+             clamp_length=None, same_length=None, max_segments=0,
+             reset_every_segment=False):
+    """Token-weighted NLL over a whole split, the paper's way.
+
+    The text is cut into `batch_size` streams that are read segment by
+    segment with the memory carried (`reset_every_segment=True` drops it:
+    the "no recurrence" ablation at evaluation). Test-time
+    `memory_length`, `clamp_length` and `same_length` may differ from
+    training (weights do not depend on them). The last, shorter segment of
+    each stream is scored too.
+
+    Returns:
+        dict with loss (nats/token), ppl, bpc, tokens.
+    """
+    cfg = model.txl_config
+    changes = {}
+    for key, value in (("memory_length", memory_length),
+                       ("clamp_length", clamp_length),
+                       ("same_length", same_length)):
+        if value is not None and getattr(cfg, key) != value:
+            changes[key] = value
+    if cfg.dropout or cfg.attention_dropout:
+        changes.update(dropout=0.0, attention_dropout=0.0)
+    eval_model = model.with_settings(**changes) if changes else model
+    T = segment_length or cfg.segment_length
+    streams = batchify(tokens, batch_size)
+    length = streams.shape[1] - 1  # targets need one token more
+    if length < 1:
+        raise ValueError(
+            f"The evaluation text has {len(tokens)} tokens: too short for "
+            f"batch_size={batch_size} (needs at least 2 per stream)."
+        )
+
+    @tf.function
+    def step(x, y, memory):
+        out = eval_model.call_with_memory(x, memory)
+        return tf.reduce_sum(token_nll(out["log_probs"], y)), out["memory"]
+
+    memory = eval_model.initial_memory(batch_size)
+    total, count, done = 0.0, 0, 0
+    for start in range(0, length, T):
+        end = min(start + T, length)
+        x = tf.constant(streams[:, start:end])
+        y = tf.constant(streams[:, start + 1 : end + 1])
+        if reset_every_segment:
+            memory = eval_model.initial_memory(batch_size)
+        nll, memory = step(x, y, memory)
+        total += float(nll)
+        count += int(x.shape[0] * x.shape[1])
+        done += 1
+        if max_segments and done >= max_segments:
+            break
+    loss = total / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bpc": loss / LN2,
+            "tokens": count}
+
+
+def make_trainer(model_config, train_config=None, strategy=None, **kwargs):
+    """Convenience: a Trainer with the default strategy."""
+    return Trainer(model_config, train_config or TrainConfig(),
+                   strategy or tf.distribute.get_strategy(), **kwargs)

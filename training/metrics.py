@@ -1,0 +1,69 @@
+"""Losses and metrics on log-probabilities, token-weighted."""
+
+import math
+
+import keras
+from keras import ops
+
+LN2 = math.log(2.0)
+
+
+def token_nll(log_probs, targets):
+    """(B, T, V) log-probs and (B, T) int targets -> (B, T) float32 NLL."""
+    targets = ops.cast(targets, "int32")
+    picked = ops.take_along_axis(
+        ops.cast(log_probs, "float32"), targets[..., None], axis=-1
+    )
+    return -picked[..., 0]
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class TokenNLL(keras.losses.Loss):
+    """Mean negative log-likelihood of the targets; y_pred are log-probs."""
+
+    def __init__(self, name="token_nll", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def call(self, y_true, y_pred):
+        return token_nll(y_pred, y_true)
+
+
+class _MeanNLL(keras.metrics.Metric):
+    def __init__(self, name, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((), initializer="zeros", name="total")
+        self.count = self.add_variable((), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        nll = token_nll(y_pred, y_true)
+        self.total.assign_add(ops.sum(nll))
+        self.count.assign_add(ops.cast(ops.size(nll), "float32"))
+
+    def mean(self):
+        return self.total / ops.maximum(self.count, 1.0)
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class Perplexity(_MeanNLL):
+    """exp(token-weighted mean NLL)."""
+
+    def __init__(self, name="ppl", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def result(self):
+        return ops.exp(self.mean())
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class BitsPerCharacter(_MeanNLL):
+    """Token-weighted mean NLL in bits (bpc for character/byte models)."""
+
+    def __init__(self, name="bpc", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def result(self):
+        return self.mean() / LN2

@@ -48,3 +48,19 @@ def _seed():
 
     keras.utils.set_random_seed(0)
     yield
+
+
+_MIRRORED = []
+
+
+def mirrored_strategy():
+    """One MirroredStrategy over the two logical CPUs for the whole session.
+
+    Several MirroredStrategy objects in one process can reuse collective
+    instance keys and abort each other's all-reduces ("Shape mismatch in
+    the collective instance"), so tests share this one.
+    """
+    if not _MIRRORED:
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")[:2]]
+        _MIRRORED.append(tf.distribute.MirroredStrategy(devices))
+    return _MIRRORED[0]

@@ -9,6 +9,7 @@ import tensorflow as tf
 import keras_txl
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
+from tests.conftest import mirrored_strategy
 
 B, T, M, V = 2, 4, 4, 11
 
@@ -227,9 +228,8 @@ def test_with_settings_keeps_weights_and_changes_memory_length():
 
 
 def test_each_replica_keeps_its_own_memory_under_mirrored_strategy():
-    devices = tf.config.list_logical_devices("CPU")
-    assert len(devices) >= 2, "conftest configures two logical CPUs"
-    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]])
+    strategy = mirrored_strategy()
+    assert strategy.num_replicas_in_sync == 2, "conftest configures two logical CPUs"
     config = tiny()
     reference = TransformerXLCausalLM(config)
     with strategy.scope():

@@ -1,0 +1,309 @@
+"""`txl train` / `txl eval` / `txl demo`: corpora -> tokenizer -> model -> training.
+
+A workdir holds everything of a run:
+
+    workdir/
+      config.json          the model config (TransformerXLConfig)
+      train_config.json    the training config
+      tokenizer/           the tokenizer, fitted on the training split
+      data/{split}.npy     the encoded splits (a cache)
+      checkpoints/ckpt-*   atomic checkpoints (+ latest.json)
+      model/               the latest model folder (config, safetensors,
+                           tokenizer): what eval, export and generate read
+      tensorboard/, metrics.jsonl
+"""
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+
+from keras_txl import TransformerXLConfig
+from keras_txl.presets import PRESETS
+from training.config import TrainConfig
+from training.config import parse_override
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+
+
+def _atomic_save_npy(path, array):
+    tmp = f"{path}.tmp-{os.getpid()}.npy"
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
+    """Builds (model dict, TrainConfig, eval settings, explicit model keys).
+
+    Order: preset (or --config JSON with optional "model"/"train"/"eval"
+    parts, or a plain model dict), then `--set key=value` overrides (a key
+    may be prefixed `model.`, `train.` or `eval.`; unprefixed keys go to
+    whichever config has them), then the plain flags.
+    """
+    model, train, evaluation = {}, {}, {}
+    if config_path:
+        with open(config_path) as f:
+            data = json.load(f)
+        if "model" in data:
+            model, train = dict(data["model"]), dict(data.get("train", {}))
+            evaluation = dict(data.get("eval", {}))
+        else:
+            model = data
+    elif preset:
+        if preset not in PRESETS:
+            raise ValueError(f"Unknown preset {preset!r}. Available: {sorted(PRESETS)}.")
+        model = dict(PRESETS[preset]["model"])
+        train = dict(PRESETS[preset]["train"])
+        evaluation = dict(PRESETS[preset]["eval"])
+    else:
+        raise ValueError("Give --preset NAME or --config FILE.json.")
+    model_fields = {f.name: (model.get(f.name, f.default)
+                             if f.default is not dataclasses.MISSING else model.get(f.name, 0))
+                    for f in dataclasses.fields(TransformerXLConfig)}
+    train_fields = {**TrainConfig().to_dict(), **train}
+    eval_fields = {"segment_length": 0, "memory_length": 0, "clamp_length": -1,
+                   "same_length": False, "batch_size": 1, **evaluation}
+    explicit = set()
+    for text in overrides:
+        key = text.split("=", 1)[0]
+        scope, _, name = key.rpartition(".")
+        targets = {"model": (model_fields, model), "train": (train_fields, train),
+                   "eval": (eval_fields, evaluation)}
+        if scope:
+            if scope not in targets:
+                raise ValueError(f"--set {key}: prefix must be model., train. or eval.")
+            fields, target = targets[scope]
+        elif name in model_fields:
+            fields, target = model_fields, model
+        elif name in train_fields:
+            fields, target = train_fields, train
+        else:
+            raise ValueError(
+                f"Unknown key {name!r} in --set. Model keys: {sorted(model_fields)}; "
+                f"train keys: {sorted(train_fields)}."
+            )
+        key, value = parse_override(f"{name}={text.split('=', 1)[1]}", fields)
+        target[key] = value
+        fields[key] = value
+        if target is model:
+            explicit.add(key)
+    for name, value in (flags or {}).items():
+        if value is None:
+            continue
+        if name in ("segment_length", "memory_length"):
+            model[name] = value
+            explicit.add(name)
+        elif name in ("batch_size", "steps", "strategy", "loop", "jit_compile",
+                      "precision", "learning_rate", "log_every", "checkpoint_every",
+                      "eval_every"):
+            train[name] = value
+    model.setdefault("vocabulary_size", 256)
+    return model, TrainConfig.from_dict(train), evaluation, explicit
+
+
+def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
+                 write=True, tokenizer_options=None):
+    """Loads the corpus, fits (or reloads) the tokenizer, encodes the splits.
+
+    Returns (tokenizer, {split: int32 array}).
+    """
+    from training.corpora import load_corpus
+    from training.tokenizers import load_tokenizer
+
+    tokenizer_dir = os.path.join(workdir, "tokenizer")
+    data_cache = os.path.join(workdir, "data")
+    tokenizer = None
+    if os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
+        tokenizer = load_tokenizer(tokenizer_dir)
+        if tokenizer_kind and tokenizer.get_config().get("kind", tokenizer_kind) != tokenizer_kind:
+            raise ValueError(
+                f"{workdir} already has a {tokenizer.get_config().get('kind')} tokenizer; "
+                f"--tokenizer {tokenizer_kind} does not match it (use a new workdir)."
+            )
+        cached = [os.path.join(data_cache, f"{s}.npy") for s in SPLITS]
+        if all(os.path.exists(p) for p in cached):
+            return tokenizer, {s: np.load(p) for s, p in zip(SPLITS, cached)}
+    corpus = load_corpus(source, data_dir=data_dir, download=download)
+    logger.info("Corpus: %r", corpus)
+    if tokenizer is None:
+        if tokenizer_kind:
+            tokenizer = corpus.build_tokenizer(tokenizer_kind, **(tokenizer_options or {}))
+        else:
+            tokenizer = corpus.build_tokenizer(**(tokenizer_options or {}))
+        if write:
+            tokenizer.save(tokenizer_dir)
+    splits = {s: np.asarray(tokenizer.encode(corpus.split(s)), dtype=np.int32) for s in SPLITS}
+    if write:
+        os.makedirs(data_cache, exist_ok=True)
+        for s, tokens in splits.items():
+            _atomic_save_npy(os.path.join(data_cache, f"{s}.npy"), tokens)
+    for s, tokens in splits.items():
+        logger.info("%s: %d tokens", s, len(tokens))
+    return tokenizer, splits
+
+
+def match_vocabulary(model_dict, tokenizer, explicit):
+    """The model's vocabulary is the tokenizer's, unless set explicitly."""
+    size = tokenizer.vocabulary_size
+    if "vocabulary_size" in explicit:
+        tokenizer.check_model_vocabulary(model_dict["vocabulary_size"])
+    else:
+        model_dict["vocabulary_size"] = size
+    cutoffs = [c for c in model_dict.get("cutoffs", ()) if c < size]
+    if list(cutoffs) != list(model_dict.get("cutoffs", ())):
+        raise ValueError(
+            f"The preset's cutoffs {list(model_dict['cutoffs'])} do not fit the "
+            f"tokenizer's vocabulary of {size}: set --set cutoffs=[...] below {size} "
+            "or cutoffs=[]."
+        )
+    return TransformerXLConfig.from_dict(model_dict)
+
+
+def train_main(args):
+    from training.fit import train_with_fit
+    from training.loop import Trainer
+    from training.loop import evaluate
+    from training.strategy import get_strategy
+    from training.strategy import is_chief
+
+    model_dict, train_config, eval_settings, explicit = resolve_configs(
+        args.preset, args.config, args.set,
+        {"segment_length": args.segment_length, "memory_length": args.memory_length,
+         "batch_size": args.batch_size, "steps": args.steps, "strategy": args.strategy,
+         "loop": args.loop, "jit_compile": args.jit_compile or None,
+         "precision": args.precision},
+    )
+    strategy = get_strategy(train_config.strategy, getattr(args, "tpu", ""))
+    chief = is_chief(strategy)
+    os.makedirs(args.workdir, exist_ok=True)
+    tokenizer, splits = prepare_data(
+        args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
+        write=chief,
+    )
+    model_config = match_vocabulary(model_dict, tokenizer, explicit)
+    logger.info("Model: %s (%d parameters)", model_config, model_config.num_parameters())
+    logger.info("Training: %s", train_config)
+    tokenizer_dir = os.path.join(args.workdir, "tokenizer")
+    eval_kwargs = _eval_kwargs(eval_settings)
+    if train_config.loop == "fit":
+        model, history = train_with_fit(
+            model_config, train_config, strategy, splits["train"], splits["valid"],
+            workdir=args.workdir, tokenizer=tokenizer_dir, verbose=1 if args.progress else 2)
+        result = evaluate(model, splits["valid"], **eval_kwargs)
+    else:
+        trainer = Trainer(model_config, train_config, strategy,
+                          workdir=args.workdir if chief else None,
+                          tokenizer=tokenizer_dir, verbose=args.progress)
+        if chief:
+            trainer.restore()
+        trainer.train(splits["train"], splits["valid"], eval_settings=None)
+        result = evaluate(trainer.model, splits["valid"], **eval_kwargs)
+    result = {"split": "valid", **result, "eval_settings": eval_kwargs}
+    print(json.dumps(result))
+    return 0
+
+
+def _eval_kwargs(settings, **overrides):
+    out = {}
+    for key in ("segment_length", "memory_length", "clamp_length", "same_length",
+                "batch_size"):
+        value = overrides.get(key, settings.get(key))
+        if value is None or (key in ("segment_length", "memory_length") and value == 0
+                             and key not in overrides):
+            continue
+        out[key] = value
+    return out
+
+
+def eval_main(args):
+    from keras_txl.io import load_pretrained
+    from training.loop import evaluate
+    from training.tokenizers import load_tokenizer
+
+    model_dir = os.path.join(args.workdir, "model")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"No trained model in {model_dir} (run `txl train` first).")
+    model = load_pretrained(model_dir)
+    tokenizer_dir = os.path.join(model_dir, "tokenizer")
+    if args.data:
+        from training.corpora import load_corpus
+
+        tokenizer = load_tokenizer(tokenizer_dir)
+        tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
+        corpus = load_corpus(args.data, data_dir=args.data_dir, download=args.download)
+        tokens = np.asarray(tokenizer.encode(corpus.split(args.split)), dtype=np.int32)
+    else:
+        tokens = np.load(os.path.join(args.workdir, "data", f"{args.split}.npy"))
+    kwargs = {"batch_size": args.batch_size}
+    for key in ("segment_length", "memory_length", "clamp_length"):
+        value = getattr(args, key)
+        if value is not None:
+            kwargs[key] = value
+    if args.same_length:
+        kwargs["same_length"] = True
+    result = evaluate(model, tokens, max_segments=args.max_segments or 0, **kwargs)
+    print(json.dumps({"split": args.split, **result, "settings": kwargs}))
+    return 0
+
+
+def demo_main(args):
+    """Train a small model on the offline stdlib-docstring corpus, evaluate,
+    export and generate: the README's first command."""
+    import time
+
+    from training.corpora import prepare_stdlib_docs
+
+    start = time.time()
+    corpus_dir = os.path.join(args.workdir, "corpus")
+    prepare_stdlib_docs(corpus_dir, max_chars=args.max_chars)
+    print(f"[demo] corpus: Python standard library docstrings -> {corpus_dir}")
+
+    class TrainArgs:
+        pass
+
+    t = TrainArgs()
+    t.preset, t.config, t.data = "tiny", None, corpus_dir
+    t.set = ["dropout=0.1"]
+    t.workdir, t.tokenizer, t.data_dir, t.download = args.workdir, "byte", None, False
+    t.segment_length, t.memory_length = None, None
+    t.batch_size, t.steps, t.strategy, t.loop = None, args.steps, None, None
+    t.jit_compile, t.precision, t.progress = False, None, False
+    train_main(t)
+    print(f"[demo] trained in {time.time() - start:.0f}s")
+
+    e = TrainArgs()
+    e.workdir, e.data, e.split, e.data_dir, e.download = args.workdir, None, "test", None, False
+    e.batch_size, e.segment_length, e.clamp_length = 1, None, None
+    e.memory_length, e.same_length, e.max_segments = 96, False, 0
+    print("[demo] test set, memory 96 (3x the training memory):")
+    eval_main(e)
+
+    try:
+        from export.saved_model import export_saved_model
+        from export.tflite import export_tflite
+        from keras_txl.io import load_pretrained
+
+        model = load_pretrained(os.path.join(args.workdir, "model"))
+        out = os.path.join(args.workdir, "export")
+        path = export_saved_model(model, out, tokenizer_dir=os.path.join(
+            args.workdir, "model", "tokenizer"))
+        print(f"[demo] SavedModel: {path}")
+        tfl = export_tflite(model, os.path.join(out, "txl.tflite"), batch_size=1,
+                            segment_length=model.txl_config.segment_length)
+        print(f"[demo] TFLite: {tfl}")
+    except ImportError as e:  # export/ not installed
+        print(f"[demo] export skipped: {e}")
+
+    from keras_txl.generation import generate_text
+
+    text = generate_text(os.path.join(args.workdir, "model"), args.prompt,
+                         max_new_tokens=args.max_new_tokens, temperature=0.8, top_k=20,
+                         seed=0)
+    print("[demo] sample:")
+    print(text)
+    print(f"[demo] done in {time.time() - start:.0f}s")
+    return 0

@@ -1,0 +1,923 @@
+"""Language-model corpora as three text splits: train, valid and test.
+
+`load_corpus(source)` returns a `Corpus` from:
+
+- a folder holding `train.txt`, `valid.txt` and `test.txt`;
+- a folder in one of the paper's layouts, detected from the file names:
+  - WikiText-103 (or -2): `wiki.train.tokens`, `wiki.valid.tokens`,
+    `wiki.test.tokens` (or the `.raw` variants);
+  - enwik8/text8 as written by the official prep scripts: `train.txt`,
+    `valid.txt`, `test.txt` holding space-separated symbols (a byte value
+    per symbol for enwik8, a character per symbol for text8). Detected by
+    looking at the start of `train.txt`; force it with `char_symbols`;
+  - the raw `enwik8` or `text8` file (or `enwik8.zip` / `text8.zip`),
+    split the standard way (see `standard_split_sizes`);
+- a single text file, split like a raw enwik8/text8 file;
+- TFDS, as `"tfds:NAME"` or `"tfds:NAME:CONFIG"` (e.g. `"tfds:lm1b"`,
+  `"tfds:wiki40b:en"`), read in stored order;
+- the offline demo corpus written by `prepare_stdlib_docs(folder)` (a
+  `train.txt`/`valid.txt`/`test.txt` folder built from the docstrings of
+  the Python standard library: real English text on any machine).
+
+`build_local_tfds(name, folder, data_dir)` stores a local corpus as a TFDS
+dataset with its line order kept, so that the TFDS path works offline.
+
+Every split is one string. Files are read as UTF-8 with universal newlines.
+Each `Corpus` also names the tokenizer the reference code uses for it
+(`tokenizer_kind`, `tokenizer_options`) and the splits its vocabulary is
+counted on (`vocabulary_splits`: train only for WikiText-103, all three for
+enwik8/text8, as in the official `data_utils.py`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import re
+import sys
+import sysconfig
+import warnings
+import zipfile
+from typing import Iterator
+from typing import Mapping
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_STDLIB_DOCS_CHARS",
+    "SPLITS",
+    "Corpus",
+    "build_local_tfds",
+    "load_corpus",
+    "prepare_stdlib_docs",
+    "standard_split_sizes",
+    "stdlib_docstrings",
+]
+
+SPLITS = ("train", "valid", "test")
+_TEXT_FILES = {split: f"{split}.txt" for split in SPLITS}
+_WIKITEXT_FILES = {split: f"wiki.{split}.tokens" for split in SPLITS}
+_WIKITEXT_RAW_FILES = {split: f"wiki.{split}.raw" for split in SPLITS}
+_RAW_NAMES = ("enwik8", "text8")
+
+# Raw enwik8/text8 are 100M bytes: 90M train, 5M valid, 5M test.
+_STANDARD_SIZE = 100_000_000
+_STANDARD_HELD_OUT = 5_000_000
+
+# How much of train.txt is looked at to detect space-separated symbols.
+_SYMBOL_SAMPLE_CHARS = 1 << 16
+_SYMBOL_MIN_COUNT = 16
+
+DEFAULT_STDLIB_DOCS_CHARS = 3_000_000
+_STDLIB_MANIFEST = "stdlib_docs.json"
+_STDLIB_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "test",
+    "tests",
+    "idle_test",
+}
+
+# Text feature of the TFDS datasets used for language modelling.
+_TFDS_TEXT_FEATURES = {
+    "lm1b": "text",
+    "pg19": "book_text",
+    "tiny_shakespeare": "text",
+    "wiki40b": "text",
+    "wikipedia": "text",
+    "c4": "text",
+    "imdb_reviews": "text",
+}
+# TFDS datasets without a validation split: held-out halves of "test".
+_TFDS_SPLIT_DEFAULTS = {
+    "lm1b": {"train": "train", "valid": "test[:50%]", "test": "test[50%:]"},
+}
+_TFDS_CHAR_DATASETS = {"tiny_shakespeare"}
+
+
+# === Corpus ===
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A corpus as three text splits.
+
+    Args:
+        train: str. Training text.
+        valid: str. Validation text.
+        test: str. Test text.
+        name: str. Short name (folder or dataset name).
+        layout: str. Where it came from: `"splits"`, `"char-symbols"`,
+            `"wikitext"`, `"wikitext-raw"`, `"enwik8"`, `"text8"`,
+            `"raw-file"` or `"tfds"`.
+        source: str. Path or `tfds:` name it was loaded from.
+        char_symbols: bool. True if the text is space-separated symbols
+            (prepared enwik8/text8); tokenize it with the `word` tokenizer
+            and `add_eos=False`, as the reference code does.
+        tokenizer_kind: str. Tokenizer kind the reference code uses here.
+        tokenizer_options: dict. Options for `build_tokenizer` with it.
+        vocabulary_splits: tuple of str. Splits the vocabulary is built on.
+    """
+
+    train: str = dataclasses.field(repr=False)
+    valid: str = dataclasses.field(repr=False)
+    test: str = dataclasses.field(repr=False)
+    name: str = ""
+    layout: str = "splits"
+    source: str = ""
+    char_symbols: bool = False
+    tokenizer_kind: str = "word"
+    tokenizer_options: Mapping = dataclasses.field(default_factory=dict)
+    vocabulary_splits: tuple = ("train",)
+
+    def split(self, name: str) -> str:
+        """The text of split `name` (`"train"`, `"valid"` or `"test"`)."""
+        aliases = {"validation": "valid", "dev": "valid"}
+        key = aliases.get(name, name)
+        if key not in SPLITS:
+            raise ValueError(
+                f"`name` must be one of {SPLITS}. Received: name={name!r}."
+            )
+        return getattr(self, key)
+
+    def vocabulary_texts(self) -> list[str]:
+        """The texts to build the vocabulary on (`vocabulary_splits`)."""
+        return [self.split(name) for name in self.vocabulary_splits]
+
+    def build_tokenizer(self, kind: str | None = None, **options):
+        """Fits a tokenizer on `vocabulary_texts()`.
+
+        Args:
+            kind: str or None. Tokenizer kind; None means
+                `tokenizer_kind`. For that kind, `tokenizer_options` are
+                used unless `options` override them.
+            **options: Options for `training.tokenizers.build_tokenizer`.
+
+        Returns:
+            A `training.tokenizers.Tokenizer`.
+        """
+        from training import tokenizers
+
+        if kind is None or kind == self.tokenizer_kind:
+            kind = self.tokenizer_kind
+            options = {**self.tokenizer_options, **options}
+        return tokenizers.build_tokenizer(
+            kind, self.vocabulary_texts(), **options
+        )
+
+    def __repr__(self):
+        sizes = ", ".join(
+            f"{split}={len(getattr(self, split)):,} chars" for split in SPLITS
+        )
+        return (
+            f"Corpus(name={self.name!r}, layout={self.layout!r}, {sizes}, "
+            f"char_symbols={self.char_symbols})"
+        )
+
+
+def _check_splits(corpus: Corpus, where: Mapping[str, str]) -> Corpus:
+    for split in SPLITS:
+        if not getattr(corpus, split).strip():
+            raise ValueError(
+                f"the {split} split is empty: {where[split]} holds no text. "
+                "Every split needs some text."
+            )
+    return corpus
+
+
+# === Raw files and standard splits ===
+
+
+def standard_split_sizes(total: int) -> tuple[int, int, int]:
+    """Sizes `(train, valid, test)` of the standard enwik8/text8 split.
+
+    The official prep scripts keep the last 5M bytes for test and the 5M
+    before them for valid; enwik8 and text8 are 100M bytes, hence
+    90M/5M/5M. Files smaller than 100M are split in the same proportions,
+    90%/5%/5% (valid and test get `total // 20` each, train the rest).
+
+    Args:
+        total: int. Size of the file (bytes) or text (characters).
+
+    Returns:
+        A tuple `(train, valid, test)` of sizes that add up to `total`.
+
+    Raises:
+        ValueError: if `total < 20`, too small to give each split data.
+
+    Example:
+
+    >>> standard_split_sizes(100_000_000)
+    (90000000, 5000000, 5000000)
+    >>> standard_split_sizes(1000)
+    (900, 50, 50)
+    """
+    if total < 20:
+        raise ValueError(
+            f"a corpus of {total} bytes is too small to split 90%/5%/5%: "
+            "need at least 20."
+        )
+    held_out = _STANDARD_HELD_OUT if total >= _STANDARD_SIZE else total // 20
+    return total - 2 * held_out, held_out, held_out
+
+
+def _read_raw(path: pathlib.Path) -> bytes:
+    if path.suffix == ".zip":
+        member = path.stem
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+                if member not in names:
+                    raise ValueError(
+                        f"{path} must contain a file named {member!r}; it "
+                        f"holds {names[:5]}."
+                    )
+                return archive.read(member)
+        except zipfile.BadZipFile:
+            raise ValueError(f"{path} is not a valid zip file.") from None
+    return path.read_bytes()
+
+
+def _load_raw(path: pathlib.Path, layout: str) -> Corpus:
+    data = _read_raw(path)
+    if not data.strip():
+        raise ValueError(f"corpus file {path} is empty.")
+    train_size, valid_size, _ = standard_split_sizes(len(data))
+    cuts = (0, train_size, train_size + valid_size, len(data))
+    # Cuts are at byte positions (as in the prep scripts) and may fall
+    # inside a UTF-8 character: surrogateescape keeps such bytes, and the
+    # byte tokenizer encodes them back exactly.
+    texts = [
+        data[cuts[i] : cuts[i + 1]].decode("utf-8", "surrogateescape")
+        for i in range(3)
+    ]
+    if layout == "enwik8":
+        kind, vocabulary = "byte", SPLITS
+    else:  # text8 and other single files: characters
+        kind, vocabulary = "char", SPLITS if layout == "text8" else ("train",)
+    logger.info(
+        "%s: %d bytes split %d/%d/%d",
+        path,
+        len(data),
+        *(len(data[cuts[i] : cuts[i + 1]]) for i in range(3)),
+    )
+    corpus = Corpus(
+        *texts,
+        name=path.stem if path.suffix == ".zip" else path.name,
+        layout=layout,
+        source=str(path),
+        tokenizer_kind=kind,
+        vocabulary_splits=vocabulary,
+    )
+    where = {split: f"{path} ({split} part)" for split in SPLITS}
+    return _check_splits(corpus, where)
+
+
+# === Folders ===
+
+
+def _read_text(path: pathlib.Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not valid UTF-8 text ({error}). Raw byte corpora "
+            "such as enwik8 are read from the unsplit `enwik8` file."
+        ) from None
+
+
+def _looks_like_symbols(path: pathlib.Path) -> bool:
+    """True if the start of `path` is space-separated single symbols."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        sample = handle.read(_SYMBOL_SAMPLE_CHARS)
+    symbols = sample.split()
+    if len(sample) == _SYMBOL_SAMPLE_CHARS and len(symbols) > 1:
+        symbols = symbols[:-1]  # the last one may be cut
+    if len(symbols) < _SYMBOL_MIN_COUNT:
+        return False  # too little to tell; pass char_symbols=True
+    if all(len(symbol) == 1 for symbol in symbols):  # text8: characters
+        return True
+    # enwik8: decimal byte values
+    return all(
+        symbol.isdigit() and len(symbol) <= 3 and int(symbol) < 256
+        for symbol in symbols
+    )
+
+
+def _complete_layout(folder, files: Mapping[str, str]):
+    paths = {split: folder / name for split, name in files.items()}
+    present = [split for split, path in paths.items() if path.is_file()]
+    if not present:
+        return None
+    missing = [str(paths[split]) for split in SPLITS if split not in present]
+    if missing:
+        raise ValueError(
+            f"corpus folder {folder} has {files[present[0]]} but is missing "
+            f"{', '.join(missing)}."
+        )
+    return paths
+
+
+def _load_folder(folder: pathlib.Path, char_symbols) -> Corpus:
+    for files, layout, kind in (
+        (_WIKITEXT_FILES, "wikitext", "word"),
+        (_WIKITEXT_RAW_FILES, "wikitext-raw", "char"),
+    ):
+        paths = _complete_layout(folder, files)
+        if paths is not None:
+            if char_symbols:
+                raise ValueError(
+                    "char_symbols=True applies to train.txt/valid.txt/"
+                    f"test.txt folders, but {folder} holds {layout} files."
+                )
+            corpus = Corpus(
+                *(_read_text(paths[split]) for split in SPLITS),
+                name=folder.name,
+                layout=layout,
+                source=str(folder),
+                tokenizer_kind=kind,
+            )
+            return _check_splits(corpus, paths)
+
+    paths = _complete_layout(folder, _TEXT_FILES)
+    if paths is not None:
+        if char_symbols is None:
+            char_symbols = _looks_like_symbols(paths["train"])
+        texts = [_read_text(paths[split]) for split in SPLITS]
+        if char_symbols:
+            corpus = Corpus(
+                *texts,
+                name=folder.name,
+                layout="char-symbols",
+                source=str(folder),
+                char_symbols=True,
+                tokenizer_kind="word",
+                tokenizer_options={"add_eos": False},
+                vocabulary_splits=SPLITS,
+            )
+        else:
+            corpus = Corpus(
+                *texts, name=folder.name, layout="splits", source=str(folder)
+            )
+        return _check_splits(corpus, paths)
+
+    for name in _RAW_NAMES:
+        for candidate in (folder / name, folder / f"{name}.zip"):
+            if candidate.is_file():
+                if char_symbols:
+                    raise ValueError(
+                        "char_symbols=True applies to train.txt/valid.txt/"
+                        f"test.txt folders, but {folder} holds the raw "
+                        f"{candidate.name}."
+                    )
+                return _load_raw(candidate, name)
+
+    raise ValueError(
+        f"corpus folder {folder} has no known layout. Expected train.txt, "
+        "valid.txt and test.txt; or wiki.{train,valid,test}.tokens "
+        "(WikiText); or a raw enwik8 / text8 file (or .zip)."
+    )
+
+
+def load_corpus(
+    source,
+    *,
+    char_symbols: bool | None = None,
+    data_dir=None,
+    download: bool = False,
+    text_feature: str | None = None,
+    split_names: Mapping[str, str] | None = None,
+    max_examples: int | None = None,
+) -> Corpus:
+    """Loads a corpus as three text splits.
+
+    Args:
+        source: str or path-like. A folder (layouts in the module
+            docstring), a single text file (split 90/5/5 like a raw
+            enwik8/text8 file), or `"tfds:NAME[:CONFIG]"`.
+        char_symbols: bool or None. For `train.txt`/`valid.txt`/`test.txt`
+            folders: True if the files hold space-separated symbols
+            (enwik8/text8 prepared by the official scripts), False if plain
+            text, None to detect it from the start of `train.txt`.
+        data_dir: str, path-like or None. TFDS only: where the dataset is
+            (or will be) prepared; None is the TFDS default
+            (`~/tensorflow_datasets`).
+        download: bool. TFDS only: download and prepare the dataset if it
+            is not prepared in `data_dir` (needs internet).
+        text_feature: str or None. TFDS only: the feature holding the text.
+            None picks it for the known datasets (`book_text` for pg19,
+            `text` for lm1b, wiki40b, tiny_shakespeare ...) or takes the only
+            text feature.
+        split_names: dict or None. TFDS only: TFDS split for each of
+            `"train"`, `"valid"`, `"test"` (slicing allowed, e.g.
+            `"test[:50%]"`). By default `train`, `validation` and `test`;
+            lm1b, which has no validation split, uses the two halves of
+            `test`.
+        max_examples: int or None. TFDS only: read at most this many
+            examples per split (pg19 and wiki40b are large).
+
+    Returns:
+        A `Corpus`.
+
+    Raises:
+        ValueError: if the folder or a file is missing, the layout is not
+            recognized, a split is empty, or the TFDS dataset is unknown or
+            not prepared.
+
+    Example:
+
+    >>> corpus = load_corpus(prepare_stdlib_docs("/tmp/stdlib_docs"))
+    >>> corpus.layout
+    'splits'
+    """
+    if isinstance(source, str) and source.startswith("tfds:"):
+        return _load_tfds(
+            source[len("tfds:") :],
+            data_dir=data_dir,
+            download=download,
+            text_feature=text_feature,
+            split_names=split_names,
+            max_examples=max_examples,
+        )
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(
+            "`source` must be a folder, a file or 'tfds:NAME'. Received "
+            f"type {type(source).__name__}."
+        )
+    path = pathlib.Path(source).expanduser()
+    if path.is_dir():
+        return _load_folder(path, char_symbols)
+    if path.is_file():
+        if char_symbols:
+            raise ValueError(
+                "char_symbols=True applies to train.txt/valid.txt/test.txt "
+                f"folders, but {path} is a single file."
+            )
+        stem = path.stem if path.suffix == ".zip" else path.name
+        layout = stem if stem in _RAW_NAMES else "raw-file"
+        return _load_raw(path, layout)
+    raise ValueError(
+        f"corpus path {path} does not exist (expected a folder, a file or "
+        "'tfds:NAME')."
+    )
+
+
+# === TFDS ===
+
+
+def _import_tfds():
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:
+        raise ValueError(
+            "loading 'tfds:' corpora needs tensorflow-datasets and "
+            f"importlib_resources: pip install tensorflow-datasets "
+            f"importlib_resources ({error})."
+        ) from None
+    return tfds
+
+
+def _parse_tfds_name(spec: str) -> str:
+    # "NAME", "NAME:CONFIG" or TFDS's own "NAME/CONFIG[:VERSION]".
+    if not spec or spec.startswith((":", "/")):
+        raise ValueError(
+            "a TFDS source must be 'tfds:NAME' or 'tfds:NAME:CONFIG'. "
+            f"Received: 'tfds:{spec}'."
+        )
+    if "/" not in spec and ":" in spec:
+        name, config = spec.split(":", 1)
+        return f"{name}/{config}"
+    return spec
+
+
+def _tfds_builder(tfds, name: str, data_dir, download: bool):
+    where = f"data_dir={str(data_dir) if data_dir else None!r}"
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as error:  # DatasetNotFoundError, bad config, ...
+        first_line = str(error).strip().splitlines()[0] if str(error) else ""
+        raise ValueError(
+            f"TFDS dataset {name!r} was not found in the TFDS catalog or in "
+            f"{where} ({type(error).__name__}: {first_line}). Check the "
+            "name (e.g. 'tfds:lm1b', 'tfds:wiki40b:en'); for a local dataset "
+            "pass the data_dir given to build_local_tfds; for a catalog "
+            "dataset pass download=True (needs internet)."
+        ) from None
+    if not builder.is_prepared():
+        if not download:
+            raise ValueError(
+                f"TFDS dataset {name!r} is not prepared in {where} (looked in "
+                f"{builder.data_dir}). Pass download=True to download and "
+                "prepare it (needs internet), or the data_dir where it was "
+                "prepared."
+            )
+        logger.info("Downloading and preparing TFDS dataset %s", name)
+        try:
+            builder.download_and_prepare()
+        except Exception as error:
+            raise ValueError(
+                f"could not download and prepare TFDS dataset {name!r} into "
+                f"{where}: {type(error).__name__}: {error}"
+            ) from error
+    return builder
+
+
+def _tfds_text_feature(builder, text_feature) -> str:
+    features = builder.info.features
+    keys = list(features.keys()) if hasattr(features, "keys") else []
+    if text_feature is not None:
+        if text_feature not in keys:
+            raise ValueError(
+                f"`text_feature` must be a feature of TFDS dataset "
+                f"{builder.name!r}: one of {keys}. Received: "
+                f"text_feature={text_feature!r}."
+            )
+        return text_feature
+    known = _TFDS_TEXT_FEATURES.get(builder.name)
+    if known in keys:
+        return known
+    text_keys = [key for key in keys if type(features[key]).__name__ == "Text"]
+    if len(text_keys) == 1:
+        return text_keys[0]
+    raise ValueError(
+        f"cannot tell which feature of TFDS dataset {builder.name!r} holds "
+        f"the text (features: {keys}); pass text_feature=..."
+    )
+
+
+def _tfds_split_names(builder, split_names) -> dict:
+    available = list(builder.info.splits.keys())
+    if split_names is not None:
+        unknown = sorted(set(split_names) - set(SPLITS))
+        if unknown:
+            raise ValueError(
+                f"`split_names` keys must be among {SPLITS}. Received "
+                f"unknown keys {unknown}."
+            )
+    names = dict(_TFDS_SPLIT_DEFAULTS.get(builder.name, {}))
+    for split, candidates in (
+        ("train", ("train",)),
+        ("valid", ("validation", "valid", "dev")),
+        ("test", ("test",)),
+    ):
+        if split not in names:
+            found = [name for name in candidates if name in available]
+            if found:
+                names[split] = found[0]
+    names.update(split_names or {})
+    missing = [split for split in SPLITS if split not in names]
+    if missing:
+        raise ValueError(
+            f"TFDS dataset {builder.name!r} has splits {available}; no split "
+            f"found for {missing}. Pass split_names={{'valid': ...}} (TFDS "
+            "slicing such as 'train[-1%:]' is allowed)."
+        )
+    return names
+
+
+def _read_tfds_text(tfds, builder, split, feature, max_examples) -> str:
+    # Files in order, one at a time: the stored example order is kept
+    # (it is the corpus order for datasets built with disable_shuffling).
+    read_config = tfds.ReadConfig(interleave_cycle_length=1)
+    try:
+        dataset = builder.as_dataset(
+            split=split, shuffle_files=False, read_config=read_config
+        )
+    except Exception as error:  # e.g. a bad split name or slice
+        raise ValueError(
+            f"cannot read split {split!r} of TFDS dataset {builder.name!r}: "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    if max_examples is not None:
+        dataset = dataset.take(max_examples)
+    dataset = dataset.map(lambda example: example[feature]).batch(1024)
+    pieces = []
+    for batch in dataset.as_numpy_iterator():
+        for value in batch.tolist():
+            text = value.decode("utf-8", "replace")
+            pieces.append(text if text.endswith("\n") else text + "\n")
+    return "".join(pieces)
+
+
+def _load_tfds(
+    spec, *, data_dir, download, text_feature, split_names, max_examples
+) -> Corpus:
+    if max_examples is not None and (
+        isinstance(max_examples, bool)
+        or not isinstance(max_examples, int)
+        or max_examples < 1
+    ):
+        raise ValueError(
+            "`max_examples` must be a positive integer or None. Received: "
+            f"max_examples={max_examples!r}."
+        )
+    tfds = _import_tfds()
+    name = _parse_tfds_name(spec)
+    builder = _tfds_builder(tfds, name, data_dir, download)
+    feature = _tfds_text_feature(builder, text_feature)
+    names = _tfds_split_names(builder, split_names)
+    texts = [
+        _read_tfds_text(tfds, builder, names[split], feature, max_examples)
+        for split in SPLITS
+    ]
+    kind = "char" if builder.name in _TFDS_CHAR_DATASETS else "word"
+    corpus = Corpus(
+        *texts,
+        name=name,
+        layout="tfds",
+        source=f"tfds:{spec}",
+        tokenizer_kind=kind,
+    )
+    where = {split: f"TFDS {name!r} split {names[split]!r}" for split in SPLITS}
+    return _check_splits(corpus, where)
+
+
+def build_local_tfds(
+    name: str,
+    folder,
+    data_dir,
+    *,
+    version: str = "1.0.0",
+    char_symbols: bool | None = None,
+) -> str:
+    """Stores a local corpus as a TFDS dataset, one example per line.
+
+    Uses `tfds.dataset_builders.store_as_tfds_dataset` with
+    `disable_shuffling=True`, so the examples keep the line order (TFDS
+    reorders them otherwise). Splits are named `train`, `validation` and
+    `test`; the feature is `text`. Afterwards
+    `load_corpus(f"tfds:{name}", data_dir=data_dir)` reads it back, also in
+    a new process: each split then equals the original text, with a final
+    newline added if it had none. If the dataset already exists in
+    `data_dir` at this version, TFDS keeps the existing data.
+
+    Args:
+        name: str. Dataset name: lower case letters, digits and `_`,
+            starting with a letter, not a TFDS catalog name.
+        folder: str or path-like. A corpus folder or file `load_corpus`
+            reads (any local layout).
+        data_dir: str or path-like. TFDS data directory to write to.
+        version: str. Dataset version, `"MAJOR.MINOR.PATCH"`.
+        char_symbols: bool or None. As in `load_corpus`.
+
+    Returns:
+        str. The source to pass to `load_corpus`: `"tfds:NAME"`.
+
+    Raises:
+        ValueError: for an invalid or catalog name or an unreadable folder.
+    """
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ValueError(
+            "`name` must be lower case letters, digits and underscores, "
+            f"starting with a letter. Received: name={name!r}."
+        )
+    if not re.fullmatch(r"\d+\.\d+\.\d+", str(version)):
+        raise ValueError(
+            f"`version` must look like '1.0.0'. Received: version={version!r}."
+        )
+    tfds = _import_tfds()
+    if name in tfds.list_builders(with_community_datasets=False):
+        raise ValueError(
+            f"name={name!r} is a TFDS catalog dataset; pick another name for "
+            "a local corpus."
+        )
+    import tensorflow as tf
+
+    corpus = load_corpus(folder, char_symbols=char_symbols)
+
+    def lines(text: str) -> list[bytes]:
+        if text.endswith("\n"):
+            text = text[:-1]
+        return [line.encode("utf-8", "replace") for line in text.split("\n")]
+
+    split_datasets = {
+        tfds_split: tf.data.Dataset.from_tensor_slices(
+            lines(corpus.split(split))
+        ).map(lambda line: {"text": line})
+        for tfds_split, split in (
+            ("train", "train"),
+            ("validation", "valid"),
+            ("test", "test"),
+        )
+    }
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name=name,
+        version=str(version),
+        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+        split_datasets=split_datasets,
+        data_dir=os.fspath(data_dir),
+        description=f"Local text corpus from {folder}, one line per example.",
+        disable_shuffling=True,
+    )
+    logger.info("Stored %s as TFDS dataset %s in %s", folder, name, data_dir)
+    return f"tfds:{name}"
+
+
+# === The standard-library docstring corpus ===
+
+
+def _stdlib_files(root: pathlib.Path) -> list[pathlib.Path]:
+    files = []
+    for directory, subdirectories, names in os.walk(root):
+        subdirectories[:] = [
+            name
+            for name in subdirectories
+            if name not in _STDLIB_SKIP_DIRS and not name.startswith(".")
+        ]
+        files.extend(
+            pathlib.Path(directory, name)
+            for name in names
+            if name.endswith(".py")
+        )
+    return sorted(files, key=lambda path: path.relative_to(root).as_posix())
+
+
+_DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+_BLOCK_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
+
+
+def _doc_nodes(node) -> Iterator[ast.AST]:
+    """Modules, classes and functions under `node`, in source order.
+
+    Only statement blocks are visited (definitions cannot hide inside
+    expressions), which is much faster than `ast.walk`.
+    """
+    if isinstance(node, _DOC_NODES):
+        yield node
+    for field in _BLOCK_FIELDS:
+        block = getattr(node, field, None)
+        if isinstance(block, list):
+            for child in block:
+                yield from _doc_nodes(child)
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _clean_docstring(text: str) -> str:
+    """Drops doctest examples and control characters; trims whitespace."""
+    kept, in_example = [], False
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith(">>>"):
+            in_example = True
+            continue
+        if in_example:
+            if stripped:
+                continue  # continuation or expected output
+            in_example = False
+        kept.append(_CONTROL_CHARS.sub("", line).rstrip().expandtabs(4))
+    text = "\n".join(kept).strip()
+    return re.sub(r"\n{3,}", "\n\n", text)
+
+
+def stdlib_docstrings(max_chars: int | None = None) -> Iterator[str]:
+    """Docstrings of the Python standard library, deterministically.
+
+    Walks `sysconfig.get_paths()["stdlib"]`, skipping `site-packages` and
+    test folders, reads the `.py` files in sorted path order, parses each
+    with `ast` (files that do not parse are skipped) and yields the module,
+    class and function docstrings in source order, cleaned with
+    `inspect.cleandoc` rules, without doctest examples, each only the first
+    time it appears.
+
+    Args:
+        max_chars: int or None. Stop before the total length (counting one
+            blank line between docstrings) would exceed this.
+
+    Yields:
+        str. One cleaned docstring.
+    """
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise ValueError(f"the standard library folder {root} does not exist.")
+    seen: set = set()
+    total = 0
+    for path in _stdlib_files(root):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes etc.
+                tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in _doc_nodes(tree):
+            docstring = ast.get_docstring(node, clean=True)
+            if not docstring:
+                continue
+            docstring = _clean_docstring(docstring)
+            if not docstring or docstring in seen:
+                continue
+            size = len(docstring) + 2
+            if max_chars is not None and total + size > max_chars:
+                return
+            seen.add(docstring)
+            total += size
+            yield docstring
+
+
+def prepare_stdlib_docs(
+    folder, max_chars: int = DEFAULT_STDLIB_DOCS_CHARS
+) -> pathlib.Path:
+    """Writes the standard-library docstring corpus to `folder`.
+
+    An offline demo corpus of real English text that exists wherever
+    Python does: the docstrings from `stdlib_docstrings(max_chars)`, each
+    followed by a blank line, cut into `train.txt`, `valid.txt` and
+    `test.txt` at the docstring boundaries nearest to 90% and 95% of the
+    characters. The files depend only on the Python installation and
+    `max_chars` (about 1.7M characters exist in CPython 3.11, so the
+    default cap of 3M takes all of them). A `stdlib_docs.json` manifest
+    records how they were made; if it matches, the files are reused.
+
+    Args:
+        folder: str or path-like. Output folder, created if needed.
+        max_chars: int. Cap on the total number of characters.
+
+    Returns:
+        The folder, as a `pathlib.Path`; `load_corpus(folder)` reads it.
+
+    Raises:
+        ValueError: if `max_chars` is too small to hold three docstrings.
+
+    Example:
+
+    >>> folder = prepare_stdlib_docs("/tmp/stdlib_docs", max_chars=200_000)
+    >>> sorted(p.name for p in folder.glob("*.txt"))
+    ['test.txt', 'train.txt', 'valid.txt']
+    """
+    if (
+        isinstance(max_chars, bool)
+        or not isinstance(max_chars, int)
+        or max_chars < 1
+    ):
+        raise ValueError(
+            "`max_chars` must be a positive integer. Received: "
+            f"max_chars={max_chars!r}."
+        )
+    folder = pathlib.Path(folder)
+    manifest = {
+        "source": "docstrings of the Python standard library",
+        "python": sys.version.split()[0],
+        "implementation": sys.implementation.name,
+        "stdlib": sysconfig.get_paths()["stdlib"],
+        "max_chars": max_chars,
+    }
+    manifest_path = folder / _STDLIB_MANIFEST
+    if manifest_path.is_file() and all(
+        (folder / name).is_file() for name in _TEXT_FILES.values()
+    ):
+        try:
+            written = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            written = {}
+        if {key: written.get(key) for key in manifest} == manifest:
+            logger.info("Reusing the stdlib docstring corpus in %s", folder)
+            return folder
+
+    docstrings = [doc + "\n\n" for doc in stdlib_docstrings(max_chars)]
+    total = sum(map(len, docstrings))
+    count = len(docstrings)
+    if count < 3:
+        raise ValueError(
+            f"max_chars={max_chars} is too small: it holds {count} "
+            f"docstring(s) ({total} characters), but train, valid and test "
+            "need one each. Use a larger max_chars (e.g. 10000 or more)."
+        )
+    # Cut at the docstring boundaries nearest to 90% and 95% of the
+    # characters, leaving at least one docstring in each split.
+    ends = np.cumsum([len(doc) for doc in docstrings])
+    first = int(np.argmin(np.abs(ends - 0.90 * total))) + 1
+    second = int(np.argmin(np.abs(ends - 0.95 * total))) + 1
+    first = min(max(first, 1), count - 2)
+    second = min(max(second, first + 1), count - 1)
+    splits = {
+        "train": docstrings[:first],
+        "valid": docstrings[first:second],
+        "test": docstrings[second:],
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for split, name in _TEXT_FILES.items():
+        text = "".join(splits[split])
+        with open(folder / name, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        sizes[split] = len(text)
+    manifest["chars"] = sizes
+    manifest["docstrings"] = len(docstrings)
+    manifest_path.write_text(
+        json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
+    )
+    logger.info(
+        "Wrote %d stdlib docstrings (%d characters) to %s",
+        len(docstrings),
+        total,
+        folder,
+    )
+    return folder

@@ -77,7 +77,8 @@ def build_parser():
     p = sub.add_parser("demo", help="the README's first command: train, eval, "
                        "export and generate on an offline corpus")
     p.add_argument("--workdir", default="runs/demo")
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--learning-rate", dest="learning_rate", type=float, default=2e-3)
     p.add_argument("--max-chars", dest="max_chars", type=int, default=3_000_000)
     p.add_argument("--prompt", default="Return the ")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=200)

@@ -23,9 +23,9 @@ from keras_txl import TransformerXLCausalLM
 from keras_txl.io import save_pretrained
 from training.checkpoint import CheckpointManager
 from training.checkpoint import assign_tensors
-from training.loop import batchify
+from training.data import lm_dataset
+from training.data import num_segments
 from training.loop import check_corpus
-from training.loop import steps_per_epoch
 from training.metrics import BitsPerCharacter
 from training.metrics import Perplexity
 from training.metrics import TokenNLL
@@ -74,17 +74,18 @@ class CheckpointCallback(keras.callbacks.Callback):
 
 
 def segments_dataset(tokens, global_batch, segment_length):
-    """One epoch of ordered (inputs, targets) global batches."""
-    streams = batchify(tokens, global_batch)
-    steps = steps_per_epoch(len(tokens), global_batch, segment_length)
-    T = segment_length
-    x = streams[:, : steps * T].reshape(global_batch, steps, T).transpose(1, 0, 2)
-    y = streams[:, 1 : steps * T + 1].reshape(global_batch, steps, T).transpose(1, 0, 2)
+    """One epoch of ordered (inputs, targets) global batches, and its length.
+
+    Keras distributes each global batch by rows, in order, so replica r
+    keeps rows [r*b, (r+1)*b) of every batch: its own streams.
+    """
+    dataset = lm_dataset(tokens, global_batch, segment_length)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF
     )
-    return tf.data.Dataset.from_tensor_slices((x, y)).with_options(options), steps
+    steps = num_segments(len(tokens), global_batch, segment_length)
+    return dataset.with_options(options), steps
 
 
 def compile_model(model, train_config, jit_compile=False):

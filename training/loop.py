@@ -29,6 +29,8 @@ from keras_txl.io import save_pretrained
 from training.checkpoint import CheckpointManager
 from training.checkpoint import assign_tensors
 from training.config import TrainConfig
+from training.data import batchify
+from training.data import num_segments
 from training.metrics import LN2
 from training.metrics import token_nll
 from training.schedules import WarmupCosine
@@ -38,16 +40,9 @@ logger = logging.getLogger(__name__)
 
 
 # --- ordered LM streams per replica -------------------------------------
-def batchify(tokens, batch_size):
-    """(N,) stream -> (B, N // B) parallel streams; the remainder is dropped."""
-    tokens = np.asarray(tokens, dtype=np.int32)
-    per_row = len(tokens) // batch_size
-    return tokens[: per_row * batch_size].reshape(batch_size, per_row)
-
-
 def steps_per_epoch(num_tokens, batch_size, segment_length):
     """Full segments each row yields (targets need one token more)."""
-    return max((num_tokens // batch_size - 1) // segment_length, 0)
+    return num_segments(num_tokens, batch_size, segment_length)
 
 
 def check_corpus(num_tokens, batch_size, segment_length, split="train"):
@@ -152,7 +147,8 @@ class Trainer:
         self.step = 0
         self.memory = self._zero_memory()
         self.checkpoints = None
-        if workdir and self.chief:
+        if workdir:
+            # Every worker reads checkpoints (resume); only the chief writes.
             self.checkpoints = CheckpointManager(
                 os.path.join(workdir, "checkpoints"), train_config.keep_checkpoints
             )
@@ -240,7 +236,14 @@ class Trainer:
             )
         with self.strategy.scope():
             assign_tensors(tensors, self.model, self.optimizer, source=path)
-        if "memory" in tensors and tensors["memory"].shape == self.memory_numpy().shape:
+        multi_worker = isinstance(
+            self.strategy, tf.distribute.MultiWorkerMirroredStrategy
+        ) and self.strategy.extended._num_workers > 1
+        if multi_worker:
+            # The chief saved only its own replicas' memory.
+            logger.warning("Multi-worker resume starts from a zero memory.")
+            self.memory = self._zero_memory()
+        elif "memory" in tensors and tensors["memory"].shape == self.memory_numpy().shape:
             self._set_memory(tensors["memory"])
         else:
             self.memory = self._zero_memory()
@@ -250,7 +253,7 @@ class Trainer:
         return self.step
 
     def save_checkpoint(self):
-        if not self.checkpoints:
+        if not self.checkpoints or not self.chief:
             return None
         state = {
             "model_config": self.model_config.to_dict(),

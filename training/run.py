@@ -196,10 +196,9 @@ def train_main(args):
         result = evaluate(model, splits["valid"], **eval_kwargs)
     else:
         trainer = Trainer(model_config, train_config, strategy,
-                          workdir=args.workdir if chief else None,
-                          tokenizer=tokenizer_dir, verbose=args.progress)
-        if chief:
-            trainer.restore()
+                          workdir=args.workdir, tokenizer=tokenizer_dir,
+                          verbose=args.progress)
+        trainer.restore()
         trainer.train(splits["train"], splits["valid"], eval_settings=None)
         result = evaluate(trainer.model, splits["valid"], **eval_kwargs)
     result = {"split": "valid", **result, "eval_settings": eval_kwargs}
@@ -267,7 +266,8 @@ def demo_main(args):
 
     t = TrainArgs()
     t.preset, t.config, t.data = "tiny", None, corpus_dir
-    t.set = ["dropout=0.1"]
+    t.set = ["dropout=0.1", f"learning_rate={args.learning_rate}", "warmup_steps=100",
+             "log_every=250", "checkpoint_every=1000"]
     t.workdir, t.tokenizer, t.data_dir, t.download = args.workdir, "byte", None, False
     t.segment_length, t.memory_length = None, None
     t.batch_size, t.steps, t.strategy, t.loop = None, args.steps, None, None

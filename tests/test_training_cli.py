@@ -1,0 +1,155 @@
+"""`txl train` / `txl eval` end to end, in separate processes: SIGKILL and
+resume, two MultiWorkerMirrored workers on 127.0.0.1, the CLI errors."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from keras_txl.__main__ import main
+from tests.conftest import REPO
+
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of "
+    "wisdom, it was the age of foolishness, it was the epoch of belief, it was "
+    "the epoch of incredulity, it was the season of Light, it was the season of "
+    "Darkness, it was the spring of hope, it was the winter of despair.\n"
+)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = TEXT.split()
+    lines = [" ".join(rng.choice(words, size=12)) for _ in range(900)]
+    (folder / "train.txt").write_text("\n".join(lines[:800]) + "\n")
+    (folder / "valid.txt").write_text("\n".join(lines[800:850]) + "\n")
+    (folder / "test.txt").write_text("\n".join(lines[850:]) + "\n")
+    return folder
+
+
+def train_command(corpus, workdir, *extra):
+    return [sys.executable, "-m", "keras_txl", "train", "--data", str(corpus),
+            "--workdir", str(workdir), "--preset", "tiny", "--tokenizer", "char",
+            "--batch-size", "4", "--segment-length", "16", "--memory-length", "16",
+            "--set", "log_every=1", *extra]
+
+
+def env():
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO),
+            "CUDA_VISIBLE_DEVICES": ""}
+
+
+def losses(workdir):
+    """step -> loss of the train records (the last record wins per step)."""
+    out = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record["split"] == "train":
+                out[record["step"]] = record["loss"]
+    return out
+
+
+def test_sigkill_during_training_then_resume_gives_the_same_losses(corpus_dir, tmp_path):
+    extra = ["--steps", "160", "--set", "checkpoint_every=20"]
+    straight = tmp_path / "straight"
+    subprocess.run(train_command(corpus_dir, straight, *extra), env=env(), check=True,
+                   capture_output=True, timeout=300)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(train_command(corpus_dir, killed, *extra), env=env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = killed / "checkpoints" / "ckpt-00000040" / "state.json"
+    deadline = time.time() + 240
+    while not marker.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert marker.exists(), "the run ended before its second checkpoint"
+    done = max(losses(killed))
+    assert done < 160, "the kill came too late to test a resume"
+    subprocess.run(train_command(corpus_dir, killed, *extra), env=env(), check=True,
+                   capture_output=True, timeout=300)
+    reference, resumed = losses(straight), losses(killed)
+    assert sorted(resumed) == list(range(1, 161))
+    # Every step after the restored checkpoint equals the uninterrupted run.
+    restored = max(s for s in range(20, done + 1, 20))
+    for step in range(restored + 1, 161):
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-6), step
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_two_workers_with_multi_worker_mirrored_match_one_process(corpus_dir, tmp_path):
+    extra = ["--steps", "3", "--set", "dropout=0.0", "--set", "checkpoint_every=0",
+             "--set", "warmup_steps=1"]
+    single = tmp_path / "single"
+    subprocess.run(train_command(corpus_dir, single, *extra), env=env(), check=True,
+                   capture_output=True, timeout=300)
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    workdir = tmp_path / "multi"
+    processes = []
+    for index in range(2):
+        worker_env = {**env(), "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        processes.append(subprocess.Popen(
+            train_command(corpus_dir, workdir, *extra, "--strategy", "multi_worker"),
+            env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for p, (_, err) in zip(processes, outputs):
+        assert p.returncode == 0, err.decode()[-3000:]
+    # Worker 0 is the chief: it alone wrote the metrics and the model.
+    multi = losses(workdir)
+    assert sorted(multi) == [1, 2, 3]
+    np.testing.assert_allclose([multi[s] for s in (1, 2, 3)],
+                               [losses(single)[s] for s in (1, 2, 3)], rtol=1e-5)
+    assert (workdir / "model" / "model.safetensors").exists()
+
+
+def test_eval_prints_json_with_the_test_time_settings(corpus_dir, tmp_path, capsys):
+    workdir = tmp_path / "run"
+    assert main(["train", "--data", str(corpus_dir), "--workdir", str(workdir),
+                 "--preset", "tiny", "--tokenizer", "char", "--steps", "2",
+                 "--batch-size", "4", "--segment-length", "8",
+                 "--set", "warmup_steps=1"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--workdir", str(workdir), "--data", str(corpus_dir),
+                 "--split", "test", "--memory-length", "24", "--clamp-length", "10",
+                 "--same-length"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["settings"] == {"batch_size": 1, "memory_length": 24,
+                                  "clamp_length": 10, "same_length": True}
+    assert result["tokens"] > 0 and result["bpc"] == pytest.approx(result["loss"] / np.log(2))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "{missing}"], "does not exist|not found|No such|no corpus"),
+    (["--set", "hidden_size=3"], "Unknown key 'hidden_size'"),
+    (["--set", "num_layers=two"], "expected an integer"),
+    (["--batch-size", "3", "--strategy", "mirrored"], "not divisible by the 2 replicas"),
+    (["--segment-length", "100000"], "needs at least 100001 per stream"),
+    (["--set", "vocabulary_size=7"], "vocabulary"),
+])
+def test_cli_errors_are_clear(corpus_dir, tmp_path, capsys, args, message):
+    argv = ["train", "--data", str(corpus_dir), "--workdir", str(tmp_path / "w"),
+            "--preset", "tiny", "--tokenizer", "char", "--steps", "1",
+            "--set", "warmup_steps=0"]
+    argv += [a.replace("{missing}", str(tmp_path / "nope")) for a in args]
+    assert main(argv) == 2
+    assert __import__("re").search(message, capsys.readouterr().err), message

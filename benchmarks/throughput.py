@@ -1,0 +1,176 @@
+"""Training and evaluation throughput of keras-txl on the peer benchmark's configuration.
+
+Mirrors `shared/bench/bench_hf_torch.py` (Hugging Face PyTorch TransfoXL): vocab 256, plain
+softmax, d_model 256, 8 heads x 32, d_inner 1024, 6 layers, segment 128, memory 128, batch 8,
+dropout 0.1, Adam lr 2.5e-4, 2 threads, 3 warm-up + 10 timed steps, memory carried between
+steps. Training is the library's own training step (`training.loop.Trainer`, the memory kept
+as loop state on the device); evaluation computes the per-token NLL of the targets with the
+memory carried. Also measures this machine's fp32 matmul peak and reports MFU against it.
+
+Prints one JSON line (the reference's keys plus `mfu`, `matmul_peak_gflops` ...) and a table.
+
+    python benchmarks/throughput.py [--jit] [--precision mixed_bfloat16] [--threads 2]
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BATCH, SEGMENT, MEMORY = 8, 128, 128
+WARMUP, TIMED = 3, 10
+CONFIG = dict(
+    vocabulary_size=256, num_layers=6, hidden_dim=256, num_heads=8, head_dim=32,
+    intermediate_dim=1024, segment_length=SEGMENT, memory_length=MEMORY, clamp_length=-1,
+    same_length=False, pre_layer_norm=False, untie_relative_bias=True, dropout=0.1,
+    attention_dropout=0.0,
+)
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def matmul_peak_gflops(tf, n=2048, repeats=11):
+    """fp32 matmul throughput of this machine (the MFU denominator)."""
+    a = tf.random.normal([n, n])
+    b = tf.random.normal([n, n])
+    f = tf.function(lambda x, y: tf.matmul(x, y))
+    for _ in range(3):
+        f(a, b).numpy()
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            c = f(a, b)
+        c.numpy()
+        best = max(best, 2 * n**3 * repeats / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def forward_flops_per_token(cfg):
+    """Matmul FLOPs of one forward pass per token (multiply-add = 2)."""
+    D, L, I, V = cfg["hidden_dim"], cfg["num_layers"], cfg["intermediate_dim"], cfg["vocabulary_size"]
+    NH = cfg["num_heads"] * cfg["head_dim"]
+    T, M = cfg["segment_length"], cfg["memory_length"]
+    K = T + M
+    per_layer = (
+        2 * D * NH  # q
+        + 2 * D * 2 * NH * K / T  # k, v over memory + segment
+        + 2 * D * NH * K / T  # W_R R (once per segment)
+        + 3 * 2 * K * NH  # content scores, position scores, weighted values
+        + 2 * NH * D  # output projection
+        + 2 * 2 * D * I  # feed-forward
+    )
+    return L * per_layer + 2 * D * V  # + the softmax layer
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jit", action="store_true", help="XLA-compile the steps")
+    parser.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+
+    import keras_txl
+    from training.config import TrainConfig
+    from training.loop import Trainer
+    from training.metrics import token_nll
+
+    config = keras_txl.TransformerXLConfig(**CONFIG)
+    train_config = TrainConfig(batch_size=BATCH, learning_rate=2.5e-4, warmup_steps=0,
+                               steps=WARMUP + TIMED, clip_norm=0.25,
+                               jit_compile=args.jit, precision=args.precision)
+    trainer = Trainer(config, train_config, tf.distribute.get_strategy(), verbose=False)
+    model = trainer.model
+    steps = WARMUP + TIMED
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, size=(BATCH, steps * SEGMENT + 1)).astype("int32")
+    tokens_per_step = BATCH * SEGMENT
+
+    # 1. training: the library's step, memory carried as loop state.
+    train_times, losses = [], []
+    memory = trainer.memory
+    for k in range(steps):
+        x = tf.constant(data[:, k * SEGMENT:(k + 1) * SEGMENT])
+        y = tf.constant(data[:, k * SEGMENT + 1:(k + 1) * SEGMENT + 1])
+        t0 = time.perf_counter()
+        loss, _, memory = trainer._train_step(x, y, memory)
+        loss = float(loss)  # waits for the step
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        if k >= WARMUP:
+            train_times.append(dt)
+    rss_after_train = peak_rss_mb()
+
+    # 2. evaluation: per-token NLL of the targets, memory carried.
+    @tf.function(jit_compile=args.jit)
+    def eval_step(x, y, memory):
+        hidden, new_memory = model.backbone(x, memory, training=False)
+        nll = token_nll(model.log_probs_from_hidden(hidden), y)
+        return nll, new_memory
+
+    eval_times = []
+    memory = model.initial_memory(BATCH)
+    for k in range(steps):
+        x = tf.constant(data[:, k * SEGMENT:(k + 1) * SEGMENT])
+        y = tf.constant(data[:, k * SEGMENT + 1:(k + 1) * SEGMENT + 1])
+        t0 = time.perf_counter()
+        nll, memory = eval_step(x, y, memory)
+        nll.numpy()
+        dt = time.perf_counter() - t0
+        if k >= WARMUP:
+            eval_times.append(dt)
+
+    peak = None if args.no_peak else matmul_peak_gflops(tf)
+    flops = forward_flops_per_token(CONFIG)
+    train_tps = tokens_per_step * TIMED / sum(train_times)
+    eval_tps = tokens_per_step * TIMED / sum(eval_times)
+    median = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
+    result = dict(
+        bench="keras_txl_cpu",
+        train_tokens_per_s=round(train_tps, 1),
+        eval_tokens_per_s=round(eval_tps, 1),
+        peak_rss_mb=round(peak_rss_mb(), 1),
+        peak_rss_mb_after_train=round(rss_after_train, 1),
+        train_tokens_per_s_from_median_step=round(tokens_per_step / median(train_times), 1),
+        eval_tokens_per_s_from_median_step=round(tokens_per_step / median(eval_times), 1),
+        mfu=None if peak is None else round(3 * flops * train_tps / (peak * 1e9), 4),
+        eval_mfu=None if peak is None else round(flops * eval_tps / (peak * 1e9), 4),
+        matmul_peak_gflops=None if peak is None else round(peak, 1),
+        forward_gflop_per_token=round(flops / 1e9, 6),
+        train_step_s=[round(t, 4) for t in train_times],
+        eval_step_s=[round(t, 4) for t in eval_times],
+        train_loss_first_last=[round(losses[0], 4), round(losses[-1], 4)],
+        tokens_per_step=tokens_per_step, warmup_steps=WARMUP, timed_steps=TIMED,
+        jit_compile=args.jit, precision=args.precision, threads=args.threads,
+        n_params=model.count_params(), config=CONFIG, tensorflow=tf.__version__,
+        python=sys.version.split()[0], cpu_count=os.cpu_count(), machine=platform.machine(),
+    )
+    print(json.dumps(result))
+    rows = [("train tokens/s", result["train_tokens_per_s"]),
+            ("eval tokens/s", result["eval_tokens_per_s"]),
+            ("train tokens/s (median step)", result["train_tokens_per_s_from_median_step"]),
+            ("eval tokens/s (median step)", result["eval_tokens_per_s_from_median_step"]),
+            ("peak RSS MB", result["peak_rss_mb"]), ("train MFU", result["mfu"]),
+            ("matmul peak GFLOP/s", result["matmul_peak_gflops"])]
+    width = max(len(r[0]) for r in rows)
+    print("\n".join(f"{name:<{width}}  {value}" for name, value in rows), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Export a `TransformerXLCausalLM` as a TF Serving SavedModel.
+
+Layout written by `export_saved_model(model, out_dir, name="txl", version=1)`:
+
+    <out_dir>/txl/1/saved_model.pb, variables/     the four signatures
+    <out_dir>/txl/1/assets.extra/config.json       the model config
+    <out_dir>/txl/1/assets.extra/export.json       shapes, signatures, versions
+    <out_dir>/txl/1/assets.extra/tokenizer/        the tokenizer folder, if any
+    <out_dir>/txl/1/assets.extra/tf_serving_warmup_requests
+
+`<out_dir>/txl` is TF Serving's model base path. The version folder is
+built under a temporary name and renamed when complete, so a server that
+polls the base path never loads a half-written version.
+
+Signatures: see `export/signatures.py` (serving_default, initial_memory,
+score, next_token; batch-first memory (B, L, M, D)).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+import keras
+import tensorflow as tf
+
+from export import serving
+from export import signatures as sig
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+EXPORT_INFO_FILE = "export.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(directory=False):
+    """0o755 / 0o644 under the process umask: what a plain `mkdir` or
+    `open(..., "w")` would give. `tempfile` creates 0o700 / 0o600, which a
+    server running as another user (e.g. in a container) cannot read."""
+    return (0o777 if directory else 0o666) & ~_umask()
+
+
+def _check_positive(name, value, allow_none=True):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"`{name}` must be a positive integer{' or None' if allow_none else ''}"
+            f", received {name}={value!r}."
+        )
+
+
+def pure_model(model):
+    """`model`, or a non-stateful copy of it (signatures never use the
+    stateful memory variable, and it must not be saved with them)."""
+    if not hasattr(model, "call_with_memory") or not hasattr(model, "txl_config"):
+        raise ValueError(
+            "Expected a keras_txl.TransformerXLCausalLM, received "
+            f"{type(model).__name__}."
+        )
+    if getattr(model, "stateful", False):
+        return model.with_settings(stateful=False)
+    return model
+
+
+def build_archive(model, functions: dict, variables=None):
+    """A `keras.export.ExportArchive` with one endpoint per signature.
+
+    Args:
+        model: the Keras model whose variables the functions use.
+        functions: `{name: (fn, [TensorSpec])}` from `export/signatures.py`.
+        variables: optional list of extra `tf.Variable`s (the stateful
+            memory) to save with the model.
+    """
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    if variables:
+        archive.add_variable_collection("state", list(variables))
+    for name, (function, specs) in functions.items():
+        archive.add_endpoint(name, function, input_signature=specs)
+    return archive
+
+
+def write_side_files(directory, model, *, tokenizer_dir=None, info=None):
+    """config.json (+ export.json, tokenizer/) into `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+        f.write(model.txl_config.to_json() + "\n")
+    if info is not None:
+        with open(os.path.join(directory, EXPORT_INFO_FILE), "w") as f:
+            json.dump(info, f, indent=2, sort_keys=True)
+            f.write("\n")
+    if tokenizer_dir is not None:
+        if not os.path.isdir(tokenizer_dir):
+            raise ValueError(
+                f"`tokenizer_dir`={tokenizer_dir!r} is not a folder."
+            )
+        shutil.copytree(
+            tokenizer_dir, os.path.join(directory, TOKENIZER_DIR),
+            dirs_exist_ok=True,
+        )
+
+
+def _json_table(table):
+    return {
+        name: {
+            part: {k: {"dtype": d, "shape": list(s)} for k, (d, s) in io.items()}
+            for part, io in entry.items()
+        }
+        for name, entry in table.items()
+    }
+
+
+def export_info(model, *, batch_size, segment_length, stateful=False,
+                names=None, **extra):
+    """The export.json manifest: shapes, signatures and versions."""
+    import keras_txl
+
+    table = sig.signature_table(
+        model.txl_config, batch_size, segment_length, stateful=stateful,
+        names=names,
+    )
+    return {
+        "format": "keras-txl",
+        "keras_txl_version": keras_txl.__version__,
+        "tensorflow_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "batch_size": batch_size,
+        "segment_length": segment_length,
+        "memory_layout": "(batch, num_layers, memory_length, hidden_dim)",
+        "memory_shape": list(sig.memory_shape(model.txl_config, batch_size)),
+        "signatures": _json_table(table),
+        **extra,
+    }
+
+
+def write_saved_model(
+    model,
+    directory,
+    *,
+    batch_size=None,
+    segment_length=None,
+    checks=True,
+    names=sig.SAVED_MODEL_SIGNATURES,
+):
+    """Writes the bare SavedModel (no side files) to `directory`."""
+    functions = sig.signature_functions(
+        model, batch_size, segment_length, checks=checks, names=names
+    )
+    build_archive(model, functions).write_out(directory, verbose=False)
+    return directory
+
+
+def export_saved_model(
+    model,
+    out_dir: str,
+    *,
+    name: str = "txl",
+    version: int = 1,
+    batch_size: int | None = None,
+    segment_length: int | None = None,
+    tokenizer_dir: str | None = None,
+    warmup: bool = True,
+    overwrite: bool = False,
+) -> str:
+    """Exports `model` to `<out_dir>/<name>/<version>/` for TF Serving.
+
+    Args:
+        model: `TransformerXLCausalLM` (a stateful one is exported through
+            a pure copy).
+        out_dir: str. Parent of the model base path.
+        name: str. Model name: the base path folder and TF Serving's
+            `MODEL_NAME`.
+        version: int > 0. Version folder.
+        batch_size: int or None. Fix B in every signature; None = dynamic.
+        segment_length: int or None. Fix T; None = dynamic.
+        tokenizer_dir: str or None. Tokenizer folder copied to
+            `assets.extra/tokenizer/`.
+        warmup: bool. Write `assets.extra/tf_serving_warmup_requests`.
+        overwrite: bool. Replace an existing version folder.
+
+    Returns:
+        str. The version folder.
+
+    Raises:
+        ValueError: bad arguments, or the version exists and not overwrite.
+    """
+    model = pure_model(model)
+    if not isinstance(name, str) or not name or os.sep in name or name in (".", ".."):
+        raise ValueError(f"`name` must be a plain folder name, received {name!r}.")
+    _check_positive("version", version, allow_none=False)
+    _check_positive("batch_size", batch_size)
+    _check_positive("segment_length", segment_length)
+    base = os.path.join(out_dir, name)
+    final = os.path.join(base, str(version))
+    if os.path.exists(final) and not overwrite:
+        raise ValueError(
+            f"{final} already exists; export a new `version` (TF Serving "
+            "serves the highest) or pass overwrite=True."
+        )
+    os.makedirs(base, exist_ok=True)
+    # Not a number, so TF Serving ignores it while it is being written.
+    staging = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=base)
+    try:
+        write_saved_model(
+            model, staging, batch_size=batch_size, segment_length=segment_length
+        )
+        extra = os.path.join(staging, serving.ASSETS_EXTRA)
+        info = export_info(
+            model, batch_size=batch_size, segment_length=segment_length,
+            model_name=name, version=version,
+        )
+        write_side_files(extra, model, tokenizer_dir=tokenizer_dir, info=info)
+        if warmup:
+            inputs = serving.warmup_inputs(
+                model.txl_config, batch_size, segment_length
+            )
+            requests = [
+                serving.make_predict_request(name, signature, values)
+                for signature, values in inputs.items()
+            ]
+            serving.write_warmup_file(
+                os.path.join(extra, serving.WARMUP_FILE), requests
+            )
+        os.chmod(staging, default_mode(directory=True))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("SavedModel written to %s", final)
+    return final
+
+
+def load_config(version_dir: str):
+    """The `TransformerXLConfig` saved with an export."""
+    from keras_txl.config import TransformerXLConfig
+
+    path = os.path.join(version_dir, serving.ASSETS_EXTRA, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise ValueError(f"No {path}: not a keras-txl SavedModel export.")
+    return TransformerXLConfig.from_json(path)

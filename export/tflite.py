@@ -1,0 +1,469 @@
+"""TFLite export (builtin ops only, fixed B and T) and a LiteRT runner.
+
+`export_tflite` writes a fixed-shape SavedModel to a temporary folder and
+converts it with `tf.lite.TFLiteConverter.from_saved_model` using
+`TFLITE_BUILTINS` only: no Flex (SELECT_TF_OPS) ops, which the LiteRT
+interpreter here cannot run (shared/TF_NOTES.md section 5). The converted
+model is checked for custom/Flex operators before it is written.
+
+Two variants:
+- stateless: signatures `serving_default`, `score`, `next_token`, with the
+  memory passed in and returned, as in the SavedModel;
+- stateful (`stateful=True`): the memory lives in a resource variable
+  inside the model; `serving_default(token_ids)`, `score(token_ids,
+  targets)`, `next_token(token_ids)` read and update it and `reset()`
+  zeroes it.
+
+`export_tflite_variants` converts one SavedModel to several quantizations
+(float32, float16 weights, dynamic-range int8). Beside each .tflite file go
+`config.json` (the model config), `<stem>.json` (shapes, signatures,
+quantization) and `tokenizer/` when given.
+
+`TFLiteRunner` and `run_tflite` need only `ai_edge_litert` and numpy (no
+TensorFlow import), so they run on a device-like Python too. The raw
+LiteRT signature runners check dtypes but resize inputs to whatever shape
+they are given, and nothing checks ids in the graph (the converter drops
+assertions: an out-of-range id fails inside GATHER, or is silently clipped
+with adaptive embeddings). `TFLiteRunner` checks names, dtypes, shapes, id
+ranges and memory values first and raises `ValueError`.
+
+Shape legend: B batch, T segment, L num_layers, M memory_length,
+D hidden_dim, V vocabulary_size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+
+import numpy as np
+
+from export.signatures import LOG_PROBS
+from export.signatures import MEMORY
+from export.signatures import NEXT_TOKEN
+from export.signatures import NLL
+from export.signatures import RESET
+from export.signatures import SCORE
+from export.signatures import SERVING_DEFAULT
+from export.signatures import TARGETS
+from export.signatures import TOKEN_IDS
+
+QUANTIZATIONS = ("none", "float16", "dynamic_int8")
+
+logger = logging.getLogger(__name__)
+
+
+# --- conversion -------------------------------------------------------------
+
+
+def convert_saved_model(
+    saved_model_dir: str, signature_keys, quantize: str = "none"
+) -> bytes:
+    """Converts a SavedModel to a TFLite flatbuffer with builtin ops only.
+
+    Args:
+        saved_model_dir: str.
+        signature_keys: list of signature names to keep.
+        quantize: "none" (float32), "float16" (float16 weights) or
+            "dynamic_int8" (int8 weights, dynamic-range activations).
+
+    Returns:
+        bytes.
+
+    Raises:
+        ValueError: unknown `quantize`, or the model needs non-builtin ops.
+    """
+    import tensorflow as tf
+
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(
+            f"`quantize` must be one of {QUANTIZATIONS}, received {quantize!r}."
+        )
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        saved_model_dir, signature_keys=list(signature_keys)
+    )
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if quantize != "none":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if quantize == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    content = converter.convert()
+    assert_builtin_only(content)
+    return content
+
+
+def tflite_operators(model_content: bytes) -> list:
+    """Operator names used by a TFLite model, sorted.
+
+    Builtins by name ("FULLY_CONNECTED"); custom ops as "CUSTOM:<code>"
+    (Flex ops are "CUSTOM:Flex<TFOp>").
+    """
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {
+        value: key
+        for key, value in vars(schema.BuiltinOperator).items()
+        if not key.startswith("_")
+    }
+    model = schema.Model.GetRootAsModel(model_content, 0)
+    out = set()
+    for i in range(model.OperatorCodesLength()):
+        code = model.OperatorCodes(i)
+        # Codes >= 127 live in BuiltinCode; older ones in the deprecated byte.
+        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        if builtin == schema.BuiltinOperator.CUSTOM:
+            custom = code.CustomCode()
+            out.add("CUSTOM:" + (custom.decode() if custom else "?"))
+        else:
+            out.add(names.get(builtin, str(builtin)))
+    return sorted(out)
+
+
+def assert_builtin_only(model_content: bytes) -> None:
+    """Raises ValueError if the model has custom or Flex operators."""
+    custom = [op for op in tflite_operators(model_content) if op.startswith("CUSTOM:")]
+    if custom:
+        raise ValueError(
+            f"The TFLite model uses non-builtin operators {custom}; the LiteRT "
+            "interpreter cannot run Flex ops here. Use ops with builtin "
+            "TFLite kernels."
+        )
+
+
+def _write_bytes(path, data):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        from export.saved_model import default_mode
+
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _tflite_saved_model(model, directory, batch_size, segment_length, stateful):
+    """Writes the fixed-shape SavedModel that is converted; returns the
+    signature names."""
+    import tensorflow as tf
+
+    from export import saved_model
+    from export import signatures as sig
+
+    if stateful:
+        memory = tf.Variable(
+            tf.zeros(sig.memory_shape(model.txl_config, batch_size), tf.float32),
+            trainable=False, name="memory",
+        )
+        functions = sig.stateful_signature_functions(
+            model, memory, batch_size, segment_length
+        )
+        archive = saved_model.build_archive(model, functions, [memory])
+    else:
+        functions = sig.signature_functions(
+            model, batch_size, segment_length, checks=False,
+            names=sig.TFLITE_SIGNATURES,
+        )
+        archive = saved_model.build_archive(model, functions)
+    archive.write_out(directory, verbose=False)
+    return tuple(functions)
+
+
+def export_tflite_variants(
+    model,
+    out_paths: dict,
+    *,
+    batch_size: int,
+    segment_length: int,
+    stateful: bool = False,
+    tokenizer_dir: str | None = None,
+) -> dict:
+    """Like `export_tflite` for several quantizations from one SavedModel.
+
+    Args:
+        out_paths: `{quantize: path}`, e.g. `{"none": "txl.tflite",
+            "float16": "txl-float16.tflite"}`.
+        Others: as for `export_tflite`.
+
+    Returns:
+        `out_paths`.
+    """
+    from export import saved_model
+
+    saved_model._check_positive("batch_size", batch_size, allow_none=False)
+    saved_model._check_positive("segment_length", segment_length, allow_none=False)
+    unknown = sorted(set(out_paths) - set(QUANTIZATIONS))
+    if unknown or not out_paths:
+        raise ValueError(
+            f"`quantize` must be one of {QUANTIZATIONS}, received "
+            f"{unknown or 'nothing'}."
+        )
+    model = saved_model.pure_model(model)
+    with tempfile.TemporaryDirectory(prefix="txl-tflite-") as tmp:
+        names = _tflite_saved_model(
+            model, tmp, batch_size, segment_length, stateful
+        )
+        contents = {
+            q: convert_saved_model(tmp, names, q) for q in out_paths
+        }
+    for quantize, path in out_paths.items():
+        _write_bytes(path, contents[quantize])
+        info = saved_model.export_info(
+            model, batch_size=batch_size, segment_length=segment_length,
+            stateful=stateful, names=names, quantize=quantize,
+            tflite_file=os.path.basename(path),
+        )
+        directory = os.path.dirname(os.path.abspath(path))
+        saved_model.write_side_files(directory, model, tokenizer_dir=tokenizer_dir)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        with open(os.path.join(directory, f"{stem}.json"), "w") as f:
+            json.dump(info, f, indent=2, sort_keys=True)
+            f.write("\n")
+        logger.info(
+            "TFLite (%s%s) written to %s: %d bytes", quantize,
+            ", stateful" if stateful else "", path, len(contents[quantize]),
+        )
+    return out_paths
+
+
+def export_tflite(
+    model,
+    out_path: str,
+    *,
+    batch_size: int,
+    segment_length: int,
+    quantize: str = "none",
+    stateful: bool = False,
+    tokenizer_dir: str | None = None,
+) -> str:
+    """Converts `model` to a builtin-only TFLite file with fixed B and T.
+
+    Also writes, in the folder of `out_path`, `config.json` (the model
+    config), `<stem>.json` (shapes, signatures, quantization) and
+    `tokenizer/` if given.
+
+    Args:
+        model: `TransformerXLCausalLM`.
+        out_path: str. The .tflite file.
+        batch_size: int. B, fixed.
+        segment_length: int. T, fixed.
+        quantize: "none", "float16" or "dynamic_int8".
+        stateful: bool. Memory in a resource variable (signatures without
+            `memory`, plus `reset`).
+        tokenizer_dir: str or None.
+
+    Returns:
+        str. `out_path`.
+
+    Raises:
+        ValueError: bad arguments or non-builtin ops after conversion.
+    """
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(
+            f"`quantize` must be one of {QUANTIZATIONS}, received {quantize!r}."
+        )
+    export_tflite_variants(
+        model, {quantize: out_path}, batch_size=batch_size,
+        segment_length=segment_length, stateful=stateful,
+        tokenizer_dir=tokenizer_dir,
+    )
+    return out_path
+
+
+# --- running -----------------------------------------------------------------
+
+
+class TFLiteRunner:
+    """Runs an exported TFLite model through `ai_edge_litert` with checks.
+
+    Works with both variants. `step(token_ids)` keeps the memory between
+    calls (in Python for the stateless model, inside the model for the
+    stateful one) and `reset()` starts a new text.
+
+    Args:
+        model_path: str, or pass `model_content` (bytes) instead.
+        num_threads: int or None.
+        use_xnnpack: bool. False runs the builtin kernels without the
+            default XNNPACK delegate.
+
+    Example:
+    ```python
+    runner = TFLiteRunner("txl.tflite")
+    runner.reset()
+    for segment in segments:            # each (B, T) int32
+        log_probs = runner.step(segment)
+    ```
+    """
+
+    def __init__(
+        self, model_path=None, *, model_content=None, num_threads=None,
+        use_xnnpack=True,
+    ):
+        from ai_edge_litert.interpreter import Interpreter
+        from ai_edge_litert.interpreter import OpResolverType
+
+        if (model_path is None) == (model_content is None):
+            raise ValueError("Pass exactly one of `model_path` or `model_content`.")
+        kwargs = {}
+        if not use_xnnpack:
+            kwargs["experimental_op_resolver_type"] = (
+                OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+            )
+        self.interpreter = Interpreter(
+            model_path=model_path, model_content=model_content,
+            num_threads=num_threads, **kwargs,
+        )
+        self.signature_names = sorted(self.interpreter.get_signature_list())
+        if SERVING_DEFAULT not in self.signature_names:
+            raise ValueError(
+                f"Not a keras-txl TFLite model: no {SERVING_DEFAULT!r} "
+                f"signature (found {self.signature_names})."
+            )
+        self._runners = {
+            n: self.interpreter.get_signature_runner(n) for n in self.signature_names
+        }
+        self._inputs = {
+            n: {k: (tuple(int(d) for d in v["shape"]), np.dtype(v["dtype"]))
+                for k, v in r.get_input_details().items()}
+            for n, r in self._runners.items()
+        }
+        self.stateful = RESET in self.signature_names
+        outputs = self._runners[SERVING_DEFAULT].get_output_details()
+        self.batch_size, self.segment_length, self.vocabulary_size = (
+            int(d) for d in outputs[LOG_PROBS]["shape"]
+        )
+        if self.stateful:
+            shape = self._runners[RESET].get_output_details()[MEMORY]["shape"]
+        else:
+            shape = self._inputs[SERVING_DEFAULT][MEMORY][0]
+        self.memory_shape = tuple(int(d) for d in shape)
+        self.memory = None
+
+    def input_details(self, signature_name: str) -> dict:
+        """`{input: (shape, numpy dtype)}` of a signature."""
+        self._check_signature(signature_name)
+        return dict(self._inputs[signature_name])
+
+    def _check_signature(self, name):
+        if name not in self._runners:
+            raise ValueError(
+                f"Unknown signature {name!r}; this model has {self.signature_names}."
+            )
+
+    def _prepare(self, signature_name, name, value, shape, dtype):
+        array = np.asarray(value)
+        if dtype.kind in "iu":
+            if array.dtype.kind not in "iu":
+                raise ValueError(
+                    f"`{name}` must be an integer array ({dtype.name}), received "
+                    f"dtype {array.dtype.name}."
+                )
+        elif array.dtype.kind != "f":
+            raise ValueError(
+                f"`{name}` must be a float array ({dtype.name}), received "
+                f"dtype {array.dtype.name}."
+            )
+        if array.shape != shape:
+            raise ValueError(
+                f"`{name}` must have shape {shape} for this TFLite model "
+                f"(B and T are fixed at export), received {array.shape}."
+            )
+        if name in (TOKEN_IDS, TARGETS) and array.size and (
+            array.min() < 0 or array.max() >= self.vocabulary_size
+        ):
+            raise ValueError(
+                f"`{name}` must be in [0, vocabulary_size={self.vocabulary_size}), "
+                f"received values in [{array.min()}, {array.max()}]."
+            )
+        if name == MEMORY and not np.all(np.isfinite(array)):
+            raise ValueError(
+                "`memory` contains NaN or Inf; pass the memory returned by the "
+                "previous call or initial_memory()."
+            )
+        return np.ascontiguousarray(array, dtype=dtype)
+
+    def run(self, signature_name: str, **inputs) -> dict:
+        """Runs one signature after checking every input.
+
+        Raises:
+            ValueError: unknown signature, missing/extra inputs, wrong dtype
+                or shape, ids outside [0, V), non-finite memory.
+        """
+        self._check_signature(signature_name)
+        expected = self._inputs[signature_name]
+        missing = sorted(set(expected) - set(inputs))
+        extra = sorted(set(inputs) - set(expected))
+        if missing or extra:
+            raise ValueError(
+                f"Signature {signature_name!r} takes inputs {sorted(expected)}; "
+                f"missing {missing}, unexpected {extra}."
+            )
+        feed = {
+            k: self._prepare(signature_name, k, v, *expected[k])
+            for k, v in inputs.items()
+        }
+        out = self._runners[signature_name](**feed)
+        return {k: np.array(v, copy=True) for k, v in out.items()}
+
+    # --- memory-carrying helpers -------------------------------------------
+    def initial_memory(self) -> np.ndarray:
+        """Zeros of the model's (B, L, M, D)."""
+        return np.zeros(self.memory_shape, np.float32)
+
+    def reset(self):
+        """Start a new text: zero the memory (Python-side or in the model)."""
+        if self.stateful:
+            self.run(RESET)
+        self.memory = None if self.stateful else self.initial_memory()
+
+    def _call(self, signature_name, inputs, output):
+        if self.stateful:
+            return self.run(signature_name, **inputs)[output]
+        if self.memory is None:
+            self.memory = self.initial_memory()
+        out = self.run(signature_name, memory=self.memory, **inputs)
+        self.memory = out[MEMORY]
+        return out[output]
+
+    def step(self, token_ids) -> np.ndarray:
+        """(B, T, V) log-probs of one segment; the memory is carried."""
+        return self._call(SERVING_DEFAULT, {TOKEN_IDS: token_ids}, LOG_PROBS)
+
+    def score(self, token_ids, targets) -> np.ndarray:
+        """(B, T) NLL of `targets`; the memory is carried."""
+        return self._call(SCORE, {TOKEN_IDS: token_ids, TARGETS: targets}, NLL)
+
+    def next_token(self, token_ids) -> np.ndarray:
+        """(B, V) log-probs of the token after the segment; memory carried."""
+        return self._call(NEXT_TOKEN, {TOKEN_IDS: token_ids}, LOG_PROBS)
+
+
+def run_tflite(model_path: str, token_ids, *, num_threads=None) -> np.ndarray:
+    """Log-probs of a long (B, n*T) id array, segment by segment.
+
+    Starts from zero memory (`reset`), feeds the n segments of the model's
+    fixed T in order with the memory carried, and concatenates the results.
+
+    Returns:
+        (B, n*T, V) float32.
+    """
+    runner = TFLiteRunner(model_path, num_threads=num_threads)
+    token_ids = np.asarray(token_ids)
+    T = runner.segment_length
+    if token_ids.ndim != 2 or token_ids.shape[1] % T:
+        raise ValueError(
+            f"`token_ids` must be (batch, n * segment_length) with the model's "
+            f"segment_length={T}, received shape {token_ids.shape}."
+        )
+    runner.reset()
+    pieces = [
+        runner.step(token_ids[:, s : s + T]) for s in range(0, token_ids.shape[1], T)
+    ]
+    return np.concatenate(pieces, axis=1)

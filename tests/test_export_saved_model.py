@@ -1,0 +1,403 @@
+"""SavedModel export: layout, signatures, fresh-process parity, errors, CLI.
+
+The exported SavedModel is reloaded in a new Python process that imports
+only TensorFlow (not keras_txl) and chained over three segments, memory out
+-> memory in; its outputs come back as .npz and are compared with
+`call_with_memory` here.
+"""
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_txl
+from export import cli
+from export import saved_model
+from export import serving
+from export import signatures as sig
+from tests.conftest import SHARED_FIXTURES
+
+HF = SHARED_FIXTURES / "hf_transfo_xl_tiny"
+B, T, SEGMENTS = 2, 4, 3
+
+# Runs in a fresh interpreter: TensorFlow only.
+FRESH_SCRIPT = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+report = {}
+for job in json.loads(sys.argv[1]):
+    signatures = tf.saved_model.load(job["saved_model"]).signatures
+    ids = np.load(job["inputs"])
+    T = job["segment_length"]
+    targets = np.roll(ids, -1, axis=1)
+    memory = signatures["initial_memory"](
+        batch_size=tf.constant(ids.shape[0], tf.int32))["memory"]
+    out = {"initial_memory": memory.numpy()}
+    for s in range(ids.shape[1] // T):
+        segment = tf.constant(ids[:, s * T:(s + 1) * T])
+        target = tf.constant(targets[:, s * T:(s + 1) * T])
+        served = signatures["serving_default"](token_ids=segment, memory=memory)
+        scored = signatures["score"](token_ids=segment, targets=target, memory=memory)
+        following = signatures["next_token"](token_ids=segment, memory=memory)
+        out[f"log_probs_{s}"] = served["log_probs"].numpy()
+        out[f"nll_{s}"] = scored["nll"].numpy()
+        out[f"next_{s}"] = following["log_probs"].numpy()
+        for name, result in (("score", scored), ("next", following)):
+            np.testing.assert_array_equal(result["memory"], served["memory"])
+        memory = served["memory"]
+        out[f"memory_{s}"] = memory.numpy()
+    np.savez(job["output"], **out)
+report["keras_txl_imported"] = "keras_txl" in sys.modules
+print("REPORT " + json.dumps(report))
+"""
+
+
+def tiny_config():
+    # M > T, so each memory mixes two segments.
+    return keras_txl.TransformerXLConfig(
+        vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
+        intermediate_dim=16, segment_length=T, memory_length=6,
+    )
+
+
+def keras_chain(model, ids, segment_length):
+    """Per segment: log_probs, memory, nll of the next token, next_token."""
+    targets = np.roll(ids, -1, axis=1)
+    memory, results = None, []
+    for s in range(ids.shape[1] // segment_length):
+        cut = slice(s * segment_length, (s + 1) * segment_length)
+        out = model.call_with_memory(ids[:, cut], memory)
+        log_probs = out["log_probs"].numpy()
+        nll = -np.take_along_axis(log_probs, targets[:, cut, None], -1)[..., 0]
+        memory = out["memory"]
+        results.append(dict(log_probs=log_probs, memory=memory.numpy(),
+                            nll=nll, next=log_probs[:, -1]))
+    return results
+
+
+def run_fresh(jobs, tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_SCRIPT, json.dumps(jobs)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("REPORT ")][-1]
+    return json.loads(line[len("REPORT "):])
+
+
+def run_cli(*argv):
+    parser = cli.add_arguments(argparse.ArgumentParser())
+    return cli.run(parser.parse_args([str(a) for a in argv]))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A training-run folder exported with `txl export --workdir`."""
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("saved_model")
+    model = keras_txl.TransformerXLCausalLM(tiny_config())
+    tokenizer = tmp / "tokenizer_src"
+    tokenizer.mkdir()
+    (tokenizer / "vocab.txt").write_text("a\nb\n")
+    keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tokenizer))
+    assert run_cli("--workdir", tmp / "run", "--out", tmp / "out") == 0
+    ids = np.random.default_rng(0).integers(
+        0, model.txl_config.vocabulary_size, (B, SEGMENTS * T)
+    ).astype(np.int32)
+    return types.SimpleNamespace(
+        model=model, version_dir=str(tmp / "out" / "txl" / "1"), ids=ids,
+        tmp=tmp, reference=keras_chain(model, ids, T),
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_export(tmp_path_factory):
+    """The shared HF fixture exported through `txl export --from-hf`."""
+    if not HF.is_dir():
+        return None
+    out = tmp_path_factory.mktemp("hf_saved_model")
+    assert run_cli("--from-hf", HF, "--format", "saved_model", "--out", out) == 0
+    return str(out / "txl" / "1")
+
+
+@pytest.fixture(scope="module")
+def fresh(exported, hf_export):
+    """Both exports reloaded and chained in one fresh process; meanwhile
+    `saved_model_cli show --all` runs in another."""
+    tmp = exported.tmp
+    tool = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    show = subprocess.Popen(
+        [tool, "show", "--all", "--dir", exported.version_dir],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        np.save(tmp / "ids.npy", exported.ids)
+        jobs = [dict(saved_model=exported.version_dir, inputs=str(tmp / "ids.npy"),
+                     segment_length=T, output=str(tmp / "fresh_tiny.npz"))]
+        if hf_export is not None:
+            jobs.append(dict(saved_model=hf_export, inputs=str(HF / "inputs.npy"),
+                             segment_length=8, output=str(tmp / "fresh_hf.npz")))
+        report = run_fresh(jobs, tmp)
+        show_out, show_err = show.communicate(timeout=240)
+    finally:
+        if show.poll() is None:
+            show.kill()
+            show.communicate()
+    hf = np.load(tmp / "fresh_hf.npz") if hf_export is not None else None
+    return types.SimpleNamespace(
+        report=report, tiny=np.load(tmp / "fresh_tiny.npz"), hf=hf,
+        show=(show.returncode, show_out, show_err),
+    )
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+    return tf.saved_model.load(exported.version_dir).signatures
+
+
+def test_versioned_layout_and_side_files(exported):
+    version_dir = exported.version_dir
+    base = os.path.dirname(version_dir)
+    assert os.path.basename(version_dir) == "1"
+    assert os.listdir(base) == ["1"]  # no staging folder left behind
+    # Readable by a server running as another user (not tempfile's 0o700).
+    assert os.stat(version_dir).st_mode & 0o777 == saved_model.default_mode(True)
+    for name in ("saved_model.pb", "variables"):
+        assert os.path.exists(os.path.join(version_dir, name))
+    extra = os.path.join(version_dir, "assets.extra")
+    assert sorted(os.listdir(extra)) == [
+        "config.json", "export.json", "tf_serving_warmup_requests", "tokenizer",
+    ]
+    config = keras_txl.TransformerXLConfig.from_json(os.path.join(extra, "config.json"))
+    assert config == exported.model.txl_config
+    assert saved_model.load_config(version_dir) == config
+    assert open(os.path.join(extra, "tokenizer", "vocab.txt")).read() == "a\nb\n"
+    info = json.load(open(os.path.join(extra, "export.json")))
+    assert info["batch_size"] is None and info["segment_length"] is None
+    assert sorted(info["signatures"]) == sorted(sig.SAVED_MODEL_SIGNATURES)
+    assert info["memory_shape"] == [None, 2, 6, 8]
+
+
+def test_fresh_process_chain_matches_call_with_memory(exported, fresh):
+    assert fresh.report["keras_txl_imported"] is False  # self-contained
+    got = fresh.tiny
+    np.testing.assert_array_equal(got["initial_memory"], np.zeros((B, 2, 6, 8)))
+    for s, ref in enumerate(exported.reference):
+        for key in ("log_probs", "memory", "nll", "next"):
+            np.testing.assert_allclose(
+                got[f"{key}_{s}"], ref[key], atol=1e-5, rtol=0,
+                err_msg=f"{key} of segment {s}",
+            )
+    # The memory really carries information between segments.
+    first = exported.model.call_with_memory(exported.ids[:, T:2 * T])
+    assert np.abs(first["log_probs"].numpy() - got["log_probs_1"]).max() > 1e-4
+
+
+def test_hf_fixture_parity_through_saved_model(fresh):
+    if fresh.hf is None:
+        pytest.skip(f"shared fixture {HF} is absent (needs ../shared/fixtures)")
+    for s in range(3):
+        expected = np.load(HF / f"expected_logprobs_seg{s}.npy")
+        np.testing.assert_allclose(
+            fresh.hf[f"log_probs_{s}"], expected, atol=1e-4, rtol=1e-5,
+            err_msg=f"segment {s}",
+        )
+
+
+def _parse_saved_model_cli(text):
+    """{signature: {"inputs"|"outputs": {name: (dtype, shape)}, "method"}}."""
+    result = {}
+    blocks = re.split(r"^signature_def\['([^']+)'\]:\s*$", text, flags=re.M)
+    for name, body in zip(blocks[1::2], blocks[2::2]):
+        body = body.split("\nConcrete Functions:")[0]
+        entry = {"inputs": {}, "outputs": {}}
+        for kind, key, dtype, shape in re.findall(
+            r"(inputs|outputs)\['([^']+)'\] tensor_info:\s*\n\s*dtype: (\w+)\s*\n"
+            r"\s*shape: (\([^)]*\)|unknown_rank)", body,
+        ):
+            dims = tuple(int(d) for d in re.findall(r"-?\d+", shape))
+            entry[kind][key] = (dtype, dims)
+        method = re.search(r"Method name is: (\S+)", body)
+        entry["method"] = method.group(1) if method else None
+        result[name] = entry
+    return result
+
+
+def test_saved_model_cli_lists_the_four_signatures(exported, fresh):
+    returncode, stdout, stderr = fresh.show
+    assert returncode == 0, stderr[-3000:]
+    shown = _parse_saved_model_cli(stdout)
+    shown.pop("__saved_model_init_op", None)
+    dtypes = {"int32": "DT_INT32", "float32": "DT_FLOAT"}
+    expected = sig.signature_table(exported.model.txl_config)
+    assert sorted(shown) == sorted(expected)
+    for name, entry in expected.items():
+        assert shown[name]["method"] == "tensorflow/serving/predict"
+        for kind in ("inputs", "outputs"):
+            want = {
+                k: (dtypes[d], tuple(-1 if x is None else x for x in s))
+                for k, (d, s) in entry[kind].items()
+            }
+            assert shown[name][kind] == want, (name, kind, stdout)
+    # Spot check against the brief's table.
+    assert shown["serving_default"]["outputs"]["memory"] == ("DT_FLOAT", (-1, 2, 6, 8))
+    assert shown["score"]["outputs"]["nll"] == ("DT_FLOAT", (-1, -1))
+    assert shown["next_token"]["outputs"]["log_probs"] == ("DT_FLOAT", (-1, 11))
+
+
+def _good_inputs(exported):
+    return dict(token_ids=tf.constant(exported.ids[:, :T]),
+                memory=tf.zeros((B, 2, 6, 8)))
+
+
+BAD_CALLS = {
+    "memory_wrong_M": (
+        "serving_default", dict(memory=tf.zeros((B, 2, 5, 8))), "Shape of tensor memory"),
+    "memory_wrong_L": (
+        "serving_default", dict(memory=tf.zeros((B, 3, 6, 8))), "Shape of tensor memory"),
+    "memory_rank_3": (
+        "serving_default", dict(memory=tf.zeros((B, 6, 8))), "Shape of tensor memory"),
+    "memory_wrong_batch": (
+        "next_token", dict(memory=tf.zeros((B + 1, 2, 6, 8))), "same batch size"),
+    "memory_int": (
+        "serving_default", dict(memory=tf.zeros((B, 2, 6, 8), tf.int32)), "float"),
+    "memory_nan": (
+        "serving_default", dict(memory=tf.fill((B, 2, 6, 8), np.nan)), "NaN or Inf"),
+    "ids_float": (
+        "serving_default", dict(token_ids=tf.zeros((B, T))), "int32"),
+    "ids_int64": (
+        "score", dict(token_ids=tf.zeros((B, T), tf.int64)), "int32"),
+    "ids_rank_1": (
+        "serving_default", dict(token_ids=tf.zeros((T,), tf.int32)), "Shape of tensor token_ids"),
+    "ids_too_large": (
+        "serving_default", dict(token_ids=tf.fill((B, T), 11)), "vocabulary_size=11"),
+    "ids_negative": (
+        "next_token", dict(token_ids=tf.fill((B, T), -1)), "must be >= 0"),
+    "empty_segment": (
+        "serving_default", dict(token_ids=tf.zeros((B, 0), tf.int32)), "at least one position"),
+    "targets_out_of_range": (
+        "score", dict(targets=tf.fill((B, T), 11)), "`targets` must be < vocabulary_size"),
+    "targets_wrong_shape": (
+        "score", dict(targets=tf.zeros((B, T - 1), tf.int32)), "shape of `token_ids`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_signatures_reject_bad_inputs(exported, loaded, case):
+    name, changes, pattern = BAD_CALLS[case]
+    inputs = _good_inputs(exported)
+    if name == "score":
+        inputs["targets"] = tf.constant(exported.ids[:, 1:T + 1])
+    inputs.update(changes)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(pattern)):
+        loaded[name](**inputs)
+    # Still fine afterwards.
+    good = loaded["serving_default"](**_good_inputs(exported))
+    np.testing.assert_allclose(
+        good["log_probs"], exported.reference[0]["log_probs"], atol=1e-5
+    )
+
+
+def test_initial_memory_rejects_negative_batch(loaded):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch_size` must be >= 0"):
+        loaded["initial_memory"](batch_size=tf.constant(-1))
+    assert loaded["initial_memory"](batch_size=tf.constant(0))["memory"].shape == (0, 2, 6, 8)
+
+
+def test_dynamic_batch_and_segment_length(exported, loaded):
+    ids = exported.ids[:1, :3]  # B=1, T=3: neither is the warm-up shape
+    out = loaded["serving_default"](token_ids=tf.constant(ids), memory=tf.zeros((1, 2, 6, 8)))
+    ref = exported.model.call_with_memory(ids)
+    np.testing.assert_allclose(out["log_probs"], ref["log_probs"], atol=1e-5)
+    np.testing.assert_allclose(out["memory"], ref["memory"], atol=1e-5)
+
+
+def test_fixed_batch_segment_and_memory_length(exported, tmp_path):
+    assert run_cli(
+        "--workdir", exported.tmp / "run", "--out", tmp_path, "--name", "lm",
+        "--version", 3, "--batch-size", B, "--segment-length", T,
+        "--memory-length", 9, "--no-warmup",
+    ) == 0
+    version_dir = str(tmp_path / "lm" / "3")
+    longer = exported.model.with_settings(memory_length=9)
+    reference = longer.call_with_memory(exported.ids[:, :T])["log_probs"].numpy()
+    assert saved_model.load_config(version_dir).memory_length == 9
+    assert not os.path.exists(os.path.join(version_dir, "assets.extra", serving.WARMUP_FILE))
+    signatures = tf.saved_model.load(version_dir).signatures
+    specs = signatures["score"].structured_input_signature[1]
+    assert tuple(specs["token_ids"].shape) == (B, T)
+    assert tuple(specs["targets"].shape) == (B, T)
+    assert tuple(specs["memory"].shape) == (B, 2, 9, 8)
+    outputs = signatures["serving_default"].structured_outputs
+    assert tuple(outputs["log_probs"].shape) == (B, T, 11)
+    assert tuple(outputs["memory"].shape) == (B, 2, 9, 8)
+    memory = signatures["initial_memory"](batch_size=tf.constant(B))["memory"]
+    out = signatures["serving_default"](token_ids=tf.constant(exported.ids[:, :T]), memory=memory)
+    np.testing.assert_allclose(out["log_probs"], reference, atol=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Shape of tensor token_ids"):
+        signatures["serving_default"](
+            token_ids=tf.constant(exported.ids[:, :T + 1]), memory=memory)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="fixed batch size of 2"):
+        signatures["initial_memory"](batch_size=tf.constant(3))
+
+
+def test_export_arguments_are_checked(exported, tmp_path):
+    model = exported.model
+    with pytest.raises(ValueError, match="already exists"):
+        out_dir = os.path.dirname(os.path.dirname(exported.version_dir))
+        saved_model.export_saved_model(model, out_dir)
+    with pytest.raises(ValueError, match="`version` must be a positive integer"):
+        saved_model.export_saved_model(model, str(tmp_path), version=0)
+    with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+        saved_model.export_saved_model(model, str(tmp_path), batch_size=-2)
+    with pytest.raises(ValueError, match="plain folder name"):
+        saved_model.export_saved_model(model, str(tmp_path), name="a/b")
+    with pytest.raises(ValueError, match="TransformerXLCausalLM"):
+        saved_model.export_saved_model(keras.Sequential(), str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_reports_missing_model_and_existing_version(exported, tmp_path, caplog):
+    workdir = tmp_path / "run"
+    with caplog.at_level(logging.ERROR):
+        assert run_cli("--workdir", workdir, "--out", tmp_path / "x") == 2
+    assert f"No model in {workdir}/model/" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert run_cli("--workdir", exported.tmp / "run", "--out",
+                       exported.tmp / "out") == 2
+    assert "already exists" in caplog.text
+    with caplog.at_level(logging.ERROR):
+        assert run_cli("--from-hf", tmp_path / "nothing", "--out", tmp_path) == 2
+        assert run_cli("--workdir", workdir, "--out", tmp_path, "--batch-size", 0) == 2
+    assert "is not a folder" in caplog.text
+    assert "--batch-size must be positive" in caplog.text
+    with pytest.raises(SystemExit):  # argparse: exactly one source
+        run_cli("--out", tmp_path)
+    assert not (tmp_path / "x").exists()
+
+
+def test_stateful_model_is_exported_through_a_pure_copy(exported):
+    stateful = keras_txl.TransformerXLCausalLM(
+        exported.model.txl_config, stateful=True, batch_size=B)
+    stateful.assign_weights_from(exported.model)
+    pure = saved_model.pure_model(stateful)
+    assert pure is not stateful and not pure.stateful and pure.memory is None
+    out = pure.call_with_memory(exported.ids[:, :T])
+    np.testing.assert_allclose(
+        out["log_probs"], exported.reference[0]["log_probs"], atol=1e-6)
+    assert saved_model.pure_model(exported.model) is exported.model

@@ -1,0 +1,339 @@
+"""TFLite export: builtin ops only, fresh-process parity, stateful, quantized.
+
+The .tflite files are run in a new Python process that imports only
+`ai_edge_litert`, numpy and `export.tflite` (no TensorFlow), chained over
+three segments, and compared here with `call_with_memory`.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import keras
+import numpy as np
+import pytest
+
+import keras_txl
+from export import cli
+from export import signatures as sig
+from export import tflite
+from tests.conftest import REPO
+from tests.conftest import SHARED_FIXTURES
+
+HF = SHARED_FIXTURES / "hf_transfo_xl_tiny"
+B, T, SEGMENTS = 2, 4, 3
+
+FRESH_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+from export.tflite import TFLiteRunner, run_tflite
+
+for job in json.loads(sys.argv[1]):
+    runner = TFLiteRunner(job["path"])
+    ids = np.load(job["inputs"])
+    targets = np.roll(ids, -1, axis=1)
+    T = runner.segment_length
+    segments = [slice(s * T, (s + 1) * T) for s in range(ids.shape[1] // T)]
+    out = {}
+    runner.reset()
+    for s, cut in enumerate(segments):
+        out[f"log_probs_{s}"] = runner.step(ids[:, cut])
+        if not runner.stateful:
+            out[f"memory_{s}"] = runner.memory
+    runner.reset()
+    for s, cut in enumerate(segments):
+        out[f"nll_{s}"] = runner.score(ids[:, cut], targets[:, cut])
+    runner.reset()
+    for s, cut in enumerate(segments):
+        out[f"next_{s}"] = runner.next_token(ids[:, cut])
+    if runner.stateful:
+        runner.reset()
+        out["after_reset"] = runner.step(ids[:, segments[0]])
+    out["run_tflite"] = run_tflite(job["path"], ids)
+    np.savez(job["output"], **out)
+print("REPORT " + json.dumps({"tensorflow_imported": "tensorflow" in sys.modules}))
+"""
+
+
+def small_config():
+    # Weights of >= 1024 elements, so dynamic-range int8 really quantizes
+    # (the converter leaves smaller tensors in float).
+    return keras_txl.TransformerXLConfig(
+        vocabulary_size=64, num_layers=2, hidden_dim=32, num_heads=2,
+        intermediate_dim=64, segment_length=T, memory_length=6,
+    )
+
+
+def keras_chain(model, ids, segment_length):
+    targets = np.roll(ids, -1, axis=1)
+    memory, results = None, []
+    for s in range(ids.shape[1] // segment_length):
+        cut = slice(s * segment_length, (s + 1) * segment_length)
+        out = model.call_with_memory(ids[:, cut], memory)
+        log_probs = out["log_probs"].numpy()
+        memory = out["memory"]
+        results.append(dict(
+            log_probs=log_probs, memory=memory.numpy(), next=log_probs[:, -1],
+            nll=-np.take_along_axis(log_probs, targets[:, cut, None], -1)[..., 0],
+        ))
+    return results
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def tensor_types(path):
+    """Counts of tensor types in a .tflite file ("FLOAT32", "INT8", ...)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+    model = schema.Model.GetRootAsModel(open(path, "rb").read(), 0)
+    counts = {}
+    for g in range(model.SubgraphsLength()):
+        graph = model.Subgraphs(g)
+        for t in range(graph.TensorsLength()):
+            name = names[graph.Tensors(t).Type()]
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("tflite")
+    model = keras_txl.TransformerXLCausalLM(small_config())
+    # float32 through `txl export --workdir ... --format tflite`.
+    keras_txl.save_pretrained(model, str(tmp / "run" / "model"))
+    parser = cli.add_arguments(argparse.ArgumentParser())
+    code = cli.run(parser.parse_args([
+        "--workdir", str(tmp / "run"), "--format", "tflite", "--out",
+        str(tmp / "out"), "--batch-size", str(B), "--segment-length", str(T),
+    ]))
+    assert code == 0
+    paths = {"float32": str(tmp / "out" / "txl.tflite")}
+    paths["stateful"] = tflite.export_tflite(
+        model, str(tmp / "out" / "stateful.tflite"), batch_size=B,
+        segment_length=T, stateful=True,
+    )
+    paths.update(tflite.export_tflite_variants(
+        model, {q: str(tmp / "out" / f"{q}.tflite") for q in ("float16", "dynamic_int8")},
+        batch_size=B, segment_length=T,
+    ))
+    if HF.is_dir():
+        paths["hf"] = tflite.export_tflite(
+            keras_txl.load_hf_checkpoint(str(HF)), str(tmp / "hf" / "hf.tflite"),
+            batch_size=2, segment_length=8,
+        )
+    ids = np.random.default_rng(0).integers(0, 64, (B, SEGMENTS * T)).astype(np.int32)
+    np.save(tmp / "ids.npy", ids)
+    jobs = []
+    for name, path in paths.items():
+        inputs = str(HF / "inputs.npy") if name == "hf" else str(tmp / "ids.npy")
+        jobs.append(dict(path=path, inputs=inputs, output=str(tmp / f"{name}.npz")))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_SCRIPT, json.dumps(jobs), str(REPO)],
+        cwd=tmp, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(
+        [x for x in proc.stdout.splitlines() if x.startswith("REPORT ")][-1][7:]
+    )
+    return types.SimpleNamespace(
+        model=model, ids=ids, paths=paths, tmp=tmp, report=report,
+        fresh={name: np.load(tmp / f"{name}.npz") for name in paths},
+        reference=keras_chain(model, ids, T),
+    )
+
+
+def test_builtin_ops_only(artifacts):
+    for name, path in artifacts.paths.items():
+        operators = tflite.tflite_operators(open(path, "rb").read())
+        assert not [op for op in operators if op.startswith("CUSTOM")], (name, operators)
+        assert not [op for op in operators if "FLEX" in op.upper()], (name, operators)
+        assert "FULLY_CONNECTED" in operators or "BATCH_MATMUL" in operators
+    stateful = tflite.tflite_operators(open(artifacts.paths["stateful"], "rb").read())
+    assert {"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"} <= set(stateful)
+
+
+def test_side_files(artifacts):
+    out = os.path.dirname(artifacts.paths["float32"])
+    for path in artifacts.paths.values():  # not tempfile's 0o600
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask()
+    config = keras_txl.TransformerXLConfig.from_json(os.path.join(out, "config.json"))
+    assert config == artifacts.model.txl_config
+    info = json.load(open(os.path.join(out, "stateful.json")))
+    assert info["batch_size"] == B and info["segment_length"] == T
+    assert sorted(info["signatures"]) == sorted(sig.STATEFUL_TFLITE_SIGNATURES)
+
+
+@pytest.mark.parametrize("name", ["float32", "stateful"])
+def test_signatures_match_the_table(artifacts, name):
+    runner = tflite.TFLiteRunner(artifacts.paths[name])
+    stateful = name == "stateful"
+    assert runner.stateful is stateful
+    names = sig.STATEFUL_TFLITE_SIGNATURES if stateful else sig.TFLITE_SIGNATURES
+    table = sig.signature_table(
+        artifacts.model.txl_config, B, T, stateful=stateful, names=names
+    )
+    assert sorted(runner.signature_names) == sorted(table)
+    for signature, entry in table.items():
+        inputs = runner.input_details(signature)
+        assert {k: (v[1].name, v[0]) for k, v in inputs.items()} == entry["inputs"]
+        outputs = runner._runners[signature].get_output_details()
+        got = {k: (np.dtype(v["dtype"]).name, tuple(int(d) for d in v["shape"]))
+               for k, v in outputs.items()}
+        assert got == entry["outputs"], signature
+    assert runner.memory_shape == (B, 2, 6, 32)
+
+
+def _compare(fresh, reference, atol, keys=("log_probs", "memory", "nll", "next")):
+    errors = {}
+    for s, ref in enumerate(reference):
+        for key in keys:
+            got = fresh[f"{key}_{s}"]
+            np.testing.assert_allclose(got, ref[key], atol=atol, rtol=0,
+                                       err_msg=f"{key} of segment {s}")
+            errors[key] = max(errors.get(key, 0.0), float(np.abs(got - ref[key]).max()))
+    return errors
+
+
+def test_fresh_process_float32_matches_call_with_memory(artifacts):
+    assert artifacts.report["tensorflow_imported"] is False
+    fresh = artifacts.fresh["float32"]
+    _compare(fresh, artifacts.reference, atol=1e-4)
+    chained = np.concatenate([r["log_probs"] for r in artifacts.reference], axis=1)
+    np.testing.assert_allclose(fresh["run_tflite"], chained, atol=1e-4)
+
+
+def test_fresh_process_stateful_matches_and_resets(artifacts):
+    fresh = artifacts.fresh["stateful"]
+    _compare(fresh, artifacts.reference, atol=1e-4, keys=("log_probs", "nll", "next"))
+    np.testing.assert_allclose(fresh["after_reset"], artifacts.reference[0]["log_probs"], atol=1e-4)
+    # The memory really is carried: segment 1 alone differs.
+    alone = artifacts.model.call_with_memory(artifacts.ids[:, T:2 * T])["log_probs"]
+    assert np.abs(alone.numpy() - fresh["log_probs_1"]).max() > 1e-4
+
+
+def test_stateful_reset_in_process(artifacts):
+    runner = tflite.TFLiteRunner(artifacts.paths["stateful"])
+    first = runner.step(artifacts.ids[:, :T])  # fresh model: zero memory
+    runner.step(artifacts.ids[:, T:2 * T])
+    carried = runner.step(artifacts.ids[:, :T])
+    assert np.abs(carried - first).max() > 1e-4
+    zeros = runner.run("reset")["memory"]
+    np.testing.assert_array_equal(zeros, np.zeros((B, 2, 6, 32)))
+    np.testing.assert_allclose(runner.step(artifacts.ids[:, :T]), first, atol=1e-6)
+
+
+def test_quantized_variants_stay_close(artifacts, capsys):
+    reference = artifacts.reference
+    sizes = {n: os.path.getsize(artifacts.paths[n]) for n in ("float32", "float16", "dynamic_int8")}
+    errors = {}
+    for name, bound in (("float16", 0.02), ("dynamic_int8", 0.2)):
+        errors[name] = _compare(artifacts.fresh[name], reference, atol=bound)
+    with capsys.disabled():
+        print(f"\n[tflite quantization, random small model] sizes {sizes} "
+              f"max |log-prob error| float16 {errors['float16']['log_probs']:.2e} "
+              f"dynamic_int8 {errors['dynamic_int8']['log_probs']:.2e}")
+    assert tensor_types(artifacts.paths["float16"]).get("FLOAT16", 0) > 0
+    assert tensor_types(artifacts.paths["dynamic_int8"]).get("INT8", 0) > 0
+    # Small weights dominate less in a real model; here only < fp32.
+    assert sizes["dynamic_int8"] < sizes["float16"] < sizes["float32"]
+    assert errors["dynamic_int8"]["log_probs"] > 0  # it did quantize
+
+
+def test_hf_fixture_parity_through_tflite(artifacts):
+    if "hf" not in artifacts.fresh:
+        pytest.skip(f"shared fixture {HF} is absent (needs ../shared/fixtures)")
+    fresh = artifacts.fresh["hf"]
+    for s in range(3):
+        expected = np.load(HF / f"expected_logprobs_seg{s}.npy")
+        np.testing.assert_allclose(fresh[f"log_probs_{s}"], expected, atol=1e-4,
+                                   rtol=1e-5, err_msg=f"segment {s}")
+
+
+def _good(artifacts):
+    return dict(token_ids=artifacts.ids[:, :T], memory=np.zeros((B, 2, 6, 32), np.float32))
+
+
+MEMORY_SHAPE = (B, 2, 6, 32)
+BAD_RUNS = {
+    "ids_float": ("serving_default",
+                  dict(token_ids=np.zeros((B, T), np.float32)), "integer array"),
+    "ids_wrong_T": ("serving_default",
+                    dict(token_ids=np.zeros((B, T + 1), np.int32)),
+                    "must have shape (2, 4)"),
+    "ids_wrong_B": ("next_token", dict(token_ids=np.zeros((1, T), np.int32)),
+                    "must have shape (2, 4)"),
+    "ids_too_large": ("serving_default", dict(token_ids=np.full((B, T), 64)),
+                      "vocabulary_size=64"),
+    "ids_negative": ("serving_default", dict(token_ids=np.full((B, T), -1)),
+                     "vocabulary_size=64"),
+    "memory_wrong_M": ("serving_default",
+                       dict(memory=np.zeros((B, 2, 5, 32), np.float32)),
+                       "`memory` must have shape (2, 2, 6, 32)"),
+    "memory_int": ("serving_default",
+                   dict(memory=np.zeros(MEMORY_SHAPE, np.int32)), "float array"),
+    "memory_nan": ("serving_default",
+                   dict(memory=np.full(MEMORY_SHAPE, np.nan, np.float32)),
+                   "NaN or Inf"),
+    "targets_out_of_range": ("score", dict(targets=np.full((B, T), 99)),
+                             "`targets` must be in"),
+    "missing_input": ("serving_default", dict(memory=None), "missing ['memory']"),
+    "unknown_signature": ("initial_memory", {}, "Unknown signature 'initial_memory'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUNS))
+def test_runner_rejects_bad_inputs(artifacts, case):
+    runner = tflite.TFLiteRunner(artifacts.paths["float32"])
+    signature, changes, pattern = BAD_RUNS[case]
+    inputs = _good(artifacts)
+    if signature == "score":
+        inputs["targets"] = artifacts.ids[:, 1:T + 1]
+    inputs.update(changes)
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    with pytest.raises(ValueError, match=re.escape(pattern)):
+        runner.run(signature, **inputs)
+    out = runner.run("serving_default", **_good(artifacts))  # still usable
+    np.testing.assert_allclose(out["log_probs"], artifacts.reference[0]["log_probs"], atol=1e-4)
+
+
+def test_stateful_runner_rejects_memory_input(artifacts):
+    runner = tflite.TFLiteRunner(artifacts.paths["stateful"])
+    with pytest.raises(ValueError, match=r"unexpected \['memory'\]"):
+        runner.run("serving_default", **_good(artifacts))
+
+
+def test_raw_litert_signature_checks_dtypes(artifacts):
+    # Without TFLiteRunner, LiteRT itself rejects a wrong dtype.
+    from ai_edge_litert.interpreter import Interpreter
+
+    raw = Interpreter(model_path=artifacts.paths["float32"]).get_signature_runner("serving_default")
+    with pytest.raises(ValueError, match="expected type INT32"):
+        raw(token_ids=np.zeros((B, T), np.float32), memory=np.zeros((B, 2, 6, 32), np.float32))
+
+
+def test_export_arguments_are_checked(artifacts, tmp_path):
+    model = artifacts.model
+    path = str(tmp_path / "m.tflite")
+    with pytest.raises(ValueError, match="`quantize` must be one of"):
+        tflite.export_tflite(model, path, batch_size=1, segment_length=4, quantize="int4")
+    with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+        tflite.export_tflite(model, path, batch_size=None, segment_length=4)
+    with pytest.raises(ValueError, match="`segment_length` must be a positive integer"):
+        tflite.export_tflite(model, path, batch_size=1, segment_length=0)
+    with pytest.raises(ValueError, match="exactly one of"):
+        tflite.TFLiteRunner()
+    with pytest.raises(ValueError, match="n \\* segment_length"):
+        tflite.run_tflite(artifacts.paths["float32"], artifacts.ids[:, :T + 1])
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,234 @@
+"""TF Serving client: REST (both forms) and gRPC against loopback stand-ins.
+
+No `tensorflow_model_server` binary exists on these machines, so the
+client's requests go to `export.serving.StandInServer` (127.0.0.1, free
+ports), which decodes them as TF Serving does and calls the exported
+SavedModel. Every result is compared with the direct signature call and
+with `call_with_memory`. The warm-up records are replayed against the
+SavedModel and sent as-is through the gRPC stub.
+"""
+
+import json
+import types
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_txl
+from export import saved_model
+from export import serving
+from export import signatures as sig
+from export.serving_client import GrpcTransport
+from export.serving_client import RestTransport
+from export.serving_client import ServingError
+from export.serving_client import TXLServingClient
+from export.serving_client import decode_rest_response
+from export.serving_client import encode_rest_request
+
+B, T, SEGMENTS = 2, 4, 3
+L, M, D, V = 2, 6, 8, 11
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("serving")
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(
+        vocabulary_size=V, num_layers=L, hidden_dim=D, num_heads=2,
+        intermediate_dim=16, segment_length=T, memory_length=M,
+    ))
+    version_dir = saved_model.export_saved_model(model, str(tmp / "models"))
+    ids = np.random.default_rng(1).integers(0, V, (B, SEGMENTS * T)).astype(np.int32)
+    server = serving.StandInServer(str(tmp / "models" / "txl")).start()
+    # Direct signature calls: the numbers every transport must reproduce.
+    signatures = server.predictor.signatures
+    memory = tf.zeros((B, L, M, D))
+    direct, keras_memory, keras_out = [], None, []
+    targets = np.roll(ids, -1, axis=1)
+    for s in range(SEGMENTS):
+        cut = slice(s * T, (s + 1) * T)
+        step = {k: v.numpy() for k, v in signatures["serving_default"](
+            token_ids=tf.constant(ids[:, cut]), memory=memory).items()}
+        step["nll"] = signatures["score"](
+            token_ids=tf.constant(ids[:, cut]), targets=tf.constant(targets[:, cut]),
+            memory=memory)["nll"].numpy()
+        step["next"] = signatures["next_token"](
+            token_ids=tf.constant(ids[:, cut]), memory=memory)["log_probs"].numpy()
+        direct.append(step)
+        memory = tf.constant(step["memory"])
+        out = model.call_with_memory(ids[:, cut], keras_memory)
+        keras_memory = out["memory"]
+        keras_out.append(out["log_probs"].numpy())
+    yield types.SimpleNamespace(
+        model=model, version_dir=version_dir, ids=ids, targets=targets,
+        server=server, direct=direct, keras=keras_out,
+    )
+    server.stop()
+
+
+def _clients(deployed):
+    return {
+        "rest-inputs": TXLServingClient.rest(deployed.server.rest_url, "txl"),
+        "rest-instances": TXLServingClient.rest(
+            deployed.server.rest_url, "txl", form="instances", version=1),
+        "grpc": TXLServingClient.grpc(deployed.server.grpc_target, "txl"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["rest-inputs", "rest-instances", "grpc"])
+def test_client_carries_memory_and_matches_direct_call(deployed, kind):
+    client = _clients(deployed)[kind]
+    with client:
+        memory = client.reset(batch_size=B)
+        np.testing.assert_array_equal(memory, np.zeros((B, L, M, D)))
+        for s in range(SEGMENTS):
+            cut = slice(s * T, (s + 1) * T)
+            log_probs = client.step(deployed.ids[:, cut])
+            assert log_probs.dtype == np.float32 and log_probs.shape == (B, T, V)
+            direct = deployed.direct[s]
+            np.testing.assert_allclose(log_probs, direct["log_probs"], atol=1e-6, rtol=0)
+            np.testing.assert_allclose(client.memory, direct["memory"], atol=1e-6, rtol=0)
+            np.testing.assert_allclose(log_probs, deployed.keras[s], atol=1e-5, rtol=0)
+        client.reset(batch_size=B)
+        for s in range(SEGMENTS):
+            cut = slice(s * T, (s + 1) * T)
+            nll = client.score(deployed.ids[:, cut], deployed.targets[:, cut])
+            np.testing.assert_allclose(nll, deployed.direct[s]["nll"], atol=1e-6, rtol=0)
+        client.reset(batch_size=B)
+        for s in range(SEGMENTS):
+            cut = slice(s * T, (s + 1) * T)
+            following = client.next_token(deployed.ids[:, cut])
+            np.testing.assert_allclose(following, deployed.direct[s]["next"], atol=1e-6, rtol=0)
+
+
+def test_rest_bodies_have_tf_serving_shapes(deployed):
+    ids = deployed.ids[:, :T]
+    memory = np.zeros((B, L, M, D), np.float32)
+    columnar = encode_rest_request("score", {"token_ids": ids, "memory": memory})
+    assert columnar["signature_name"] == "score"
+    assert np.array_equal(columnar["inputs"]["token_ids"], ids)
+    rows = encode_rest_request("serving_default", {"token_ids": ids, "memory": memory},
+                               form="instances")
+    assert len(rows["instances"]) == B
+    assert np.asarray(rows["instances"][1]["token_ids"]).tolist() == ids[1].tolist()
+    assert np.asarray(rows["instances"][0]["memory"]).shape == (L, M, D)
+    # The server-side decoder gives back the same arrays for both forms.
+    dtypes = {"token_ids": np.int32, "memory": np.float32}
+    for body, form in ((json.loads(json.dumps(columnar)), "inputs"),
+                       (json.loads(json.dumps(rows)), "instances")):
+        body = dict(body, signature_name="serving_default")
+        name, inputs, got_form = serving.decode_rest_request(body, dtypes)
+        assert (name, got_form) == ("serving_default", form)
+        assert inputs["token_ids"].dtype == np.int32
+        np.testing.assert_array_equal(inputs["token_ids"], ids)
+        np.testing.assert_array_equal(inputs["memory"], memory)
+    # Responses: named outputs, and TF Serving's unnamed single output.
+    outputs = {"nll": np.ones((B, T), np.float32), "memory": memory}
+    for form in ("inputs", "instances"):
+        body = json.loads(json.dumps(serving.encode_rest_response(outputs, form)))
+        decoded = decode_rest_response(body, form)
+        assert sorted(decoded) == ["memory", "nll"]
+        np.testing.assert_array_equal(decoded["nll"], outputs["nll"])
+    single = serving.encode_rest_response({"memory": memory}, "inputs")
+    assert isinstance(single["outputs"], list)
+    assert decode_rest_response(single, "inputs", ["memory"])["memory"].shape == memory.shape
+    with pytest.raises(ValueError, match="same first"):
+        encode_rest_request("initial_memory", {"batch_size": np.int32(2)}, form="instances")
+
+
+def test_status_and_raw_http(deployed):
+    status = RestTransport(deployed.server.rest_url, "txl").status()
+    assert status["model_version_status"][0]["state"] == "AVAILABLE"
+    assert status["model_version_status"][0]["version"] == "1"
+    # A hand-written TF Serving request, as curl would send it.
+    body = {"signature_name": "next_token",
+            "inputs": {"token_ids": deployed.ids[:, :T].tolist(),
+                       "memory": np.zeros((B, L, M, D)).tolist()}}
+    request = urllib.request.Request(
+        deployed.server.rest_url + "/v1/models/txl:predict",
+        data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = json.loads(response.read())
+    assert sorted(answer["outputs"]) == ["log_probs", "memory"]
+    np.testing.assert_allclose(
+        answer["outputs"]["log_probs"], deployed.direct[0]["next"], atol=1e-6)
+
+
+def test_errors_come_back_as_serving_errors(deployed):
+    url, target = deployed.server.rest_url, deployed.server.grpc_target
+    rest, grpc_ = RestTransport(url, "txl"), GrpcTransport(target, "txl")
+    good = {"token_ids": deployed.ids[:, :T], "memory": np.zeros((B, L, M, D), np.float32)}
+    bad_memory = dict(good, memory=np.zeros((B, L, M - 1, D), np.float32))
+    for transport in (rest, grpc_):
+        with pytest.raises(ServingError, match="Shape of tensor memory"):
+            transport.predict("serving_default", bad_memory)
+        with pytest.raises(ServingError, match="vocabulary_size=11"):
+            transport.predict("serving_default", dict(good, token_ids=good["token_ids"] + V))
+        with pytest.raises(ServingError, match="not found"):
+            transport.predict("generate", good)
+        with pytest.raises(ServingError, match=r"missing \['memory'\]"):
+            transport.predict("serving_default", {"token_ids": good["token_ids"]})
+    with pytest.raises(ServingError, match="must be int32, received float32") as info:
+        grpc_.predict("serving_default", dict(good, token_ids=good["token_ids"].astype(np.float32)))
+    assert info.value.status == "INVALID_ARGUMENT"
+    with pytest.raises(ServingError, match="non-integer") as info:
+        rest.predict("serving_default", dict(good, token_ids=good["token_ids"] + 0.5))
+    assert info.value.status == 400
+    with pytest.raises(ServingError, match="Servable not found") as info:
+        RestTransport(url, "other").predict("serving_default", good)
+    assert info.value.status == 404
+    with pytest.raises(ServingError, match="NOT_FOUND"):
+        GrpcTransport(target, "txl", version=2).predict("serving_default", good)
+    grpc_.close()
+    client = TXLServingClient(rest)
+    client.reset(batch_size=1)
+    with pytest.raises(ValueError, match="call reset"):
+        client.step(deployed.ids[:, :T])
+    with pytest.raises(ValueError, match="2-D integer array"):
+        client.step(deployed.ids[0, :T].astype(np.float32))
+    # The server still answers correctly afterwards.
+    client.reset(batch_size=B)
+    np.testing.assert_allclose(
+        client.step(deployed.ids[:, :T]), deployed.direct[0]["log_probs"], atol=1e-6)
+
+
+def test_warmup_records_replay(deployed):
+    path = f"{deployed.version_dir}/assets.extra/{serving.WARMUP_FILE}"
+    requests = serving.read_warmup_file(path)
+    assert [r.model_spec.signature_name for r in requests] == list(sig.SAVED_MODEL_SIGNATURES)
+    assert {r.model_spec.name for r in requests} == {"txl"}
+    replayed = serving.replay_warmup(deployed.version_dir, deployed.server.predictor)
+    assert [name for name, _ in replayed] == list(sig.SAVED_MODEL_SIGNATURES)
+    table = sig.signature_table(deployed.model.txl_config)
+    for (name, outputs), request in zip(replayed, requests):
+        assert sorted(outputs) == sorted(table[name]["outputs"])
+        for key, value in outputs.items():
+            assert np.all(np.isfinite(value))
+            want = table[name]["outputs"][key][1]
+            assert len(value.shape) == len(want)
+            assert all(w is None or w == g for w, g in zip(want, value.shape))
+        inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        if name == "serving_default":
+            ref = deployed.model.call_with_memory(inputs["token_ids"], inputs["memory"])
+            np.testing.assert_allclose(outputs["log_probs"], ref["log_probs"], atol=1e-5)
+    # The very same protos through a real PredictionServiceStub.
+    grpc_ = GrpcTransport(deployed.server.grpc_target, "txl")
+    for (name, outputs), request in zip(replayed, requests):
+        response = grpc_.stub.Predict(request, timeout=30)
+        assert response.model_spec.signature_name == name
+        assert response.model_spec.version.value == 1
+        for key, value in outputs.items():
+            np.testing.assert_array_equal(tf.make_ndarray(response.outputs[key]), value)
+    grpc_.close()
+
+
+def test_docker_command():
+    command = serving.docker_run_command("/srv/exports/txl")
+    assert command == (
+        "docker run -p 8501:8501 -p 8500:8500 --mount type=bind,"
+        "source=/srv/exports/txl,target=/models/txl -e MODEL_NAME=txl "
+        "-t tensorflow/serving"
+    )

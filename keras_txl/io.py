@@ -21,7 +21,8 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
 
 
-def _atomic_write_bytes(path, data):
+def atomic_write_bytes(path, data):
+    """Writes `data` to a temporary file beside `path`, fsyncs, renames."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     try:
@@ -49,11 +50,11 @@ def save_pretrained(model, directory, tokenizer=None):
 
     os.makedirs(directory, exist_ok=True)
     tensors = {w.path: np.ascontiguousarray(w.numpy()) for w in model.model_weights()}
-    _atomic_write_bytes(
+    atomic_write_bytes(
         os.path.join(directory, WEIGHTS_FILE),
         save(tensors, metadata={"format": "keras-txl"}),
     )
-    _atomic_write_bytes(
+    atomic_write_bytes(
         os.path.join(directory, CONFIG_FILE),
         (model.txl_config.to_json() + "\n").encode(),
     )

@@ -17,6 +17,8 @@ import tempfile
 
 import numpy as np
 
+from keras_txl.io import atomic_write_bytes
+
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
@@ -36,19 +38,8 @@ def _fsync_dir(path):
 
 
 def write_json_atomic(path, data):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write_bytes(path, json.dumps(data, indent=2, sort_keys=True).encode())
 
 
 def rng_variables(model):

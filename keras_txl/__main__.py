@@ -64,15 +64,68 @@ def build_parser():
     except ImportError:  # pragma: no cover - export/ is part of the package
         export_cli = None
 
-    p = sub.add_parser("generate", help="sample text with the memory")
-    p.add_argument("--workdir", default=None)
-    p.add_argument("--from-hf", dest="from_hf", default=None)
-    p.add_argument("--prompt", required=True)
+    p = sub.add_parser(
+        "generate", help="sample text (or ids) with the memory, streamed",
+        description="Feeds the prompt in segments to fill the memory, then "
+        "samples one token at a time and prints each as it comes.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", default=None,
+                        help="training run; its model is WORKDIR/model/")
+    source.add_argument("--from-hf", dest="from_hf", default=None, metavar="DIR",
+                        help="Hugging Face TransfoXL folder (no tokenizer: "
+                        "use --prompt-ids)")
+    source.add_argument("--saved-model", dest="saved_model", default=None,
+                        metavar="DIR", help="exported SavedModel (version "
+                        "folder or its base); uses its next_token signature")
+    source.add_argument("--tflite", default=None, metavar="FILE",
+                        help="exported stateless .tflite file")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", default=None, help="prompt text")
+    prompt.add_argument("--prompt-ids", dest="prompt_ids", default=None,
+                        metavar="IDS", help="comma-separated prompt ids; the "
+                        "output is then ids too")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", dest="top_k", type=int, default=0)
-    p.add_argument("--top-p", dest="top_p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="0 is greedy decoding (default 1.0)")
+    p.add_argument("--top-k", dest="top_k", type=int, default=0,
+                   help="sample among the k most likely (0: all)")
+    p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
+                   help="nucleus sampling threshold (1: all)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="same seed, same output")
+    p.add_argument("--no-cache", dest="use_cache", action="store_false",
+                   help="Keras sources: recompute the memory keys/values at "
+                   "every step (the reference path; same output, slower)")
+    p.add_argument("--segment-length", dest="segment_length", type=int,
+                   default=None, help="prompt chunk length (default: the "
+                   "model's segment length)")
+    p.add_argument("--schedule", choices=("token", "segment"), default=None,
+                   help="token: new tokens one at a time (default); segment: "
+                   "as in training, re-running the current segment (the "
+                   "only choice for a TFLite model exported with T > 1)")
+
+    p = sub.add_parser(
+        "attention", help="attention heatmaps, score terms and loss by "
+        "position (PNG)",
+        description="Runs a text through a trained model and draws, for the "
+        "chosen layers/heads, the attention over memory + segment, the "
+        "score terms (a), (b), (d) of the paper, and the loss per position "
+        "with and without memory.",
+    )
+    p.add_argument("--workdir", required=True,
+                   help="training run; its model is WORKDIR/model/")
+    p.add_argument("--text", required=True, metavar="FILE", help="a text file")
+    p.add_argument("--out", required=True, help="output folder for the PNGs")
+    p.add_argument("--layers", default="0", help="comma-separated layers "
+                   "(default 0; 'all' for every layer)")
+    p.add_argument("--heads", default="0", help="comma-separated heads "
+                   "(default 0; 'all' for every head)")
+    p.add_argument("--segment", type=int, default=None,
+                   help="which segment to picture (default: the first one "
+                   "with a full memory)")
+    p.add_argument("--max-segments", dest="max_segments", type=int, default=64,
+                   help="segments used for the loss-by-position plot")
 
     p = sub.add_parser("demo", help="the README's first command: train, eval, "
                        "export and generate on an offline corpus")
@@ -82,20 +135,174 @@ def build_parser():
     p.add_argument("--max-chars", dest="max_chars", type=int, default=3_000_000)
     p.add_argument("--prompt", default="Return the ")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=200)
+
+    p = sub.add_parser(
+        "recl", help="relative effective context length of a group of "
+        "trained models (the paper's Appendix C)",
+        description="Scores every model on the same target tokens with "
+        "only c tokens of context, for each c of --contexts, and reports "
+        "RECL per model for each r (training/recl.py).",
+    )
+    _add_data_arguments(p)
+    p.add_argument("--workdirs", nargs="+", required=True,
+                   metavar="[NAME=]WORKDIR", help="trained runs (a group)")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--r", nargs="+", type=float, default=[0.1, 0.5, 1.0],
+                   help="fractions of hardest tokens (default 0.1 0.5 1.0)")
+    p.add_argument("--contexts", nargs="+", type=int,
+                   default=[16, 32, 64, 96, 128, 160, 192, 256, 320, 384],
+                   help="context lengths c, walked in increasing order")
+    p.add_argument("--targets", type=int, default=2000,
+                   help="target tokens, spread evenly over the split")
+    p.add_argument("--memory-length", dest="memory_length", type=int,
+                   default=None, help="evaluation memory of the models that "
+                   "have one (default: their training memory)")
+    p.add_argument("--segment-length", dest="segment_length", type=int,
+                   default=None, help="default: each model's own")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+    p.add_argument("--threshold", type=float, default=0.01)
+    p.add_argument("--hard-set", dest="hard_set", default="current",
+                   choices=["current", "initial"],
+                   help="top-r tokens at each step's short context (paper) "
+                   "or fixed at the shortest one")
+    p.add_argument("--out", default=None, help="write the full result JSON "
+                   "(and the loss tables as NAME_losses.npz)")
     return parser
 
 
+def _parse_ids(text, name):
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise ValueError(
+            f"{name} must be comma-separated integers, received {text!r}."
+        ) from None
+
+
+def _generation_source(args):
+    """(backend, tokenizer folder or None) for `txl generate`."""
+    from keras_txl import generation
+    from keras_txl import io
+
+    if args.workdir or args.from_hf:
+        if args.workdir:
+            model_dir = os.path.join(args.workdir, "model")
+            if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
+                raise ValueError(
+                    f"No model in {model_dir}/ (expected {io.CONFIG_FILE} and "
+                    f"{io.WEIGHTS_FILE} written by training)."
+                )
+            model = io.load_pretrained(model_dir)
+        else:
+            from keras_txl.hf_checkpoint import load_hf_checkpoint
+
+            model_dir = args.from_hf
+            model = load_hf_checkpoint(model_dir)
+        backend = generation.KerasBackend(model, use_cache=args.use_cache)
+        return backend, io.tokenizer_directory(model_dir)
+    if args.saved_model:
+        backend = generation.SavedModelBackend(args.saved_model)
+        return backend, backend.tokenizer_dir
+    backend = generation.TFLiteBackend.from_file(args.tflite)
+    return backend, backend.tokenizer_dir
+
+
 def _generate(args):
-    from keras_txl.generation import generate_text
+    import time
 
-    if not args.workdir:
-        raise ValueError("txl generate needs --workdir (a trained run).")
+    from keras_txl.generation import TextStream
+    from keras_txl.generation import generate_iter
+
+    backend, tokenizer_dir = _generation_source(args)
+    tokenizer = None
+    if args.prompt is not None:
+        if tokenizer_dir is None:
+            raise ValueError(
+                "this model has no tokenizer (none was saved or exported with "
+                "it); pass the prompt as ids with --prompt-ids 1,2,3."
+            )
+        from training.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
+        tokenizer.check_model_vocabulary(backend.vocabulary_size)
+        prompt_ids = tokenizer.encode(args.prompt)
+        if len(prompt_ids) == 0:
+            raise ValueError("--prompt encodes to no tokens; give some text.")
+    else:
+        prompt_ids = _parse_ids(args.prompt_ids, "--prompt-ids")
+    tokens = generate_iter(
+        backend, prompt_ids, args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        segment_length=args.segment_length, schedule=args.schedule,
+    )
+    out = sys.stdout
+    start, count = time.perf_counter(), 0
+    if tokenizer is not None:
+        stream = TextStream(tokenizer, prompt_ids)
+        out.write(args.prompt)
+        out.flush()
+        for token in tokens:
+            out.write(stream.add(token))
+            out.flush()
+            count += 1
+        out.write(stream.finish() + "\n")
+    else:
+        separator = ""
+        for token in tokens:
+            out.write(f"{separator}{token}")
+            out.flush()
+            separator, count = " ", count + 1
+        out.write("\n")
+    out.flush()
+    seconds = time.perf_counter() - start
+    logging.getLogger("txl.generate").info(
+        "%d tokens in %.2fs (%.1f tokens/s, first-call tracing included)",
+        count, seconds, count / seconds if seconds else 0.0,
+    )
+    return 0
+
+
+def _attention(args):
+    from keras_txl import insight
+    from keras_txl import io
+
     model_dir = os.path.join(args.workdir, "model")
+    if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
+        raise ValueError(f"No model in {model_dir}/ (train first).")
+    tokenizer_dir = io.tokenizer_directory(model_dir)
+    if tokenizer_dir is None:
+        raise ValueError(f"No tokenizer/ in {model_dir}: cannot read --text.")
+    if not os.path.isfile(args.text):
+        raise ValueError(f"--text {args.text!r} is not a file.")
+    from training.tokenizers import load_tokenizer
 
-    text = generate_text(model_dir, args.prompt, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, seed=args.seed)
-    print(text)
+    model = io.load_pretrained(model_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
+    with open(args.text, encoding="utf-8") as f:
+        ids = tokenizer.encode(f.read())
+    cfg = model.txl_config
+
+    def choose(text, count, name):
+        if text == "all":
+            return list(range(count))
+        values = _parse_ids(text, f"--{name}")
+        bad = [v for v in values if not 0 <= v < count]
+        if bad or not values:
+            raise ValueError(
+                f"--{name} must be in [0, {count}), received {text!r}."
+            )
+        return values
+
+    paths = insight.attention_report(
+        model, ids, args.out,
+        layers=choose(args.layers, cfg.num_layers, "layers"),
+        heads=choose(args.heads, cfg.num_heads, "heads"),
+        segment=args.segment, max_segments=args.max_segments,
+        token_labels=[tokenizer.decode([i]) for i in range(cfg.vocabulary_size)],
+    )
+    for path in paths:
+        print(path)
     return 0
 
 
@@ -123,10 +330,16 @@ def main(argv=None):
             return export_cli.run(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "attention":
+            return _attention(args)
         if args.command == "demo":
             from training.run import demo_main
 
             return demo_main(args)
+        if args.command == "recl":
+            from training.recl import recl_main
+
+            return recl_main(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"txl {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -111,6 +111,34 @@ class TransformerXLBackbone(keras.layers.Layer):
             return self.content_bias[layer], self.position_bias[layer]
         return self.content_bias, self.position_bias
 
+    def _embed(self, token_ids, training):
+        x = self.token_embedding(token_ids)  # (B, T, D)
+        if not self.relative:
+            x = x + ops.cast(
+                absolute_position_embedding(
+                    ops.shape(token_ids)[1], self.config.hidden_dim
+                ),
+                x.dtype,
+            )
+        return self._embedding_dropout(x, training=training)
+
+    def _attention_mask(self, segment_length):
+        cfg = self.config
+        return attention_mask(
+            segment_length, cfg.memory_length, cfg.same_length,
+            cfg.same_length_convention,
+        )  # (T, K)
+
+    def _position_embedding(self, key_length, training):
+        cfg = self.config
+        position_embedding = relative_position_embedding(
+            key_length, cfg.hidden_dim, cfg.clamp_length
+        )  # (K, D)
+        return self._position_dropout(
+            ops.cast(position_embedding, self.compute_dtype),
+            training=training,
+        )
+
     def call(self, token_ids, memory=None, training=False, return_details=False):
         cfg = self.config
         batch_size, segment_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
@@ -119,27 +147,13 @@ class TransformerXLBackbone(keras.layers.Layer):
             memory = zero_memory(
                 batch_size, cfg.num_layers, memory_length, cfg.hidden_dim
             )
-        x = self.token_embedding(token_ids)  # (B, T, D)
-        if not self.relative:
-            x = x + ops.cast(
-                absolute_position_embedding(segment_length, cfg.hidden_dim),
-                x.dtype,
-            )
-        x = self._embedding_dropout(x, training=training)
-        mask = attention_mask(
-            segment_length, memory_length, cfg.same_length,
-            cfg.same_length_convention,
-        )  # (T, K)
+        x = self._embed(token_ids, training)  # (B, T, D)
+        mask = self._attention_mask(segment_length)  # (T, K)
         position_embedding = None
         if self.relative:
-            position_embedding = relative_position_embedding(
-                segment_length + memory_length, cfg.hidden_dim,
-                cfg.clamp_length,
+            position_embedding = self._position_embedding(
+                segment_length + memory_length, training
             )  # (K, D)
-            position_embedding = self._position_dropout(
-                ops.cast(position_embedding, self.compute_dtype),
-                training=training,
-            )
         new_memory = []
         details = {"attention": [], "hidden": []}
         for layer, block in enumerate(self.blocks):
@@ -165,6 +179,120 @@ class TransformerXLBackbone(keras.layers.Layer):
         if return_details:
             return x, new_memory, details
         return x, new_memory
+
+    # === Memory key/value cache (inference) ===
+    def build_cache(self, memory, segment_length=1):
+        """The memory with its keys and values projected, for decoding.
+
+        Decoding one token at a time re-projects, in every layer, the keys
+        and values of all M memory positions and the position matrix
+        `W_R R`. The cache holds them instead; `call_with_cache` projects
+        only the new positions and slides every window by T.
+
+        The cache holds one tensor per layer (L-tuples), not one stacked
+        tensor: a step reads each layer's window without slicing it out
+        and writes it without re-stacking (two copies of the whole cache
+        saved per step; data movement dominates a one-token step on CPU).
+
+        Args:
+            memory: (B, L, M, D) float32 memory, e.g. returned after the
+                prompt.
+            segment_length: int. The T of the coming `call_with_cache`
+                calls (1 to decode): `W_R R` depends only on K = M + T.
+
+        Returns:
+            dict of L-tuples: "memory" (B, M, D) float32, "keys" and
+            "values" (B, M, N, H) in the compute dtype and, in relative
+            mode, "positions" (M + T, N, H), `W_R R` of each layer.
+        """
+        memory = ops.cast(memory, "float32")
+        layers = [memory[:, layer] for layer in range(len(self.blocks))]
+        projected = [
+            block.project_memory(layer_memory)  # (B, M, N, H) twice
+            for block, layer_memory in zip(self.blocks, layers)
+        ]
+        cache = {
+            "memory": tuple(layers),
+            "keys": tuple(k for k, _ in projected),
+            "values": tuple(v for _, v in projected),
+        }
+        if self.relative:
+            cache["positions"] = self._position_projections(
+                self.config.memory_length + segment_length
+            )
+        return cache
+
+    def _position_projections(self, key_length):
+        position_embedding = self._position_embedding(key_length, False)
+        return tuple(
+            block.attention.project_positions(position_embedding)
+            for block in self.blocks
+        )  # L x (K, N, H)
+
+    def call_with_cache(self, token_ids, cache):
+        """Inference over one segment with a cache from `build_cache`.
+
+        Equals `call(token_ids, memory)` (no dropout) for the memory the
+        cache holds: the blocks run the same attention code on the cached
+        keys and values of the memory plus those of the T new positions.
+
+        Args:
+            token_ids: (B, T) int32.
+            cache: dict from `build_cache` or a previous `call_with_cache`.
+
+        Returns:
+            `(hidden (B, T, D), new_cache)`; `stack_memory(new_cache)` is
+            the new memory `call` would return.
+        """
+        memory_length = self.config.memory_length
+        segment_length = ops.shape(token_ids)[1]
+        x = self._embed(token_ids, False)  # (B, T, D)
+        mask = self._attention_mask(segment_length)  # (T, K)
+        positions = cache.get("positions")
+        static_length = token_ids.shape[1]
+        if self.relative and (
+            positions is None
+            or static_length is None
+            or positions[0].shape[0] != memory_length + static_length
+        ):
+            # Built for another T: project R for this K once, for all layers.
+            positions = self._position_projections(
+                memory_length + segment_length
+            )
+
+        def slide(window):
+            # (B, M + T, ...) -> the last M positions, as `update_memory`.
+            if memory_length == 0:
+                return window[:, :0]
+            return window[:, -memory_length:]
+
+        new_memory, new_keys, new_values = [], [], []
+        for layer, block in enumerate(self.blocks):
+            new_memory.append(
+                update_memory(cache["memory"][layer], x, memory_length)
+            )
+            content_bias, position_bias = self._layer_biases(layer)
+            x, keys, values = block.call_with_cache(
+                x, cache["keys"][layer], cache["values"][layer],
+                position_projection=None if positions is None else positions[layer],
+                content_bias=content_bias, position_bias=position_bias,
+                attention_mask=mask,
+            )  # keys, values: (B, M + T, N, H)
+            new_keys.append(slide(keys))
+            new_values.append(slide(values))
+        new_cache = {
+            "memory": tuple(ops.cast(m, "float32") for m in new_memory),
+            "keys": tuple(new_keys),
+            "values": tuple(new_values),
+        }
+        if "positions" in cache:
+            new_cache["positions"] = cache["positions"]
+        return x, new_cache
+
+    @staticmethod
+    def stack_memory(cache):
+        """The (B, L, M, D) float32 memory held by a cache."""
+        return ops.stack(cache["memory"], axis=1)
 
     def get_config(self):
         config = super().get_config()

@@ -250,6 +250,50 @@ class TransformerXLCausalLM(keras.Model):
             out["hidden"] = hidden
         return out
 
+    def build_cache(self, memory=None, batch_size=1, segment_length=1):
+        """A memory key/value cache for fast decoding (see `call_with_cache`).
+
+        Args:
+            memory: (B, L, M, D) float tensor (e.g. the memory after the
+                prompt), or None for zeros of `batch_size` rows.
+            batch_size: int. Used when `memory` is None.
+            segment_length: int. T of the coming calls (1 to decode).
+
+        Returns:
+            dict of per-layer tensors (see
+            `TransformerXLBackbone.build_cache`).
+        """
+        if memory is None:
+            memory = self.initial_memory(batch_size)
+        else:
+            ids = np.zeros((memory.shape[0] or 1, 1), "int32")
+            memory = self._check_memory(memory, ids)
+        return self.backbone.build_cache(memory, segment_length)
+
+    def call_with_cache(self, token_ids, cache):
+        """Inference over one segment with the memory key/value cache.
+
+        Same values as `call_with_memory(token_ids, cache["memory"])`, but
+        only the T new positions are projected in each layer: decoding one
+        token costs O(M) per layer instead of re-projecting the M memory
+        positions and the position matrix.
+
+        Args:
+            token_ids: (B, T) int tensor.
+            cache: dict from `build_cache` or a previous call.
+
+        Returns:
+            dict with "log_probs" (B, T, V) float32, "memory" (B, L, M, D)
+            float32 (the new memory) and "cache" (the slid cache).
+        """
+        token_ids = self._check_token_ids(token_ids)
+        hidden, new_cache = self.backbone.call_with_cache(token_ids, cache)
+        return {
+            "log_probs": self.log_probs_from_hidden(hidden),
+            "memory": self.backbone.stack_memory(new_cache),
+            "cache": new_cache,
+        }
+
     def log_probs_from_hidden(self, hidden):
         """(B, T, D) hidden states -> (B, T, V) float32 log-probabilities."""
         embedding = self.backbone.token_embedding

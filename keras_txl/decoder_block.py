@@ -105,6 +105,22 @@ class TransformerXLBlock(keras.layers.Layer):
         x = self.output_dense(x)
         return self._output_dropout(x, training=training)
 
+    def _attention_input(self, x):
+        # Pre-LN: LN([mem ; h]) == [LN(mem) ; LN(h)], LayerNorm is per
+        # position, so memory and segment are normalised separately.
+        return self.attention_norm(x) if self.pre_layer_norm else x
+
+    def _residual_and_feedforward(self, hidden, attended, training):
+        if self.pre_layer_norm:
+            hidden = hidden + attended
+            return hidden + self._feedforward(
+                self.feedforward_norm(hidden), training
+            )
+        hidden = self.attention_norm(hidden + attended)
+        return self.feedforward_norm(
+            hidden + self._feedforward(hidden, training)
+        )
+
     def call(
         self,
         hidden,
@@ -118,11 +134,8 @@ class TransformerXLBlock(keras.layers.Layer):
     ):
         hidden = ops.cast(hidden, self.compute_dtype)
         memory = ops.cast(memory, self.compute_dtype)
-        if self.pre_layer_norm:
-            # LN([mem ; h]) == [LN(mem) ; LN(h)]: LayerNorm is per position.
-            query, keys = self.attention_norm(hidden), self.attention_norm(memory)
-        else:
-            query, keys = hidden, memory
+        query = self._attention_input(hidden)
+        keys = self._attention_input(memory)
         attended = self.attention(
             query, keys, position_embedding=position_embedding,
             content_bias=content_bias, position_bias=position_bias,
@@ -132,19 +145,51 @@ class TransformerXLBlock(keras.layers.Layer):
         details = None
         if return_scores:
             attended, details = attended
-        if self.pre_layer_norm:
-            hidden = hidden + attended
-            hidden = hidden + self._feedforward(
-                self.feedforward_norm(hidden), training
-            )
-        else:
-            hidden = self.attention_norm(hidden + attended)
-            hidden = self.feedforward_norm(
-                hidden + self._feedforward(hidden, training)
-            )
+        hidden = self._residual_and_feedforward(hidden, attended, training)
         if return_scores:
             return hidden, details
         return hidden
+
+    def project_memory(self, memory):
+        """(B, M, D) memory -> its keys and values, (B, M, N, H) each.
+
+        What `call` computes for the memory part of `[memory ; segment]`
+        (after the pre-LN LayerNorm when `pre_layer_norm`): the cache of
+        `call_with_cache`.
+        """
+        memory = ops.cast(memory, self.compute_dtype)
+        return self.attention.project_keys(self._attention_input(memory))
+
+    def call_with_cache(
+        self,
+        hidden,
+        key_cache,
+        value_cache,
+        position_projection=None,
+        content_bias=None,
+        position_bias=None,
+        attention_mask=None,
+    ):
+        """Inference with the projected memory (see `project_memory`).
+
+        Equals `call(hidden, memory, ...)` (no dropout) for
+        `key_cache, value_cache = project_memory(memory)` and
+        `position_projection = attention.project_positions(R)`.
+
+        Returns:
+            `(hidden (B, T, D), keys (B, K, N, H), values (B, K, N, H))`,
+            the keys and values of `[memory ; segment]`.
+        """
+        hidden = ops.cast(hidden, self.compute_dtype)
+        query = self._attention_input(hidden)
+        attended, keys, values = self.attention.call_with_cache(
+            query, key_cache, value_cache,
+            position_projection=position_projection,
+            content_bias=content_bias, position_bias=position_bias,
+            attention_mask=attention_mask,
+        )
+        hidden = self._residual_and_feedforward(hidden, attended, False)
+        return hidden, keys, values
 
     def get_config(self):
         config = super().get_config()

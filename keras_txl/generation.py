@@ -1,25 +1,99 @@
-"""Sampling with the memory: the prompt fills it, then one token at a time.
+"""Sampling with the memory, on the Keras model or an exported one.
 
-The prompt is fed in segments of `segment_length`; each new token is then
-fed alone with the memory, so the cost per new token depends on the
-memory length, not on how much was generated. Works with any callable that
-maps `(token_ids (1, T), memory) -> (log_probs (1, T, V), memory)`: the
-Keras model, an exported SavedModel or a TFLite model.
+One sampling loop (`generate` / `generate_iter`) drives any of three
+backends through the same small interface:
+
+- `KerasBackend(model, use_cache=True)`: a `TransformerXLCausalLM`. With
+  `use_cache` each step goes through `call_with_cache`, which keeps the
+  projected keys/values of the memory (and `W_R R`) between steps and
+  projects only the new position; `use_cache=False` re-runs
+  `call_with_memory` (the reference path). Both give the same log-probs.
+- `SavedModelBackend(path)`: an exported SavedModel, through its
+  `next_token(token_ids, memory) -> {log_probs (B, V), memory}` signature.
+- `TFLiteBackend(runner)`: a stateless TFLite model through the same
+  `next_token` signature (or `serving_default` for a padded segment), run
+  by `export.tflite.TFLiteRunner`.
+
+Two schedules decide which tokens each call sees:
+
+- "token" (the default): the prompt is fed in segments of
+  `segment_length` to fill the memory, then every new token is fed alone
+  with the memory. The cost per new token depends on the memory length M,
+  not on how much has been generated. Needs a backend that accepts any
+  segment length, or one fixed at T = 1.
+- "segment": tokens are grouped in segments of T as in training and
+  evaluation; each step re-runs the current, partly filled segment (padded
+  to T for a fixed-shape TFLite model; causal masking makes the padding
+  invisible) with the memory of the completed segments, and the memory
+  advances only when a segment is full. The only schedule a TFLite model
+  exported with a fixed T > 1 can run.
+
+Greedy decoding (temperature 0) gives the same tokens on every backend
+under the same schedule. Sampling is deterministic for a given seed.
+
+Shape legend: B batch (1 here), T segment, L num_layers, M memory_length,
+D hidden_dim, V vocabulary_size.
 """
+
+import json
+import logging
+import os
 
 import numpy as np
 import tensorflow as tf
 
+logger = logging.getLogger(__name__)
+
+SCHEDULES = ("token", "segment")
+
+# The export contract (export/signatures.py); repeated here because the
+# model package never imports export/.
+_NEXT_TOKEN = "next_token"
+_SERVING_DEFAULT = "serving_default"
+_TOKEN_IDS = "token_ids"
+_MEMORY = "memory"
+_LOG_PROBS = "log_probs"
+_ASSETS_EXTRA = "assets.extra"
+
+
+# === Sampling ===
+
+
+def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
+    """Raises ValueError on sampling settings outside their range."""
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(
+            f"`temperature` must be a number >= 0 (0 is greedy), received "
+            f"temperature={temperature!r}."
+        )
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+        raise ValueError(
+            f"`top_k` must be an integer >= 0 (0 keeps every token), received "
+            f"top_k={top_k!r}."
+        )
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(
+            f"`top_p` must be in (0, 1] (1 keeps every token), received "
+            f"top_p={top_p!r}."
+        )
+
 
 def sample_next(log_probs, rng, temperature=1.0, top_k=0, top_p=1.0):
-    """One id from a (V,) log-prob vector; temperature 0 is greedy."""
-    log_probs = np.asarray(log_probs, dtype=np.float64)
-    if temperature < 0:
-        raise ValueError(f"`temperature` must be >= 0, received {temperature}.")
-    if top_k < 0:
-        raise ValueError(f"`top_k` must be >= 0, received {top_k}.")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"`top_p` must be in (0, 1], received {top_p}.")
+    """One id from a (V,) vector of log-probabilities.
+
+    Args:
+        log_probs: (V,) array.
+        rng: `np.random.Generator` (seeded for reproducible samples).
+        temperature: float >= 0. 0 is greedy (argmax, first index on ties).
+        top_k: int >= 0. Keep the k most likely ids (0: all).
+        top_p: float in (0, 1]. Keep the smallest set of most likely ids
+            whose probability reaches top_p (nucleus sampling).
+
+    Returns:
+        int.
+    """
+    check_sampling(temperature, top_k, top_p)
+    log_probs = np.asarray(log_probs, dtype=np.float64).reshape(-1)
     if temperature == 0:
         return int(np.argmax(log_probs))
     logits = log_probs / temperature
@@ -29,75 +103,495 @@ def sample_next(log_probs, rng, temperature=1.0, top_k=0, top_p=1.0):
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     if top_p < 1:
-        order = np.argsort(-probs)
+        order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cumulative, top_p) + 1)]
+        keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
         mask = np.zeros_like(probs)
-        mask[keep] = 1
+        mask[keep] = 1.0
         probs = probs * mask / (probs * mask).sum()
     return int(rng.choice(probs.size, p=probs))
 
 
-def keras_step_fn(model):
-    """(ids, memory) -> (log_probs, memory) for a TransformerXLCausalLM."""
+# === Backends ===
+#
+# A backend has `vocabulary_size`, `segment_length` (None: any T, or the T
+# fixed at export), `initial_state(memory=None)` and
+# `run(token_ids (1, T) int32, state, position=-1) -> (log_probs (V,),
+# new_state)`, the log-probs of the token after `position`. The state is
+# opaque to the loop (a memory, or a memory plus its cache).
 
-    @tf.function
-    def step(token_ids, memory):
-        out = model.call_with_memory(token_ids, memory)
-        return out["log_probs"], out["memory"]
 
-    return step
+class KerasBackend:
+    """Runs a `TransformerXLCausalLM`, with or without the memory cache.
+
+    Args:
+        model: `TransformerXLCausalLM`.
+        use_cache: bool. Decode through `call_with_cache` (projected memory
+            keys/values kept between steps) instead of `call_with_memory`.
+        jit_compile: bool. XLA-compile the step functions.
+
+    Example:
+    ```python
+    backend = KerasBackend(model, use_cache=True)
+    ids = generate(backend, prompt_ids, 50, temperature=0)
+    ```
+    """
+
+    segment_length = None
+
+    def __init__(self, model, use_cache=True, jit_compile=False):
+        if not hasattr(model, "call_with_memory"):
+            raise ValueError(
+                "KerasBackend needs a keras_txl.TransformerXLCausalLM, "
+                f"received {type(model).__name__}."
+            )
+        self.model = model
+        self.use_cache = use_cache
+        self.config = model.txl_config
+        self.vocabulary_size = self.config.vocabulary_size
+        # Decoding steps (T = 1) get their own trace with static shapes, so
+        # the cached `W_R R` (built for K = M + 1) is used; other lengths
+        # (prompt chunks, partial segments) share a shape-relaxed trace.
+        self._forward = tf.function(
+            self._forward_fn, jit_compile=jit_compile, reduce_retracing=True
+        )
+        self._cached_step = tf.function(self._cached_fn, jit_compile=jit_compile)
+        self._cached = tf.function(
+            self._cached_fn, jit_compile=jit_compile, reduce_retracing=True
+        )
+        self._build = tf.function(model.build_cache, jit_compile=jit_compile)
+        self.num_traces = 0
+
+    def _forward_fn(self, token_ids, memory):
+        self.num_traces += 1  # Python side effect: runs once per trace
+        out = self.model.call_with_memory(token_ids, memory)
+        return out["log_probs"][0], out["memory"]
+
+    def _cached_fn(self, token_ids, cache):
+        self.num_traces += 1
+        out = self.model.call_with_cache(token_ids, cache)
+        return out["log_probs"][0], out["cache"]
+
+    def initial_state(self, memory=None):
+        if memory is None:
+            memory = self.model.initial_memory(1)
+        return {"memory": tf.convert_to_tensor(memory, tf.float32),
+                "cache": None}
+
+    def prepare(self, state):
+        """The state with its cache built (before re-running partial
+        segments against the same memory)."""
+        if self.use_cache and state["cache"] is None:
+            state = {"memory": state["memory"],
+                     "cache": self._build(state["memory"])}
+        return state
+
+    def run(self, token_ids, state, position=-1):
+        token_ids = tf.convert_to_tensor(token_ids, tf.int32)
+        if not self.use_cache:
+            log_probs, memory = self._forward(token_ids, state["memory"])
+            return log_probs.numpy()[position], {"memory": memory, "cache": None}
+        cache = state["cache"]
+        if cache is None:
+            cache = self._build(state["memory"])
+        step = self._cached_step if token_ids.shape[1] == 1 else self._cached
+        log_probs, cache = step(token_ids, cache)
+        # The memory stays inside the cache (stacked only on request).
+        return log_probs.numpy()[position], {"memory": None, "cache": cache}
+
+
+def _version_folder(path):
+    """A SavedModel version folder from itself or its base (highest)."""
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = sorted(
+        (int(name) for name in os.listdir(path) if name.isdigit()
+         and os.path.isfile(os.path.join(path, name, "saved_model.pb"))),
+    ) if os.path.isdir(path) else []
+    if not versions:
+        raise ValueError(
+            f"{path!r} is not a SavedModel: expected saved_model.pb in it or "
+            "in a numbered version folder under it (txl export --format "
+            "saved_model writes <out>/<name>/<version>/)."
+        )
+    return os.path.join(path, str(versions[-1]))
+
+
+class SavedModelBackend:
+    """Runs an exported SavedModel through its `next_token` signature.
+
+    Args:
+        path: str. The version folder (`<out>/txl/1`) or the model base
+            folder (`<out>/txl`, its highest version is used).
+
+    Attributes:
+        directory: the version folder.
+        config: the `TransformerXLConfig` exported with it.
+        tokenizer_dir: `assets.extra/tokenizer` if exported, else None.
+    """
+
+    def __init__(self, path):
+        from keras_txl.config import TransformerXLConfig
+
+        self.directory = _version_folder(path)
+        extra = os.path.join(self.directory, _ASSETS_EXTRA)
+        config_path = os.path.join(extra, "config.json")
+        if not os.path.isfile(config_path):
+            raise ValueError(
+                f"No {config_path}: not a keras-txl SavedModel export."
+            )
+        self.config = TransformerXLConfig.from_json(config_path)
+        self.vocabulary_size = self.config.vocabulary_size
+        info = {}
+        info_path = os.path.join(extra, "export.json")
+        if os.path.isfile(info_path):
+            with open(info_path) as f:
+                info = json.load(f)
+        self.batch_size = info.get("batch_size") or 1
+        self.segment_length = info.get("segment_length")
+        tokenizer = os.path.join(extra, "tokenizer")
+        self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
+        self._module = tf.saved_model.load(self.directory)
+        missing = [n for n in (_NEXT_TOKEN, _SERVING_DEFAULT)
+                   if n not in self._module.signatures]
+        if missing:
+            raise ValueError(
+                f"The SavedModel in {self.directory} has no {missing} "
+                f"signature(s) (found {sorted(self._module.signatures)})."
+            )
+        self._next_token = self._module.signatures[_NEXT_TOKEN]
+        self._serving_default = self._module.signatures[_SERVING_DEFAULT]
+
+    def initial_state(self, memory=None):
+        cfg = self.config
+        if memory is None:
+            memory = np.zeros(
+                (1, cfg.num_layers, cfg.memory_length, cfg.hidden_dim),
+                np.float32,
+            )
+        return tf.convert_to_tensor(
+            np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
+        )
+
+    def run(self, token_ids, state, position=-1):
+        token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
+        last = position in (-1, token_ids.shape[1] - 1)
+        signature = self._next_token if last else self._serving_default
+        out = signature(**{_TOKEN_IDS: tf.constant(token_ids), _MEMORY: state})
+        log_probs = out[_LOG_PROBS].numpy()[0]  # (V,) or (T, V)
+        if not last:
+            log_probs = log_probs[position]
+        return log_probs, out[_MEMORY]
+
+
+class TFLiteBackend:
+    """Runs a stateless TFLite export (fixed B and T) with the memory.
+
+    Args:
+        runner: an `export.tflite.TFLiteRunner` (or an object with its
+            `run(signature, **inputs)`, `batch_size`, `segment_length`,
+            `vocabulary_size`, `memory_shape` and `stateful`).
+
+    A model exported with T = 1 runs the "token" schedule through
+    `next_token`; one with T > 1 runs the "segment" schedule, padding the
+    current segment to T and reading the log-probs of its last real
+    position from `serving_default`.
+    """
+
+    def __init__(self, runner):
+        if getattr(runner, "stateful", False):
+            raise ValueError(
+                "Generation needs the stateless TFLite model (memory in and "
+                "out): the stateful one cannot re-run a partial segment. "
+                "Export without --stateful."
+            )
+        self.runner = runner
+        self.batch_size = runner.batch_size
+        self.segment_length = runner.segment_length
+        self.vocabulary_size = runner.vocabulary_size
+        self.memory_shape = tuple(runner.memory_shape)
+        self.tokenizer_dir = None
+
+    @classmethod
+    def from_file(cls, path, num_threads=None):
+        """Opens a .tflite file written by `txl export --format tflite`.
+
+        Uses `export.tflite.TFLiteRunner` (imported here, lazily, so the
+        model package keeps working without export/). The tokenizer
+        exported beside the file, if any, is in `tokenizer_dir`.
+        """
+        if not os.path.isfile(path):
+            raise ValueError(f"No TFLite file {path!r}.")
+        from export.tflite import TFLiteRunner
+
+        backend = cls(TFLiteRunner(path, num_threads=num_threads))
+        tokenizer = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                 "tokenizer")
+        backend.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
+        return backend
+
+    def initial_state(self, memory=None):
+        if memory is None:
+            return np.zeros(self.memory_shape, np.float32)
+        return np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
+
+    def run(self, token_ids, state, position=-1):
+        token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
+        if token_ids.shape[1] != self.segment_length:
+            raise ValueError(
+                f"This TFLite model takes segments of exactly "
+                f"{self.segment_length} tokens, received {token_ids.shape[1]}."
+            )
+        last = position in (-1, token_ids.shape[1] - 1)
+        signature = _NEXT_TOKEN if last else _SERVING_DEFAULT
+        out = self.runner.run(
+            signature, **{_TOKEN_IDS: token_ids, _MEMORY: state}
+        )
+        log_probs = out[_LOG_PROBS][0]  # (V,) or (T, V)
+        if not last:
+            log_probs = log_probs[position]
+        return log_probs, out[_MEMORY]
+
+
+def as_backend(model, use_cache=True):
+    """`model` if it is a backend, else a `KerasBackend` around it."""
+    if hasattr(model, "run") and hasattr(model, "initial_state"):
+        return model
+    return KerasBackend(model, use_cache=use_cache)
+
+
+# === The sampling loop ===
+
+
+def _resolve_schedule(backend, schedule, segment_length):
+    fixed = backend.segment_length
+    if schedule is None:
+        schedule = "segment" if fixed is not None and fixed > 1 else "token"
+        if schedule == "segment":
+            logger.info(
+                "The model takes exactly %d tokens per call: decoding with "
+                "the 'segment' schedule (export with --segment-length 1 "
+                "for one token per step).", fixed,
+            )
+    if schedule not in SCHEDULES:
+        raise ValueError(
+            f"`schedule` must be one of {SCHEDULES}, received {schedule!r}."
+        )
+    if fixed is not None:
+        if segment_length is not None and segment_length != fixed:
+            raise ValueError(
+                f"This model was exported with a fixed segment length of "
+                f"{fixed}; received segment_length={segment_length}. Omit "
+                "it or export with --segment-length "
+                f"{segment_length}."
+            )
+        if schedule == "token" and fixed != 1:
+            raise ValueError(
+                f"The 'token' schedule feeds one token at a time, but this "
+                f"model takes exactly {fixed} tokens per call. Use "
+                "schedule='segment', or export with --segment-length 1."
+            )
+        segment_length = fixed
+    if segment_length is None:
+        config = getattr(backend, "config", None)
+        segment_length = config.segment_length if config is not None else 1
+    if (not isinstance(segment_length, int) or isinstance(segment_length, bool)
+            or segment_length <= 0):
+        raise ValueError(
+            "`segment_length` must be a positive integer, received "
+            f"segment_length={segment_length!r}."
+        )
+    return schedule, segment_length
+
+
+def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
+                  top_k=0, top_p=1.0, seed=None, segment_length=None,
+                  schedule=None, use_cache=True, initial_memory=None):
+    """Yields the new ids one by one (see `generate` for the arguments)."""
+    backend = as_backend(model, use_cache=use_cache)
+    check_sampling(temperature, top_k, top_p)
+    prompt = np.asarray(prompt_ids).reshape(-1)
+    if prompt.size == 0:
+        raise ValueError("`prompt_ids` must hold at least one token id.")
+    if prompt.dtype.kind not in "iu":
+        raise ValueError(
+            f"`prompt_ids` must be integers, received dtype {prompt.dtype}."
+        )
+    vocabulary_size = backend.vocabulary_size
+    if prompt.min() < 0 or prompt.max() >= vocabulary_size:
+        raise ValueError(
+            f"`prompt_ids` must be in [0, vocabulary_size={vocabulary_size}), "
+            f"received values in [{prompt.min()}, {prompt.max()}]."
+        )
+    if (not isinstance(max_new_tokens, (int, np.integer))
+            or max_new_tokens < 0):
+        raise ValueError(
+            "`max_new_tokens` must be an integer >= 0, received "
+            f"max_new_tokens={max_new_tokens!r}."
+        )
+    schedule, length = _resolve_schedule(backend, schedule, segment_length)
+    prompt = prompt.astype(np.int32)
+    rng = np.random.default_rng(seed)
+    state = backend.initial_state(initial_memory)
+    fixed = backend.segment_length
+
+    def pick(log_probs):
+        return sample_next(log_probs, rng, temperature, top_k, top_p)
+
+    if schedule == "token":
+        for start in range(0, prompt.size, length):
+            log_probs, state = backend.run(
+                prompt[None, start:start + length], state
+            )
+        for i in range(max_new_tokens):
+            token = pick(log_probs)
+            yield token
+            if i + 1 < max_new_tokens:  # the last token needs no forward
+                log_probs, state = backend.run(
+                    np.array([[token]], np.int32), state
+                )
+        return
+
+    # "segment": the memory advances only at segment boundaries.
+    prepare = getattr(backend, "prepare", lambda state: state)
+
+    def run_partial(segment):
+        n = len(segment)
+        ids = np.asarray(segment, np.int32)
+        if fixed is not None and n < fixed:
+            ids = np.concatenate([ids, np.zeros(fixed - n, np.int32)])
+        log_probs, _ = backend.run(ids[None], state, position=n - 1)
+        return log_probs
+
+    full = (prompt.size // length) * length
+    log_probs = None
+    for start in range(0, full, length):
+        log_probs, state = backend.run(prompt[None, start:start + length], state)
+    state = prepare(state)
+    partial = [int(i) for i in prompt[full:]]
+    if partial:
+        log_probs = run_partial(partial)
+    for i in range(max_new_tokens):
+        token = pick(log_probs)
+        yield token
+        if i + 1 == max_new_tokens:
+            break
+        partial.append(token)
+        if len(partial) == length:
+            log_probs, state = backend.run(np.asarray([partial], np.int32), state)
+            state = prepare(state)
+            partial = []
+        else:
+            log_probs = run_partial(partial)
 
 
 def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
-             top_p=1.0, seed=None, step_fn=None, initial_memory=None,
-             segment_length=None, on_token=None):
+             top_p=1.0, seed=None, on_token=None, segment_length=None,
+             schedule=None, use_cache=True, initial_memory=None):
     """Generates `max_new_tokens` ids after `prompt_ids`.
 
     Args:
-        model: `TransformerXLCausalLM` (or None with `step_fn` and
-            `initial_memory`).
-        prompt_ids: 1-D ints, at least one.
-        max_new_tokens: int.
-        temperature, top_k, top_p: sampling; temperature 0 is greedy.
-        seed: int. Same seed, same tokens.
-        step_fn: optional `(ids (1,T), memory) -> (log_probs, memory)`.
-        initial_memory: the memory to start from (default zeros).
-        segment_length: prompt chunk length (default the model's).
-        on_token: optional callback called with each new id (streaming).
+        model: `TransformerXLCausalLM`, or a backend (`KerasBackend`,
+            `SavedModelBackend`, `TFLiteBackend`).
+        prompt_ids: 1-D ints in [0, V), at least one.
+        max_new_tokens: int >= 0.
+        temperature: float >= 0. 0 is greedy decoding.
+        top_k: int >= 0. Sample among the k most likely ids (0: all).
+        top_p: float in (0, 1]. Nucleus sampling (1: all).
+        seed: int or None. The same seed gives the same ids.
+        on_token: callable or None, called with each new id as soon as it
+            is chosen (streaming).
+        segment_length: int or None. Prompt chunk ("token" schedule) or
+            segment ("segment" schedule) length; default the model's
+            `segment_length`, or the T a TFLite model was exported with.
+        schedule: "token", "segment" or None (see the module docstring;
+            None: "segment" only for a fixed T > 1).
+        use_cache: bool. With a Keras model, decode with the memory
+            key/value cache (same log-probs, faster).
+        initial_memory: (1, L, M, D) memory to start from, or None (zeros).
 
     Returns:
-        np.ndarray of the new ids.
+        np.ndarray of int32, the new ids.
+
+    Raises:
+        ValueError: empty or out-of-range prompt, bad sampling settings, or
+            a schedule the backend cannot run.
+
+    Example:
+    ```python
+    ids = generate(model, tokenizer.encode("The "), 100, temperature=0.8,
+                   top_k=40, seed=0, on_token=print)
+    ```
     """
-    prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
-    if prompt.size == 0:
-        raise ValueError("`prompt_ids` must hold at least one token.")
-    if max_new_tokens < 0:
-        raise ValueError(f"`max_new_tokens` must be >= 0, received {max_new_tokens}.")
-    if step_fn is None:
-        step_fn = keras_step_fn(model)
-    if initial_memory is None:
-        initial_memory = model.initial_memory(1)
-    if segment_length is None:
-        segment_length = model.txl_config.segment_length
-    rng = np.random.default_rng(seed)
-    memory = initial_memory
-    log_probs = None
-    for start in range(0, prompt.size, segment_length):
-        chunk = prompt[None, start : start + segment_length]
-        log_probs, memory = step_fn(tf.constant(chunk), memory)
     new = []
-    for _ in range(max_new_tokens):
-        token = sample_next(np.asarray(log_probs)[0, -1], rng, temperature, top_k, top_p)
+    for token in generate_iter(
+        model, prompt_ids, max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, segment_length=segment_length,
+        schedule=schedule, use_cache=use_cache, initial_memory=initial_memory,
+    ):
         new.append(token)
         if on_token is not None:
             on_token(token)
-        log_probs, memory = step_fn(tf.constant([[token]], dtype=tf.int32), memory)
     return np.asarray(new, dtype=np.int32)
 
 
+# === Text ===
+
+
+class TextStream:
+    """Turns ids into text pieces as they come, for streaming output.
+
+    Decoding ids one at a time is wrong for many tokenizers (words need
+    spaces between them, a UTF-8 character may span several byte ids), so
+    each new id re-decodes the continuation (with the prompt before it)
+    and returns the part not returned yet, holding back a trailing
+    incomplete character.
+
+    Args:
+        tokenizer: object with `decode(ids) -> str`.
+        prompt_ids: the ids before the continuation.
+    """
+
+    def __init__(self, tokenizer, prompt_ids=()):
+        self.tokenizer = tokenizer
+        self.prompt_ids = [int(i) for i in prompt_ids]
+        self._prefix = tokenizer.decode(self.prompt_ids) if self.prompt_ids else ""
+        self.ids = []
+        self.text = ""
+
+    def _decode(self):
+        full = self.tokenizer.decode(self.prompt_ids + self.ids)
+        if full.startswith(self._prefix):
+            return full[len(self._prefix):]
+        return self.tokenizer.decode(self.ids)
+
+    def add(self, token):
+        """The new text after `token` (may be "")."""
+        self.ids.append(int(token))
+        text = self._decode().rstrip("\ufffd")
+        if not text.startswith(self.text):
+            text = self.text  # a re-segmentation: never unprint
+        piece, self.text = text[len(self.text):], text
+        return piece
+
+    def finish(self):
+        """What is left (a trailing replacement character, if any)."""
+        text = self._decode()
+        piece = text[len(self.text):] if text.startswith(self.text) else ""
+        self.text += piece
+        return piece
+
+
 def generate_text(model_dir, prompt, max_new_tokens=200, **kwargs):
-    """Loads a model folder and its tokenizer, returns prompt + continuation."""
+    """Loads a model folder and its tokenizer, returns prompt + continuation.
+
+    Args:
+        model_dir: str. A folder written by `save_pretrained` with a
+            `tokenizer/` inside.
+        prompt: str.
+        max_new_tokens: int.
+        **kwargs: passed to `generate`.
+    """
     from keras_txl.io import load_pretrained
     from keras_txl.io import tokenizer_directory
     from training.tokenizers import load_tokenizer
@@ -108,5 +602,8 @@ def generate_text(model_dir, prompt, max_new_tokens=200, **kwargs):
         raise ValueError(f"No tokenizer/ folder in {model_dir!r}.")
     tokenizer = load_tokenizer(directory)
     tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
-    ids = generate(model, tokenizer.encode(prompt), max_new_tokens, **kwargs)
-    return prompt + tokenizer.decode(ids)
+    prompt_ids = tokenizer.encode(prompt)
+    stream = TextStream(tokenizer, prompt_ids)
+    generate(model, prompt_ids, max_new_tokens, on_token=stream.add, **kwargs)
+    stream.finish()
+    return prompt + stream.text

@@ -112,33 +112,41 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         )
         self.built = True
 
-    def call(
-        self,
-        query,
-        memory,
-        position_embedding=None,
-        content_bias=None,
-        position_bias=None,
-        attention_mask=None,
-        training=False,
-        return_scores=False,
-    ):
+    # --- pieces shared by `call` and `call_with_cache` -------------------
+    def project_query(self, query):
+        """(B, T, D) inputs -> (B, T, N, H) queries."""
         dtype = self.compute_dtype
-        query = ops.cast(query, dtype)
-        keys_in = ops.concatenate([ops.cast(memory, dtype), query], axis=1)  # (B,K,D)
         kernel = ops.cast(self.qkv_kernel, dtype)
-        q = ops.einsum("btd,dnh->btnh", query, kernel[:, 0])  # (B, T, N, H)
-        kv = ops.einsum("bkd,dcnh->bkcnh", keys_in, kernel[:, 1:])  # (B,K,2,N,H)
-        k, v = kv[:, :, 0], kv[:, :, 1]  # (B, K, N, H) each
+        return ops.einsum(
+            "btd,dnh->btnh", ops.cast(query, dtype), kernel[:, 0]
+        )  # (B, T, N, H)
+
+    def project_keys(self, keys_in):
+        """(B, K, D) inputs -> keys and values, (B, K, N, H) each."""
+        dtype = self.compute_dtype
+        kernel = ops.cast(self.qkv_kernel, dtype)
+        kv = ops.einsum(
+            "bkd,dcnh->bkcnh", ops.cast(keys_in, dtype), kernel[:, 1:]
+        )  # (B, K, 2, N, H)
+        return kv[:, :, 0], kv[:, :, 1]  # (B, K, N, H) each
+
+    def project_positions(self, position_embedding):
+        """(K, D) sinusoid matrix R -> (K, N, H) `W_R R` (relative mode)."""
+        dtype = self.compute_dtype
+        return ops.einsum(
+            "kd,dnh->knh", ops.cast(position_embedding, dtype),
+            ops.cast(self.position_kernel, dtype),
+        )  # (K, N, H)
+
+    def _attend(self, q, k, v, r, content_bias, position_bias,
+                attention_mask, training, return_scores):
+        """Scores, softmax and output from projected q, k, v and `W_R R`."""
+        dtype = self.compute_dtype
         scale = 1.0 / (self.head_dim**0.5)
         details = {}
         if self.relative:
             u = ops.cast(content_bias, dtype)
             w = ops.cast(position_bias, dtype)
-            r = ops.einsum(
-                "kd,dnh->knh", ops.cast(position_embedding, dtype),
-                ops.cast(self.position_kernel, dtype),
-            )  # (K, N, H)
             # (a) + (c): content terms with the global content bias u.
             content = ops.einsum("btnh,bknh->bntk", q + u, k)  # (B, N, T, K)
             # (b) + (d): position terms with the global position bias v.
@@ -183,6 +191,90 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if return_scores:
             return output, details
         return output
+
+    def call(
+        self,
+        query,
+        memory,
+        position_embedding=None,
+        content_bias=None,
+        position_bias=None,
+        attention_mask=None,
+        training=False,
+        return_scores=False,
+    ):
+        dtype = self.compute_dtype
+        query = ops.cast(query, dtype)
+        keys_in = ops.concatenate([ops.cast(memory, dtype), query], axis=1)  # (B,K,D)
+        q = self.project_query(query)  # (B, T, N, H)
+        k, v = self.project_keys(keys_in)  # (B, K, N, H) each
+        r = None
+        if self.relative:
+            r = self.project_positions(position_embedding)  # (K, N, H)
+        return self._attend(
+            q, k, v, r, content_bias, position_bias, attention_mask,
+            training, return_scores,
+        )
+
+    def project_new_positions(self, query):
+        """(B, T, D) -> q, k, v, (B, T, N, H) each, in one matmul.
+
+        The same projections as `project_query` and `project_keys`, done
+        with one (B*T, D) x (D, 3*N*H) matmul on the whole q|k|v kernel:
+        for the few positions of a decoding step this avoids slicing the
+        kernel and the einsum set-up, the larger part of the step's cost.
+        """
+        dtype = self.compute_dtype
+        n, h = self.num_heads, self.head_dim
+        batch_size, length, hidden_dim = (
+            ops.shape(query)[0], ops.shape(query)[1], ops.shape(query)[2]
+        )
+        kernel = ops.reshape(
+            ops.cast(self.qkv_kernel, dtype), (-1, 3 * n * h)
+        )  # (D, 3NH), q | k | v, head-major
+        qkv = ops.matmul(
+            ops.reshape(ops.cast(query, dtype), (-1, hidden_dim)), kernel
+        )  # (B*T, 3NH)
+        qkv = ops.reshape(qkv, (batch_size, length, 3, n, h))  # (B,T,3,N,H)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+    def call_with_cache(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        position_projection=None,
+        content_bias=None,
+        position_bias=None,
+        attention_mask=None,
+    ):
+        """Inference over `[memory ; segment]` with the memory pre-projected.
+
+        Equals `call(query, memory, ...)` when `key_cache, value_cache =
+        project_keys(memory)` and `position_projection =
+        project_positions(R)`: only the T new positions are projected, and
+        the scores go through the same `_attend` as `call`.
+
+        Args:
+            query: (B, T, D) segment input.
+            key_cache, value_cache: (B, M, N, H) projected memory.
+            position_projection: (K, N, H) `W_R R` (relative mode).
+            content_bias, position_bias, attention_mask: as in `call`.
+
+        Returns:
+            `(output (B, T, D), keys (B, K, N, H), values (B, K, N, H))`:
+            the keys and values of `[memory ; segment]`, whose last M
+            positions are the next cache.
+        """
+        dtype = self.compute_dtype
+        q, new_keys, new_values = self.project_new_positions(query)
+        k = ops.concatenate([ops.cast(key_cache, dtype), new_keys], axis=1)
+        v = ops.concatenate([ops.cast(value_cache, dtype), new_values], axis=1)
+        output = self._attend(
+            q, k, v, position_projection, content_bias, position_bias,
+            attention_mask, False, False,
+        )  # (B, T, D)
+        return output, k, v  # (B, K, N, H) each
 
     def get_config(self):
         config = super().get_config()

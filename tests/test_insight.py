@@ -1,0 +1,135 @@
+"""Insight pictures: `txl attention` writes valid PNGs of the expected size;
+the numbers behind them are right on small hand-checked cases."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from keras_txl import TransformerXLCausalLM
+from keras_txl import TransformerXLConfig
+from keras_txl import insight
+from keras_txl.__main__ import main
+
+TEXT = "the cat sat on the mat. " * 6
+
+
+def tiny(**changes):
+    base = dict(vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
+                intermediate_dim=16, segment_length=8, memory_length=8,
+                dropout=0.0, cutoffs=(5,), div_val=2, init_std=0.3,
+                projection_init_std=0.3)
+    base.update(changes)
+    return TransformerXLConfig(**base)
+
+
+def png_size(path):
+    """(width, height) of a PNG, after checking it decodes completely."""
+    from PIL import Image
+
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert head[12:16] == b"IHDR"
+    with Image.open(path) as image:
+        image.load()  # decodes every chunk (checks CRCs and the data)
+        assert image.size == struct.unpack(">II", head[16:24])
+        return image.size
+
+
+def expected_size(kind):
+    width, height = insight.FIGURE_SIZES[kind]
+    return round(width * insight.DPI), round(height * insight.DPI)
+
+
+def test_txl_attention_writes_the_pictures(tmp_path, capsys):
+    from keras_txl.io import save_pretrained
+    from training.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.fit([TEXT])
+    config = tiny(vocabulary_size=tokenizer.vocabulary_size)
+    save_pretrained(TransformerXLCausalLM(config), str(tmp_path / "run" / "model"),
+                    tokenizer=tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "pictures"
+    assert main(["attention", "--workdir", str(tmp_path / "run"), "--text",
+                 str(text), "--out", str(out), "--layers", "0,1", "--heads",
+                 "1"]) == 0
+    printed = capsys.readouterr().out.split()
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted([
+        "attention_layer0_head1.png", "attention_layer1_head1.png",
+        "distance_layer0.png", "distance_layer1.png",
+        "loss_by_position.png", "insight.json",
+    ])
+    assert sorted(printed) == sorted(str(out / name) for name in names)
+    for name in names:
+        if name.startswith("attention_"):
+            assert png_size(out / name) == expected_size("head")
+        elif name.startswith("distance_"):
+            assert png_size(out / name) == expected_size("distance")
+        elif name == "loss_by_position.png":
+            assert png_size(out / name) == expected_size("loss")
+    summary = json.loads((out / "insight.json").read_text())
+    # 143 inputs -> 17 segments of 8; the first is left out of the means.
+    assert summary["num_segments"] == 16 and summary["segment"] == 1
+    assert len(summary["loss_with_memory"]) == 8
+    assert np.all(np.isfinite(summary["loss_without_memory"]))
+
+    assert main(["attention", "--workdir", str(tmp_path / "run"), "--text",
+                 str(text), "--out", str(out), "--heads", "2"]) == 2
+    assert "--heads must be in [0, 2)" in capsys.readouterr().err
+
+
+def test_segment_attention_probabilities_and_terms():
+    model = TransformerXLCausalLM(tiny(memory_length=5))
+    ids = np.arange(40) % 11
+    details = insight.segment_attention(model, ids)
+    assert details["segment"] == 1  # the first with a full memory (5 <= 8)
+    probabilities = details["probabilities"]
+    assert probabilities.shape == (2, 2, 8, 13)
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
+    assert not np.any(probabilities[..., ~details["mask"]])
+    np.testing.assert_array_equal(details["keys"], np.r_[ids[3:8], ids[8:16]])
+    for name in ("term_a", "term_b", "term_d"):
+        assert details[name].shape == probabilities.shape
+    # (d) depends only on the distance i - j: constant along diagonals.
+    term_d = details["term_d"][0, 0]
+    np.testing.assert_allclose(term_d[1, 1:], term_d[0, :-1], atol=1e-6)
+    # Segment 0 has no text in memory yet.
+    first = insight.segment_attention(model, ids, segment=0)
+    assert np.all(first["keys"][:5] == -1)
+    with pytest.raises(ValueError, match="segment"):
+        insight.segment_attention(model, ids, segment=5)
+
+
+def test_by_distance_on_a_hand_computed_case():
+    # T=2 queries, M=1: query i sits at key 1 + i; distance = 1 + i - j.
+    values = np.array([[[1.0, 2.0, 99.0], [3.0, 4.0, 5.0]]])  # (N=1, T, K)
+    mask = np.array([[True, True, False], [True, True, True]])
+    out = insight.by_distance(values, mask, memory_length=1)
+    # d=0: (0,1)=2, (1,2)=5; d=1: (0,0)=1, (1,1)=4; d=2: (1,0)=3.
+    np.testing.assert_allclose(out, [[3.5, 2.5, 3.0]])
+
+
+def test_loss_by_position_without_memory_is_the_same_model_with_m_0():
+    ids = np.arange(50) % 11
+    model = TransformerXLCausalLM(tiny(memory_length=0))
+    losses = insight.loss_by_position(model, ids)
+    assert losses["with_memory"].shape == (8,) and losses["num_segments"] == 5
+    np.testing.assert_allclose(losses["with_memory"],
+                               losses["without_memory"], atol=1e-5)
+
+
+def test_pictures_of_a_vanilla_model(tmp_path):
+    model = TransformerXLCausalLM(tiny(attention_type="vanilla"))
+    paths = insight.attention_report(model, np.arange(30) % 11, str(tmp_path),
+                                     layers=[1], heads=[0, 1])
+    assert len(paths) == 5  # 2 heads, 1 distance view, 1 loss, the json
+    for path in paths[:-1]:
+        png_size(path)
+    with pytest.raises(ValueError, match="layers"):
+        insight.attention_report(model, np.arange(30) % 11, str(tmp_path),
+                                 layers=[2])

@@ -159,6 +159,9 @@ def build_parser():
                    "have one (default: their training memory)")
     p.add_argument("--segment-length", dest="segment_length", type=int,
                    default=None, help="default: each model's own")
+    p.add_argument("--max-window", dest="max_window", type=int, default=None,
+                   help="longest window a model without memory reads "
+                   "(default: its segment length)")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--hard-set", dest="hard_set", default="current",

@@ -216,7 +216,24 @@ class TransformerXLCausalLM(keras.Model):
                     "returned by the previous segment or zeros."
                 )
             return ops.convert_to_tensor(values.astype("float32"))
-        return ops.cast(memory, "float32")
+        memory = ops.cast(memory, "float32")
+        if tf.is_tensor(memory) and tf.is_tensor(token_ids) and not isinstance(
+            memory, keras.Variable
+        ):
+            # Graph mode: the batch and the values are only known at run
+            # time (a no-op under XLA).
+            with tf.control_dependencies([
+                tf.debugging.assert_equal(
+                    tf.shape(memory)[0], tf.shape(token_ids)[0],
+                    message="`memory` must have the same batch size as "
+                    "`token_ids`",
+                ),
+                tf.debugging.assert_all_finite(
+                    memory, "`memory` contains NaN or Inf values"
+                ),
+            ]):
+                memory = tf.identity(memory)
+        return memory
 
     # --- forward ----------------------------------------------------------
     def call_with_memory(

@@ -155,6 +155,20 @@ def test_bad_memory(memory, message):
         model.call_with_memory(segments(1)[0], memory)
 
 
+def test_memory_batch_and_values_are_checked_inside_tf_function_too():
+    model = TransformerXLCausalLM(tiny())
+    fn = tf.function(lambda ids, mem: model.call_with_memory(ids, mem)["log_probs"])
+    spec_ids = tf.TensorSpec((None, T), tf.int32)
+    spec_mem = tf.TensorSpec((None, 2, M, 8), tf.float32)
+    traced = fn.get_concrete_function(spec_ids, spec_mem)
+    ids = tf.constant(segments(1)[0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same batch size"):
+        traced(ids, tf.zeros((B + 1, 2, M, 8)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf"):
+        traced(ids, tf.fill((B, 2, M, 8), np.inf))
+    assert traced(ids, tf.zeros((B, 2, M, 8))).shape == (B, T, V)
+
+
 def test_stateful_needs_a_batch_size_and_pure_model_has_no_reset():
     with pytest.raises(ValueError, match="fixed positive integer `batch_size`"):
         TransformerXLCausalLM(tiny(), stateful=True)

@@ -182,6 +182,8 @@ def test_evaluate_with_a_longer_memory_and_other_settings():
     assert math.isfinite(longer["loss"]) and longer["loss"] != base["loss"]
     assert base["bpc"] == pytest.approx(base["loss"] / math.log(2))
     assert model.txl_config.memory_length == 8  # the model itself is untouched
+    with pytest.raises(ValueError, match="segment_length` must be a positive integer"):
+        evaluate(model, tokens, segment_length=0)
 
 
 @pytest.mark.parametrize("use_mirrored", [False, True])

@@ -400,7 +400,12 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
     if cfg.dropout or cfg.attention_dropout:
         changes.update(dropout=0.0, attention_dropout=0.0)
     eval_model = model.with_settings(**changes) if changes else model
-    T = segment_length or cfg.segment_length
+    T = cfg.segment_length if segment_length is None else segment_length
+    for name, value in (("batch_size", batch_size), ("segment_length", T)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(
+                f"`{name}` must be a positive integer, received {name}={value!r}."
+            )
     streams = batchify(tokens, batch_size)
     length = streams.shape[1] - 1  # targets need one token more
     if length < 1:

@@ -4,8 +4,9 @@ Mirrors `shared/bench/bench_hf_torch.py` (Hugging Face PyTorch TransfoXL): vocab
 softmax, d_model 256, 8 heads x 32, d_inner 1024, 6 layers, segment 128, memory 128, batch 8,
 dropout 0.1, Adam lr 2.5e-4, 2 threads, 3 warm-up + 10 timed steps, memory carried between
 steps. Training is the library's own training step (`training.loop.Trainer`, the memory kept
-as loop state on the device); evaluation computes the per-token NLL of the targets with the
-memory carried. Also measures this machine's fp32 matmul peak and reports MFU against it.
+as loop state on the device); evaluation is the library's evaluation step
+(`training.loop.make_eval_step`: per-token NLL of the targets, the memory carried as its
+key/value cache). Also measures this machine's fp32 matmul peak and reports MFU against it.
 
 Prints one JSON line (the reference's keys plus `mfu`, `matmul_peak_gflops` ...) and a table.
 
@@ -88,7 +89,7 @@ def main(argv=None):
     import keras_txl
     from training.config import TrainConfig
     from training.loop import Trainer
-    from training.metrics import token_nll
+    from training.loop import make_eval_step
 
     config = keras_txl.TransformerXLConfig(**CONFIG)
     train_config = TrainConfig(batch_size=BATCH, learning_rate=2.5e-4, warmup_steps=0,
@@ -116,20 +117,16 @@ def main(argv=None):
             train_times.append(dt)
     rss_after_train = peak_rss_mb()
 
-    # 2. evaluation: per-token NLL of the targets, memory carried.
-    @tf.function(jit_compile=args.jit)
-    def eval_step(x, y, memory):
-        hidden, new_memory = model.backbone(x, memory, training=False)
-        nll = token_nll(model.log_probs_from_hidden(hidden), y)
-        return nll, new_memory
-
+    # 2. evaluation: per-token NLL of the targets, memory carried, with the
+    # library's evaluation step (the memory key/value cache carried).
+    eval_step = make_eval_step(model, jit_compile=args.jit)
     eval_times = []
-    memory = model.initial_memory(BATCH)
+    cache = model.build_cache(batch_size=BATCH, segment_length=SEGMENT)
     for k in range(steps):
         x = tf.constant(data[:, k * SEGMENT:(k + 1) * SEGMENT])
         y = tf.constant(data[:, k * SEGMENT + 1:(k + 1) * SEGMENT + 1])
         t0 = time.perf_counter()
-        nll, memory = eval_step(x, y, memory)
+        nll, cache = eval_step(x, y, cache)
         nll.numpy()
         dt = time.perf_counter() - t0
         if k >= WARMUP:

@@ -24,14 +24,50 @@ def relative_shift(scores):
     Returns:
         (..., T, K) tensor.
     """
-    shape = ops.shape(scores)
+    padding = [[0, 0]] * (len(scores.shape) - 1) + [[1, 0]]
+    return shift_padded(ops.pad(scores, padding))
+
+
+def shift_padded(padded):
+    """`relative_shift` of scores that already carry the zero column.
+
+    `padded[..., i, 0]` must be 0 and `padded[..., i, c + 1]` the raw score
+    of column c. The attention gets this layout for free by putting a zero
+    row in front of `W_R R` (`q . 0 = 0`), which saves the pad's copy.
+
+    Only reshapes and one contiguous `slice` of the flattened (T, K+1)
+    blocks: its gradient is a pad, far cheaper on CPU than the gradient of
+    a strided slice (which the `x[..., 1:, :]` form of the trick costs).
+
+    Args:
+        padded: (..., T, K+1) tensor.
+
+    Returns:
+        (..., T, K) tensor.
+    """
+    shape = ops.shape(padded)
     lead = shape[:-2]
-    query_length, key_length = shape[-2], shape[-1]
-    padding = [[0, 0]] * (len(shape) - 1) + [[1, 0]]
-    x = ops.pad(scores, padding)  # (..., T, K+1)
-    x = ops.reshape(x, (*lead, key_length + 1, query_length))  # (..., K+1, T)
-    x = x[..., 1:, :]  # (..., K, T)
-    return ops.reshape(x, (*lead, query_length, key_length))  # (..., T, K)
+    query_length, key_length = shape[-2], shape[-1] - 1
+    rank = len(padded.shape)
+    # Rows of the (K+1, T) view are contiguous: drop the first T numbers.
+    flat = ops.reshape(padded, (*lead, (key_length + 1) * query_length))
+    flat = ops.slice(
+        flat, [0] * (rank - 2) + [query_length],
+        (*lead, key_length * query_length),
+    )
+    return ops.reshape(flat, (*lead, query_length, key_length))  # (..., T, K)
+
+
+def masking_bias(attention_mask):
+    """(T, K) bool mask -> (T, K) float32 additive bias (0 or the lowest float).
+
+    Adding the most negative finite float32 to a blocked score gives that
+    same value (scores are far below its rounding step), so this equals
+    replacing blocked scores by it: blocked keys get probability 0, a fully
+    blocked row becomes uniform, as in the references. An add is cheaper
+    than a select and its gradient is the identity.
+    """
+    return ops.where(attention_mask, 0.0, -3.4028234663852886e38)
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -113,22 +149,34 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     # --- pieces shared by `call` and `call_with_cache` -------------------
+    def _kernels(self):
+        """The q, k and v kernels, (D, N, H) each, in the compute dtype.
+
+        An unstack, not `kernel[:, i]`: the gradient of a strided slice is
+        slow on CPU even for a kernel this small (about 1 ms each).
+        """
+        return ops.unstack(
+            ops.cast(self.qkv_kernel, self.compute_dtype), axis=1
+        )
+
     def project_query(self, query):
         """(B, T, D) inputs -> (B, T, N, H) queries."""
         dtype = self.compute_dtype
-        kernel = ops.cast(self.qkv_kernel, dtype)
         return ops.einsum(
-            "btd,dnh->btnh", ops.cast(query, dtype), kernel[:, 0]
+            "btd,dnh->btnh", ops.cast(query, dtype), self._kernels()[0]
         )  # (B, T, N, H)
 
     def project_keys(self, keys_in):
         """(B, K, D) inputs -> keys and values, (B, K, N, H) each."""
         dtype = self.compute_dtype
-        kernel = ops.cast(self.qkv_kernel, dtype)
-        kv = ops.einsum(
-            "bkd,dcnh->bkcnh", ops.cast(keys_in, dtype), kernel[:, 1:]
-        )  # (B, K, 2, N, H)
-        return kv[:, :, 0], kv[:, :, 1]  # (B, K, N, H) each
+        _, key_kernel, value_kernel = self._kernels()
+        keys_in = ops.cast(keys_in, dtype)
+        # Two products rather than one split afterwards: splitting the
+        # (B, K, 2, N, H) result costs a strided-slice gradient of its size.
+        return (
+            ops.einsum("bkd,dnh->bknh", keys_in, key_kernel),
+            ops.einsum("bkd,dnh->bknh", keys_in, value_kernel),
+        )  # (B, K, N, H) each
 
     def project_positions(self, position_embedding):
         """(K, D) sinusoid matrix R -> (K, N, H) `W_R R` (relative mode)."""
@@ -140,23 +188,48 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
 
     def _attend(self, q, k, v, r, content_bias, position_bias,
                 attention_mask, training, return_scores):
-        """Scores, softmax and output from projected q, k, v and `W_R R`."""
+        """Scores, softmax and output from projected q, k, v and `W_R R`.
+
+        The (T, K) score blocks are laid out head-major, (N, B, T, K): every
+        product below is a plain batched matmul whose result is already in
+        that layout (only the small (.., T or K, H) operands are transposed),
+        and the position scores of all B*T queries of a head come from one
+        (B*T, H) x (H, K+1) product.
+        """
         dtype = self.compute_dtype
+        # The 1/sqrt(H) scale goes on the (B, T, N, H) queries rather than
+        # on the (N, B, T, K) scores: same products, one small multiply.
         scale = 1.0 / (self.head_dim**0.5)
+        batch_size, query_length = ops.shape(q)[0], ops.shape(q)[1]
+        n, h = self.num_heads, self.head_dim
+        keys_t = ops.transpose(k, (2, 0, 3, 1))  # (N, B, H, K)
         details = {}
         if self.relative:
             u = ops.cast(content_bias, dtype)
             w = ops.cast(position_bias, dtype)
             # (a) + (c): content terms with the global content bias u.
-            content = ops.einsum("btnh,bknh->bntk", q + u, k)  # (B, N, T, K)
-            # (b) + (d): position terms with the global position bias v.
-            position = relative_shift(
-                ops.einsum("btnh,knh->bntk", q + w, r)
-            )  # (B, N, T, K)
-            scores = ops.cast(content + position, "float32") * scale
+            content = ops.matmul(
+                ops.transpose((q + u) * scale, (2, 0, 1, 3)), keys_t
+            )  # (N, B, T, K)
+            # (b) + (d): position terms with the global position bias v,
+            # against [0 ; W_R R] so the scores come out with the zero
+            # column of the shift already in place.
+            r_padded = ops.pad(r, [[1, 0], [0, 0], [0, 0]])  # (K+1, N, H)
+            queries_v = ops.reshape(
+                ops.transpose((q + w) * scale, (2, 0, 1, 3)), (n, -1, h)
+            )  # (N, B*T, H)
+            position = ops.matmul(
+                queries_v, ops.transpose(r_padded, (1, 2, 0))
+            )  # (N, B*T, K+1)
+            position = shift_padded(
+                ops.reshape(position, (n, batch_size, query_length, -1))
+            )  # (N, B, T, K)
+            scores = ops.cast(content + position, "float32")
             if return_scores:
-                details["content"] = ops.cast(content, "float32") * scale
-                details["position"] = ops.cast(position, "float32") * scale
+                head_last = lambda x: ops.transpose(  # noqa: E731
+                    ops.cast(x, "float32"), (1, 0, 2, 3))  # -> (B, N, T, K)
+                details["content"] = head_last(content)
+                details["position"] = head_last(position)
                 # (a) alone, (b) alone, and the bias terms, for pictures.
                 details["term_a"] = ops.cast(
                     ops.einsum("btnh,bknh->bntk", q, k), "float32") * scale
@@ -164,28 +237,27 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                     ops.einsum("btnh,knh->bntk", q, r)), "float32") * scale
                 details["term_d"] = ops.cast(relative_shift(
                     ops.einsum("nh,knh->nk", w, r)[None, :, None, :]
-                    + ops.zeros_like(position)), "float32") * scale
+                    + ops.zeros_like(details["position"])), "float32") * scale
         else:
-            scores = ops.cast(
-                ops.einsum("btnh,bknh->bntk", q, k), "float32"
-            ) * scale  # (B, N, T, K)
+            scores = ops.cast(ops.matmul(
+                ops.transpose(q * scale, (2, 0, 1, 3)), keys_t
+            ), "float32")  # (N, B, T, K)
         if attention_mask is not None:
-            # Blocked keys get the most negative finite float32 (not -inf),
-            # so a fully blocked row becomes uniform, as in the references.
-            scores = ops.where(
-                attention_mask[None, None, :, :], scores,
-                ops.full_like(scores, -3.4028234663852886e38),
-            )
-        probabilities = ops.softmax(scores, axis=-1)  # (B, N, T, K) float32
+            scores = scores + masking_bias(attention_mask)[None, None]
+        probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) float32
         if return_scores:
-            details["scores"] = scores
-            details["probabilities"] = probabilities
+            details["scores"] = ops.transpose(scores, (1, 0, 2, 3))
+            details["probabilities"] = ops.transpose(probabilities, (1, 0, 2, 3))
         dropped = self._probability_dropout(probabilities, training=training)
-        context = ops.einsum(
-            "bntk,bknh->btnh", ops.cast(dropped, dtype), v
-        )  # (B, T, N, H)
-        output = ops.einsum(
-            "btnh,nhd->btd", context, ops.cast(self.output_kernel, dtype)
+        context = ops.matmul(
+            ops.cast(dropped, dtype), ops.transpose(v, (2, 0, 1, 3))
+        )  # (N, B, T, H)
+        context = ops.reshape(
+            ops.transpose(context, (1, 2, 0, 3)), (batch_size, query_length, n * h)
+        )  # (B, T, N*H), head-major like the kernel
+        output = ops.matmul(
+            context,
+            ops.reshape(ops.cast(self.output_kernel, dtype), (n * h, -1)),
         )  # (B, T, D)
         output = self._output_dropout(output, training=training)
         if return_scores:

@@ -11,6 +11,7 @@ import keras_txl
 from tests.conftest import mirrored_strategy
 from training.checkpoint import CheckpointManager
 from training.config import TrainConfig
+from training.data import batchify
 from training.fit import train_with_fit
 from training.loop import Trainer
 from training.loop import evaluate
@@ -184,6 +185,37 @@ def test_evaluate_with_a_longer_memory_and_other_settings():
     assert model.txl_config.memory_length == 8  # the model itself is untouched
     with pytest.raises(ValueError, match="segment_length` must be a positive integer"):
         evaluate(model, tokens, segment_length=0)
+
+
+def _evaluate_by_recomputing_the_memory(model, tokens, batch_size, T, reset=False):
+    # The plain way: call_with_memory on every segment, memory carried.
+    streams = batchify(tokens, batch_size)
+    length = streams.shape[1] - 1
+    memory, total, count = None, 0.0, 0
+    for start in range(0, length, T):
+        end = min(start + T, length)
+        out = model.call_with_memory(streams[:, start:end], None if reset else memory)
+        y = streams[:, start + 1:end + 1]
+        log_probs = out["log_probs"].numpy()
+        total -= np.take_along_axis(log_probs, y[..., None], -1).sum()
+        count += y.size
+        memory = out["memory"]
+    return total / count, count
+
+
+@pytest.mark.parametrize("attention_type,pre_ln,reset", [
+    ("relative", False, False), ("relative", True, False),
+    ("vanilla", False, False), ("relative", False, True),
+])
+def test_evaluate_with_the_cache_equals_recomputing_the_memory(attention_type, pre_ln, reset):
+    # 203 tokens in 2 streams of 101: 12 segments of 8 then a shorter one.
+    model = keras_txl.TransformerXLCausalLM(model_config(
+        dropout=0.0, attention_type=attention_type, pre_layer_norm=pre_ln))
+    tokens = corpus(203, seed=5)
+    result = evaluate(model, tokens, batch_size=2, reset_every_segment=reset)
+    expected, count = _evaluate_by_recomputing_the_memory(model, tokens, 2, 8, reset)
+    assert result["tokens"] == count == 200
+    np.testing.assert_allclose(result["loss"], expected, rtol=2e-6)
 
 
 @pytest.mark.parametrize("use_mirrored", [False, True])

@@ -29,6 +29,7 @@ from training.loop import check_corpus
 from training.metrics import BitsPerCharacter
 from training.metrics import Perplexity
 from training.metrics import TokenNLL
+from training.optimizers import FusedAdam
 from training.schedules import WarmupCosine
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def compile_model(model, train_config, jit_compile=False):
         train_config.learning_rate, train_config.warmup_steps,
         train_config.steps, train_config.min_lr_ratio,
     )
-    optimizer = keras.optimizers.Adam(
+    optimizer = FusedAdam(
         schedule, epsilon=train_config.adam_epsilon,
         global_clipnorm=train_config.clip_norm or None,
     )

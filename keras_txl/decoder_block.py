@@ -9,6 +9,37 @@ from keras import ops
 from keras_txl.relative_attention import RelativeMultiHeadAttention
 
 
+def relu_dropout(x, rate, seed):
+    """`dropout(relu(x))` (inverted dropout) that keeps only its output.
+
+    Composed from `relu` and `Dropout`, the backward pass would keep the
+    relu output, the dropped output and the keep mask. The gradient needs
+    the output only: `y = relu(x) * keep / (1 - rate)` is positive exactly
+    where `x > 0` and the unit is kept, which is where dy/dx = 1/(1 - rate)
+    (0 elsewhere, as TensorFlow's relu gradient at 0).
+
+    Args:
+        x: tensor, the pre-activation.
+        rate: float in (0, 1), the dropout rate.
+        seed: a `keras.random.SeedGenerator` (one draw per call, as
+            `keras.layers.Dropout`).
+    """
+    keep = keras.random.uniform(ops.shape(x), seed=seed) >= rate
+    scale = 1.0 / (1.0 - rate)
+
+    @ops.custom_gradient
+    def forward(x):
+        y = ops.where(ops.logical_and(keep, x > 0), x * scale, ops.zeros_like(x))
+
+        def backward(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            return ops.where(y > 0, upstream * scale, ops.zeros_like(upstream))
+
+        return y, backward
+
+    return forward(x)
+
+
 @keras.saving.register_keras_serializable(package="keras_txl")
 class TransformerXLBlock(keras.layers.Layer):
     """Decoder block, post-LN (the paper) or pre-LN.
@@ -73,8 +104,9 @@ class TransformerXLBlock(keras.layers.Layer):
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
             name="attention_norm",
         )
+        # The relu is applied in `_feedforward` (fused with the dropout).
         self.intermediate_dense = keras.layers.Dense(
-            intermediate_dim, activation="relu",
+            intermediate_dim,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy, name="intermediate_dense",
         )
@@ -101,7 +133,12 @@ class TransformerXLBlock(keras.layers.Layer):
 
     def _feedforward(self, x, training):
         x = self.intermediate_dense(x)
-        x = self._intermediate_dropout(x, training=training)
+        if training and self.dropout > 0:
+            x = relu_dropout(
+                x, self.dropout, self._intermediate_dropout.seed_generator
+            )
+        else:
+            x = ops.relu(x)
         x = self.output_dense(x)
         return self._output_dropout(x, training=training)
 

@@ -186,27 +186,23 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ops.cast(self.position_kernel, dtype),
         )  # (K, N, H)
 
-    def _attend(self, q, k, v, r, content_bias, position_bias,
-                attention_mask, training, return_scores):
-        """Scores, softmax and output from projected q, k, v and `W_R R`.
+    def _scores(self, q, k, r, u, w, bias):
+        """Pre-softmax scores, (N, B, T, K) float32, and the (b)+(d) terms.
 
         The (T, K) score blocks are laid out head-major, (N, B, T, K): every
-        product below is a plain batched matmul whose result is already in
-        that layout (only the small (.., T or K, H) operands are transposed),
-        and the position scores of all B*T queries of a head come from one
-        (B*T, H) x (H, K+1) product.
+        product is a plain batched matmul whose result is already in that
+        layout (only the small (.., T or K, H) operands are transposed), and
+        the position scores of all B*T queries of a head come from one
+        (B*T, H) x (H, K+1) product. The 1/sqrt(H) scale goes on the
+        (B, T, N, H) queries rather than on the scores: same products, one
+        small multiply. `bias` is the (T, K) additive mask or None.
         """
-        dtype = self.compute_dtype
-        # The 1/sqrt(H) scale goes on the (B, T, N, H) queries rather than
-        # on the (N, B, T, K) scores: same products, one small multiply.
         scale = 1.0 / (self.head_dim**0.5)
         batch_size, query_length = ops.shape(q)[0], ops.shape(q)[1]
         n, h = self.num_heads, self.head_dim
         keys_t = ops.transpose(k, (2, 0, 3, 1))  # (N, B, H, K)
-        details = {}
+        position = None
         if self.relative:
-            u = ops.cast(content_bias, dtype)
-            w = ops.cast(position_bias, dtype)
             # (a) + (c): content terms with the global content bias u.
             content = ops.matmul(
                 ops.transpose((q + u) * scale, (2, 0, 1, 3)), keys_t
@@ -225,44 +221,97 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 ops.reshape(position, (n, batch_size, query_length, -1))
             )  # (N, B, T, K)
             scores = ops.cast(content + position, "float32")
-            if return_scores:
-                head_last = lambda x: ops.transpose(  # noqa: E731
-                    ops.cast(x, "float32"), (1, 0, 2, 3))  # -> (B, N, T, K)
-                details["content"] = head_last(content)
-                details["position"] = head_last(position)
-                # (a) alone, (b) alone, and the bias terms, for pictures.
-                details["term_a"] = ops.cast(
-                    ops.einsum("btnh,bknh->bntk", q, k), "float32") * scale
-                details["term_b"] = ops.cast(relative_shift(
-                    ops.einsum("btnh,knh->bntk", q, r)), "float32") * scale
-                details["term_d"] = ops.cast(relative_shift(
-                    ops.einsum("nh,knh->nk", w, r)[None, :, None, :]
-                    + ops.zeros_like(details["position"])), "float32") * scale
         else:
             scores = ops.cast(ops.matmul(
                 ops.transpose(q * scale, (2, 0, 1, 3)), keys_t
             ), "float32")  # (N, B, T, K)
-        if attention_mask is not None:
-            scores = scores + masking_bias(attention_mask)[None, None]
-        probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) float32
-        if return_scores:
-            details["scores"] = ops.transpose(scores, (1, 0, 2, 3))
-            details["probabilities"] = ops.transpose(probabilities, (1, 0, 2, 3))
-        dropped = self._probability_dropout(probabilities, training=training)
+        if bias is not None:
+            scores = scores + bias[None, None]
+        return scores, position
+
+    def _mix(self, probabilities, v):
+        """(N, B, T, K) probabilities x values -> (B, T, N*H) context."""
+        batch_size, query_length = ops.shape(v)[0], ops.shape(probabilities)[2]
         context = ops.matmul(
-            ops.cast(dropped, dtype), ops.transpose(v, (2, 0, 1, 3))
+            ops.cast(probabilities, self.compute_dtype),
+            ops.transpose(v, (2, 0, 1, 3)),
         )  # (N, B, T, H)
-        context = ops.reshape(
-            ops.transpose(context, (1, 2, 0, 3)), (batch_size, query_length, n * h)
+        return ops.reshape(
+            ops.transpose(context, (1, 2, 0, 3)),
+            (batch_size, query_length, self.num_heads * self.head_dim),
         )  # (B, T, N*H), head-major like the kernel
+
+    def _context_recomputed(self, q, k, v, r, u, w, bias):
+        """`_mix(softmax(_scores(...)), v)` that keeps only q, k, v, r.
+
+        Training would otherwise keep, per layer, the (N, B, T, K) float32
+        probabilities and five transposed copies of q, k and v for the
+        backward pass (about 15 MB per layer on the benchmark's config);
+        here the backward pass recomputes them from the projections (one
+        more score computation per layer) and keeps a third of that.
+        """
+        import tensorflow as tf  # the only backend keras-txl runs on
+
+        def context(*inputs):
+            q, k, v, *rest = inputs
+            r, u, w = rest if rest else (None, None, None)
+            scores, _ = self._scores(q, k, r, u, w, bias)
+            return self._mix(ops.softmax(scores, axis=-1), v)
+
+        inputs = (q, k, v, r, u, w) if self.relative else (q, k, v)
+        return tf.recompute_grad(context)(*inputs)
+
+    def _attend(self, q, k, v, r, content_bias, position_bias,
+                attention_mask, training, return_scores):
+        """Scores, softmax and output from projected q, k, v and `W_R R`."""
+        dtype = self.compute_dtype
+        u = w = None
+        if self.relative:
+            u = ops.cast(content_bias, dtype)
+            w = ops.cast(position_bias, dtype)
+        bias = None
+        if attention_mask is not None:
+            bias = masking_bias(attention_mask)  # (T, K) float32
+        if training and not return_scores and not self.attention_dropout:
+            context = self._context_recomputed(q, k, v, r, u, w, bias)
+        else:
+            scores, position = self._scores(q, k, r, u, w, bias)
+            probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) f32
+            dropped = self._probability_dropout(probabilities, training=training)
+            context = self._mix(dropped, v)  # (B, T, N*H)
+        n, h = self.num_heads, self.head_dim
         output = ops.matmul(
             context,
             ops.reshape(ops.cast(self.output_kernel, dtype), (n * h, -1)),
         )  # (B, T, D)
         output = self._output_dropout(output, training=training)
-        if return_scores:
-            return output, details
-        return output
+        if not return_scores:
+            return output
+        return output, self._details(q, k, r, u, w, scores, position, probabilities)
+
+    def _details(self, q, k, r, u, w, scores, position, probabilities):
+        """Score terms and probabilities as (B, N, T, K) float32, for pictures."""
+        scale = 1.0 / (self.head_dim**0.5)
+        head_last = lambda x: ops.transpose(  # noqa: E731
+            ops.cast(x, "float32"), (1, 0, 2, 3))  # (N,B,T,K) -> (B,N,T,K)
+        details = {
+            "scores": head_last(scores),
+            "probabilities": head_last(probabilities),
+        }
+        if self.relative:
+            details["position"] = head_last(position)
+            # (a) alone, (b) alone and the bias terms.
+            details["term_a"] = ops.cast(
+                ops.einsum("btnh,bknh->bntk", q, k), "float32") * scale
+            details["term_b"] = ops.cast(relative_shift(
+                ops.einsum("btnh,knh->bntk", q, r)), "float32") * scale
+            details["term_d"] = ops.cast(relative_shift(
+                ops.einsum("nh,knh->nk", w, r)[None, :, None, :]
+                + ops.zeros_like(details["position"])), "float32") * scale
+            # (a) + (c): the content terms with the global content bias u.
+            details["content"] = ops.cast(
+                ops.einsum("btnh,bknh->bntk", q + u, k), "float32") * scale
+        return details
 
     def call(
         self,

@@ -132,6 +132,47 @@ def test_relative_attention_matches_naive_formula(same_length):
     np.testing.assert_allclose(ops.convert_to_numpy(got), expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("relative,same_length", [(True, False), (True, True), (False, False)])
+def test_training_attention_recomputes_the_same_values_and_gradients(relative, same_length):
+    # training=True (no dropout) takes the path that recomputes the scores
+    # in the backward pass; training=False the plain one. Same outputs,
+    # same gradients for the inputs, the memory, every weight and u, v.
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    B, T, M, D, N, H = 2, 5, 4, 8, 2, 4
+    layer = RelativeMultiHeadAttention(N, H, relative=relative)
+    layer.build((B, T, D))
+    q_in = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
+    mem = tf.constant(rng.normal(size=(B, M, D)).astype("float32"))
+    u = tf.Variable(rng.normal(size=(N, H)).astype("float32"))
+    v = tf.Variable(rng.normal(size=(N, H)).astype("float32"))
+    R = relative_position_embedding(M + T, D)
+    mask = attention_mask(T, M, same_length, "official_tf")
+    upstream = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
+    sources = [q_in, mem, u, v] + [w.value for w in layer.weights]
+
+    def run(training):
+        with tf.GradientTape() as tape:
+            tape.watch([q_in, mem])
+            out = layer(q_in, mem, position_embedding=R, content_bias=u,
+                        position_bias=v, attention_mask=mask, training=training)
+            loss = tf.reduce_sum(out * upstream)
+        grads = tape.gradient(loss, sources)
+        return out, grads
+
+    out_plain, grads_plain = run(False)
+    out_recomputed, grads_recomputed = run(True)
+    np.testing.assert_allclose(out_recomputed, out_plain, rtol=1e-6, atol=1e-6)
+    for name, a, b in zip(["query", "memory", "u", "v"] + [w.path for w in layer.weights],
+                          grads_recomputed, grads_plain):
+        if not relative and name in ("u", "v"):
+            assert a is None and b is None
+            continue
+        assert a is not None, name
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def _config(**changes):
     base = dict(vocabulary_size=20, num_layers=1, hidden_dim=8, num_heads=2,
                 intermediate_dim=8, cutoffs=(5, 12), div_val=2, embedding_dim=8,
@@ -205,3 +246,35 @@ def test_adaptive_softmax_is_a_distribution_matching_a_direct_computation(change
     for i in (1, 2):
         expected.append(head[..., c0 + i - 1 : c0 + i] + logsoftmax(logits(i)))
     np.testing.assert_allclose(log_probs, np.concatenate(expected, -1), atol=1e-5)
+
+
+def test_relu_dropout_values_and_gradient():
+    import keras
+    import tensorflow as tf
+
+    from keras_txl.decoder_block import relu_dropout
+
+    rate = 0.25
+    x = tf.constant(np.random.default_rng(4).normal(size=(64, 256)).astype("float32"))
+    x = tf.tensor_scatter_nd_update(x, [[0, 0]], [0.0])  # relu's kink at 0
+    upstream = tf.constant(np.random.default_rng(5).normal(size=(64, 256)).astype("float32"))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = relu_dropout(x, rate, keras.random.SeedGenerator(7))
+        loss = tf.reduce_sum(y * upstream)
+    grad = tape.gradient(loss, x).numpy()
+    y, xn = y.numpy(), x.numpy()
+    relu = np.maximum(xn, 0) / (1 - rate)
+    kept = y != 0
+    # Every output is either dropped or the scaled relu.
+    np.testing.assert_allclose(y[kept], relu[kept], rtol=1e-6)
+    positive = xn > 0
+    dropped = positive & ~kept
+    assert abs(dropped.sum() / positive.sum() - rate) < 0.02
+    # The gradient of relu(x) * keep / (1 - rate) for the keep mask drawn.
+    expected = np.where(positive & kept, upstream.numpy() / (1 - rate), 0.0)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6)
+    assert grad[0, 0] == 0.0
+    # Another draw, another mask.
+    again = relu_dropout(x, rate, keras.random.SeedGenerator(8)).numpy()
+    assert (again != 0).sum() != kept.sum() or not np.array_equal(again != 0, kept)

@@ -14,6 +14,7 @@ from keras_txl.adaptive import AdaptiveEmbedding
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoder_block import TransformerXLBlock
 from keras_txl.memory import attention_mask
+from keras_txl.memory import last_positions
 from keras_txl.memory import update_memory
 from keras_txl.memory import zero_memory
 from keras_txl.position_encoding import absolute_position_embedding
@@ -264,7 +265,7 @@ class TransformerXLBackbone(keras.layers.Layer):
             # (B, M + T, ...) -> the last M positions, as `update_memory`.
             if memory_length == 0:
                 return window[:, :0]
-            return window[:, -memory_length:]
+            return last_positions(window, memory_length)
 
         new_memory, new_keys, new_values = [], [], []
         for layer, block in enumerate(self.blocks):

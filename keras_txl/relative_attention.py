@@ -338,13 +338,17 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         )
 
     def project_new_positions(self, query):
-        """(B, T, D) -> q, k, v, (B, T, N, H) each, in one matmul.
+        """(B, T, D) -> q, k, v, (B, T, N, H) each.
 
-        The same projections as `project_query` and `project_keys`, done
-        with one (B*T, D) x (D, 3*N*H) matmul on the whole q|k|v kernel:
-        for the few positions of a decoding step this avoids slicing the
-        kernel and the einsum set-up, the larger part of the step's cost.
+        The same projections as `project_query` and `project_keys`. For one
+        position (decoding) they are one (B, D) x (D, 3*N*H) matmul on the
+        whole q|k|v kernel: this avoids unstacking the kernel and the einsum
+        set-up, the larger part of such a step's cost. For a segment, three
+        products: splitting one (B, T, 3, N, H) result would copy it again.
         """
+        if query.shape[1] is not None and query.shape[1] > 1:
+            k, v = self.project_keys(query)
+            return self.project_query(query), k, v
         dtype = self.compute_dtype
         n, h = self.num_heads, self.head_dim
         batch_size, length, hidden_dim = (

@@ -87,6 +87,7 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     import keras_txl
+    rss_after_import = peak_rss_mb()  # the framework's own footprint
     from training.config import TrainConfig
     from training.loop import Trainer
     from training.loop import make_eval_step
@@ -143,6 +144,7 @@ def main(argv=None):
         eval_tokens_per_s=round(eval_tps, 1),
         peak_rss_mb=round(peak_rss_mb(), 1),
         peak_rss_mb_after_train=round(rss_after_train, 1),
+        rss_mb_after_import=round(rss_after_import, 1),
         train_tokens_per_s_from_median_step=round(tokens_per_step / median(train_times), 1),
         eval_tokens_per_s_from_median_step=round(tokens_per_step / median(eval_times), 1),
         mfu=None if peak is None else round(3 * flops * train_tps / (peak * 1e9), 4),

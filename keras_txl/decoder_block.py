@@ -41,6 +41,53 @@ def relu_dropout(x, rate, seed):
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
+class LayerNorm(keras.layers.LayerNormalization):
+    """`LayerNormalization` over the last axis whose gradient keeps less.
+
+    Same weights (`gamma`, `beta`) and values (computed in float32 and cast
+    back, like Keras). Keras' form `x * inv + (beta - mean * inv)` keeps the
+    input and a full-size `inv * gamma` for its gradient; this keeps only
+    the normalised input `x_hat` and the (.., 1) inverse deviation:
+
+        dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)),  g = dy * gamma
+    """
+
+    def call(self, inputs):
+        if self.axis not in (-1, [-1], [len(inputs.shape) - 1]) or self.rms_scaling:
+            return super().call(inputs)
+        epsilon = self.epsilon
+        gamma = ops.cast(self.gamma, "float32")
+        beta = ops.cast(self.beta, "float32")
+
+        @ops.custom_gradient
+        def normalize(x, gamma, beta):
+            x = ops.cast(x, "float32")
+            mean = ops.mean(x, axis=-1, keepdims=True)
+            centered = x - mean
+            variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+            rstd = ops.rsqrt(variance + epsilon)  # (.., 1)
+            x_hat = centered * rstd
+            y = x_hat * gamma + beta
+
+            def backward(*args, upstream=None):
+                upstream = args[0] if upstream is None else upstream
+                dy = ops.cast(upstream, "float32")
+                reduce_axes = tuple(range(len(dy.shape) - 1))
+                d_gamma = ops.sum(dy * x_hat, axis=reduce_axes)
+                d_beta = ops.sum(dy, axis=reduce_axes)
+                g = dy * gamma
+                dx = rstd * (
+                    g - ops.mean(g, axis=-1, keepdims=True)
+                    - x_hat * ops.mean(g * x_hat, axis=-1, keepdims=True)
+                )
+                return ops.cast(dx, inputs.dtype), d_gamma, d_beta
+
+            return y, backward
+
+        return ops.cast(normalize(inputs, gamma, beta), self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
 class TransformerXLBlock(keras.layers.Layer):
     """Decoder block, post-LN (the paper) or pre-LN.
 
@@ -100,7 +147,7 @@ class TransformerXLBlock(keras.layers.Layer):
             kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy,
             name="attention",
         )
-        self.attention_norm = keras.layers.LayerNormalization(
+        self.attention_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
             name="attention_norm",
         )
@@ -111,7 +158,7 @@ class TransformerXLBlock(keras.layers.Layer):
             dtype=self.dtype_policy, name="intermediate_dense",
         )
         self.output_dense = None  # created in build: needs D
-        self.feedforward_norm = keras.layers.LayerNormalization(
+        self.feedforward_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
             name="feedforward_norm",
         )

@@ -241,24 +241,28 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             (batch_size, query_length, self.num_heads * self.head_dim),
         )  # (B, T, N*H), head-major like the kernel
 
-    def _context_recomputed(self, q, k, v, r, u, w, bias):
-        """`_mix(softmax(_scores(...)), v)` that keeps only q, k, v, r.
+    def _context_recomputed(self, query, keys_in, r, u, w, bias):
+        """The attention context, keeping only the projections' inputs.
 
-        Training would otherwise keep, per layer, the (N, B, T, K) float32
-        probabilities and five transposed copies of q, k and v for the
-        backward pass (about 15 MB per layer on the benchmark's config);
-        here the backward pass recomputes them from the projections (one
-        more score computation per layer) and keeps a third of that.
+        Training would otherwise keep, per layer, q, k, v, the (N, B, T, K)
+        float32 probabilities and five transposed copies of q, k and v for
+        the backward pass (about 20 MB per layer on the benchmark's
+        config). Here the backward pass recomputes all of them from the
+        segment and `[memory ; segment]` inputs, which the kernels'
+        gradients need anyway: one more projection and score computation
+        per layer, about a quarter of the memory.
         """
         import tensorflow as tf  # the only backend keras-txl runs on
 
         def context(*inputs):
-            q, k, v, *rest = inputs
+            query, keys_in, *rest = inputs
             r, u, w = rest if rest else (None, None, None)
+            q = self.project_query(query)  # (B, T, N, H)
+            k, v = self.project_keys(keys_in)  # (B, K, N, H) each
             scores, _ = self._scores(q, k, r, u, w, bias)
             return self._mix(ops.softmax(scores, axis=-1), v)
 
-        inputs = (q, k, v, r, u, w) if self.relative else (q, k, v)
+        inputs = (query, keys_in, r, u, w) if self.relative else (query, keys_in)
         return tf.recompute_grad(context)(*inputs)
 
     def _attend(self, q, k, v, r, content_bias, position_bias,
@@ -272,22 +276,22 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         bias = None
         if attention_mask is not None:
             bias = masking_bias(attention_mask)  # (T, K) float32
-        if training and not return_scores and not self.attention_dropout:
-            context = self._context_recomputed(q, k, v, r, u, w, bias)
-        else:
-            scores, position = self._scores(q, k, r, u, w, bias)
-            probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) f32
-            dropped = self._probability_dropout(probabilities, training=training)
-            context = self._mix(dropped, v)  # (B, T, N*H)
-        n, h = self.num_heads, self.head_dim
-        output = ops.matmul(
-            context,
-            ops.reshape(ops.cast(self.output_kernel, dtype), (n * h, -1)),
-        )  # (B, T, D)
-        output = self._output_dropout(output, training=training)
+        scores, position = self._scores(q, k, r, u, w, bias)
+        probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) float32
+        dropped = self._probability_dropout(probabilities, training=training)
+        output = self._output(self._mix(dropped, v), training)
         if not return_scores:
             return output
         return output, self._details(q, k, r, u, w, scores, position, probabilities)
+
+    def _output(self, context, training):
+        """(B, T, N*H) context -> (B, T, D): output projection and dropout."""
+        n, h = self.num_heads, self.head_dim
+        output = ops.matmul(
+            context,
+            ops.reshape(ops.cast(self.output_kernel, self.compute_dtype), (n * h, -1)),
+        )  # (B, T, D)
+        return self._output_dropout(output, training=training)
 
     def _details(self, q, k, r, u, w, scores, position, probabilities):
         """Score terms and probabilities as (B, N, T, K) float32, for pictures."""
@@ -327,11 +331,20 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         dtype = self.compute_dtype
         query = ops.cast(query, dtype)
         keys_in = ops.concatenate([ops.cast(memory, dtype), query], axis=1)  # (B,K,D)
-        q = self.project_query(query)  # (B, T, N, H)
-        k, v = self.project_keys(keys_in)  # (B, K, N, H) each
         r = None
         if self.relative:
             r = self.project_positions(position_embedding)  # (K, N, H)
+        if training and not return_scores and not self.attention_dropout:
+            u = w = bias = None
+            if self.relative:
+                u = ops.cast(content_bias, dtype)
+                w = ops.cast(position_bias, dtype)
+            if attention_mask is not None:
+                bias = masking_bias(attention_mask)  # (T, K) float32
+            context = self._context_recomputed(query, keys_in, r, u, w, bias)
+            return self._output(context, training)
+        q = self.project_query(query)  # (B, T, N, H)
+        k, v = self.project_keys(keys_in)  # (B, K, N, H) each
         return self._attend(
             q, k, v, r, content_bias, position_bias, attention_mask,
             training, return_scores,

@@ -278,3 +278,37 @@ def test_relu_dropout_values_and_gradient():
     # Another draw, another mask.
     again = relu_dropout(x, rate, keras.random.SeedGenerator(8)).numpy()
     assert (again != 0).sum() != kept.sum() or not np.array_equal(again != 0, kept)
+
+
+def test_layer_norm_equals_keras_values_and_gradients():
+    import keras
+    import tensorflow as tf
+
+    from keras_txl.decoder_block import LayerNorm
+
+    rng = np.random.default_rng(6)
+    x = tf.constant(rng.normal(2.0, 3.0, size=(3, 5, 16)).astype("float32"))
+    upstream = tf.constant(rng.normal(size=(3, 5, 16)).astype("float32"))
+    results = []
+    for cls in (LayerNorm, keras.layers.LayerNormalization):
+        layer = cls(epsilon=1e-5)
+        layer.build(x.shape)
+        layer.gamma.assign(rng.normal(size=16).astype("float32") if not results
+                           else results[0][2][0])
+        layer.beta.assign(rng.normal(size=16).astype("float32") if not results
+                          else results[0][2][1])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * upstream)
+        grads = tape.gradient(loss, [x, layer.gamma.value, layer.beta.value])
+        results.append((y.numpy(), [g.numpy() for g in grads],
+                        (layer.gamma.numpy(), layer.beta.numpy())))
+    (y_ours, grads_ours, _), (y_keras, grads_keras, _) = results
+    np.testing.assert_allclose(y_ours, y_keras, rtol=1e-5, atol=1e-5)
+    for name, a, b in zip(["x", "gamma", "beta"], grads_ours, grads_keras):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+    # Same weights as Keras' layer (HF checkpoints and saved models load).
+    layer = LayerNorm(name="norm")
+    layer.build((None, 16))
+    assert [w.path for w in layer.weights] == ["norm/gamma", "norm/beta"]

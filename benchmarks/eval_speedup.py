@@ -4,7 +4,8 @@ The vanilla Transformer evaluated as Al-Rfou et al. (2018) do: every predicted t
 fresh window of the A tokens before it, so each token costs one forward pass over A tokens
 (only the last position's softmax is needed). Transformer-XL reuses its memory: a segment of
 T tokens with a memory of M = A - T cached states (every token attends to at most A keys)
-costs one forward pass of T tokens; per token, that time / T. Same model size for both
+costs one forward pass of T tokens (the library's evaluation step: the memory is carried as its
+key/value cache); per token, that time / T. Same model size for both
 (default: 4 layers, d 256, 8 heads x 32, d_inner 1024, byte vocabulary 256), batch 1,
 random weights (speed does not depend on them), fp32, graph mode (`--jit` for XLA).
 
@@ -36,21 +37,24 @@ MODEL = dict(vocabulary_size=256, num_layers=4, hidden_dim=256, num_heads=8, hea
              intermediate_dim=1024, dropout=0.0, attention_dropout=0.0)
 
 
-def forward_flops(cfg, queries, keys, relative, scored):
+def forward_flops(cfg, queries, keys, relative, scored, cached=False):
     """Matmul FLOPs of one forward pass: `queries` new tokens attending to `keys` keys
-    (multiply-add = 2); `scored` positions go through the softmax layer."""
+    (multiply-add = 2); `scored` positions go through the softmax layer. With `cached`,
+    the memory's keys/values and `W_R R` come from the key/value cache (only the new
+    positions are projected)."""
+    projected = queries if cached else keys
     D, L = cfg["hidden_dim"], cfg["num_layers"]
     I, V = cfg["intermediate_dim"], cfg["vocabulary_size"]
     NH = cfg["num_heads"] * cfg["head_dim"]
     per_layer = (
         2 * queries * D * NH  # q
-        + 2 * keys * D * 2 * NH  # k, v (memory re-projected every segment, as in the paper's code)
+        + 2 * projected * D * 2 * NH  # k, v (the paper's code re-projects the memory)
         + 2 * queries * keys * NH * (2 if relative else 1)  # content (+ position) scores
         + 2 * queries * keys * NH  # weighted values
         + 2 * queries * NH * D  # output projection
         + 2 * 2 * queries * D * I  # feed-forward
     )
-    if relative:
+    if relative and not cached:
         per_layer += 2 * keys * D * NH  # W_R R over the key positions
     return L * per_layer + 2 * scored * D * V
 
@@ -91,6 +95,7 @@ def main(argv=None):
 
     from keras_txl import TransformerXLCausalLM
     from keras_txl import TransformerXLConfig
+    from training.loop import make_eval_step
 
     keras.utils.set_random_seed(0)
     cfg = dict(MODEL, num_layers=args.layers, hidden_dim=args.hidden,
@@ -115,18 +120,21 @@ def main(argv=None):
             xl = TransformerXLCausalLM(TransformerXLConfig(
                 **cfg, attention_type="relative", memory_length=memory, segment_length=T))
 
-            @tf.function(jit_compile=args.jit)
-            def xl_segment(ids, memory, xl=xl):
-                hidden, new_memory = xl.backbone(ids, memory, training=False)
-                # Every position is scored; the new memory is an output too.
-                return tf.reduce_sum(xl.log_probs_from_hidden(hidden)) + tf.reduce_sum(
-                    new_memory)
+            # The library's evaluation step: every position scored, the memory
+            # carried as its key/value cache (the new cache is an output too).
+            eval_step = make_eval_step(xl, jit_compile=args.jit)
 
-            seg = tf.constant(rng.integers(0, 256, size=(1, T)), tf.int32)
-            steps[label] = (xl_segment, (seg, tf.random.normal(xl.memory_shape(1))))
+            def xl_segment(ids, targets, cache, eval_step=eval_step):
+                nll, new_cache = eval_step(ids, targets, cache)
+                return nll  # (the new cache is computed: it is an output)
+
+            seg = tf.constant(rng.integers(0, 256, size=(1, T + 1)), tf.int32)
+            cache = xl.build_cache(tf.random.normal(xl.memory_shape(1)), segment_length=T)
+            steps[label] = (xl_segment, (seg[:, :T], seg[:, 1:], cache))
             row[f"xl_memory{label}"] = memory
             flops_v = forward_flops(cfg, A, A, relative=False, scored=1)
-            flops_x = forward_flops(cfg, T, memory + T, relative=True, scored=T) / T
+            flops_x = forward_flops(cfg, T, memory + T, relative=True, scored=T,
+                                    cached=True) / T
             row[f"flop_ratio{label}"] = flops_v / flops_x
         # Runs alternate vanilla and XL so that load from other processes hits
         # both alike; each run gives a ratio, the median ratio is reported.

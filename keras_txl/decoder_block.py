@@ -24,6 +24,8 @@ def relu_dropout(x, rate, seed):
         seed: a `keras.random.SeedGenerator` (one draw per call, as
             `keras.layers.Dropout`).
     """
+    import tensorflow as tf  # the only backend keras-txl runs on
+
     keep = keras.random.uniform(ops.shape(x), seed=seed) >= rate
     scale = 1.0 / (1.0 - rate)
 
@@ -33,7 +35,10 @@ def relu_dropout(x, rate, seed):
 
         def backward(*args, upstream=None):
             upstream = args[0] if upstream is None else upstream
-            return ops.where(y > 0, upstream * scale, ops.zeros_like(upstream))
+            # relu's gradient kernel, fed the output: `upstream * [y > 0]` in
+            # one op that needs the upstream gradient (a separate `y > 0`
+            # would be computed, and kept, as soon as y exists).
+            return tf.raw_ops.ReluGrad(gradients=upstream * scale, features=y)
 
         return y, backward
 

@@ -219,6 +219,42 @@ def test_evaluate_with_the_cache_equals_recomputing_the_memory(attention_type, p
 
 
 @pytest.mark.parametrize("use_mirrored", [False, True])
+def test_periodic_evaluation_reuses_one_compiled_step(use_mirrored):
+    # Three evaluations during training: the evaluation step is traced once
+    # (plus once for the last, shorter segment) and sees the current weights.
+    strategy = mirrored() if use_mirrored else tf.distribute.get_strategy()
+    trainer = Trainer(model_config(), train_config(steps=6, eval_every=2), strategy,
+                      verbose=False)
+    valid = corpus(150, seed=4)  # 149 targets: 18 segments of 8 and one of 5
+    trainer.train(corpus(), valid_tokens=valid)
+    evaluations = [h for h in trainer.history if h.get("split") == "valid"]
+    assert [h["step"] for h in evaluations] == [2, 4, 6]
+    (eval_model, step), = trainer._eval_reuse.values()
+    assert eval_model is trainer.model
+    assert step.experimental_get_tracing_count() == 2
+    # The last result is the model's current loss on the split.
+    fresh = evaluate(trainer.model, valid)
+    assert evaluations[-1]["loss"] == pytest.approx(fresh["loss"], rel=1e-5)
+    assert len({round(h["loss"], 6) for h in evaluations}) == 3
+
+
+def test_evaluate_reuse_with_other_settings_follows_the_weights():
+    model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0))
+    tokens = corpus(300, seed=6)
+    reuse = {}
+    first = evaluate(model, tokens, memory_length=16, reuse=reuse)
+    for w in model.model_weights():
+        w.assign(w.numpy() * 0.5)
+    second = evaluate(model, tokens, memory_length=16, reuse=reuse)
+    (copy, step), = reuse.values()
+    assert copy is not model and copy.txl_config.memory_length == 16
+    assert step.experimental_get_tracing_count() == 2  # full + last short segment
+    assert second["loss"] != first["loss"]
+    assert second["loss"] == pytest.approx(evaluate(model, tokens, memory_length=16)["loss"],
+                                           rel=1e-6)
+
+
+@pytest.mark.parametrize("use_mirrored", [False, True])
 def test_fit_trains_the_stateful_model(tmp_path, use_mirrored):
     strategy = mirrored() if use_mirrored else tf.distribute.get_strategy()
     tokens = corpus(4000)

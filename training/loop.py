@@ -163,6 +163,7 @@ class Trainer:
             )
             jit = False
         self._train_step = tf.function(self._train_step_fn, jit_compile=jit)
+        self._eval_reuse = {}  # compiled evaluation steps, kept across evaluations
         self.history = []
 
     # --- memory ---------------------------------------------------------
@@ -363,7 +364,7 @@ class Trainer:
         settings = dict(eval_settings or {})
         if self.config.eval_max_segments:
             settings.setdefault("max_segments", self.config.eval_max_segments)
-        result = evaluate(self.model, valid_tokens, **settings)
+        result = evaluate(self.model, valid_tokens, reuse=self._eval_reuse, **settings)
         result["step"] = self.step
         logger.info("eval step %d | loss %.4f | ppl %.2f | bpc %.4f | %d tokens",
                     self.step, result["loss"], result["ppl"], result["bpc"],
@@ -399,7 +400,7 @@ def make_eval_step(model, jit_compile=False):
 
 def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,
              clamp_length=None, same_length=None, max_segments=0,
-             reset_every_segment=False):
+             reset_every_segment=False, reuse=None):
     """Token-weighted NLL over a whole split, the paper's way.
 
     The text is cut into `batch_size` streams that are read segment by
@@ -407,7 +408,13 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
     the "no recurrence" ablation at evaluation). Test-time
     `memory_length`, `clamp_length` and `same_length` may differ from
     training (weights do not depend on them). The last, shorter segment of
-    each stream is scored too.
+    each stream is scored too. No dropout is applied.
+
+    `reuse`: an optional dict the caller keeps between calls (the trainer
+    does, for its periodic evaluations): the compiled step, and the copy of
+    the model with other settings, are made once and reused (the copy gets
+    the model's current weights each time) instead of being rebuilt and
+    re-traced at every call.
 
     Returns:
         dict with loss (nats/token), ppl, bpc, tokens.
@@ -419,9 +426,15 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
                        ("same_length", same_length)):
         if value is not None and getattr(cfg, key) != value:
             changes[key] = value
-    if cfg.dropout or cfg.attention_dropout:
-        changes.update(dropout=0.0, attention_dropout=0.0)
-    eval_model = model.with_settings(**changes) if changes else model
+    # (The cached evaluation path never applies dropout: no copy needed for it.)
+    key = (id(model), tuple(sorted(changes.items())))
+    reuse = {} if reuse is None else reuse
+    if key not in reuse:
+        eval_model = model.with_settings(**changes) if changes else model
+        reuse[key] = (eval_model, make_eval_step(eval_model))
+    eval_model, step = reuse[key]
+    if eval_model is not model:
+        eval_model.assign_weights_from(model)  # trained since the last call
     T = cfg.segment_length if segment_length is None else segment_length
     for name, value in (("batch_size", batch_size), ("segment_length", T)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -435,8 +448,6 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
             f"The evaluation text has {len(tokens)} tokens: too short for "
             f"batch_size={batch_size} (needs at least 2 per stream)."
         )
-
-    step = make_eval_step(eval_model)
 
     def fresh_cache():
         return eval_model.build_cache(batch_size=batch_size, segment_length=T)

@@ -241,7 +241,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             (batch_size, query_length, self.num_heads * self.head_dim),
         )  # (B, T, N*H), head-major like the kernel
 
-    def _context_recomputed(self, query, keys_in, r, u, w, bias):
+    def _context_recomputed(self, query, keys_in, r, u, w, bias, dropout_seed=None):
         """The attention context, keeping only the projections' inputs.
 
         Training would otherwise keep, per layer, q, k, v, the (N, B, T, K)
@@ -250,7 +250,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         config). Here the backward pass recomputes all of them from the
         segment and `[memory ; segment]` inputs, which the kernels'
         gradients need anyway: one more projection and score computation
-        per layer, about a quarter of the memory.
+        per layer, about a quarter of the memory. With attention dropout the
+        mask comes from `dropout_seed`, drawn once outside, so the backward
+        pass recomputes the same mask.
         """
         import tensorflow as tf  # the only backend keras-txl runs on
 
@@ -260,10 +262,26 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             q = self.project_query(query)  # (B, T, N, H)
             k, v = self.project_keys(keys_in)  # (B, K, N, H) each
             scores, _ = self._scores(q, k, r, u, w, bias)
-            return self._mix(ops.softmax(scores, axis=-1), v)
+            probabilities = ops.softmax(scores, axis=-1)
+            if dropout_seed is not None:
+                probabilities = tf.nn.experimental.stateless_dropout(
+                    probabilities, rate=self.attention_dropout, seed=dropout_seed
+                )
+            return self._mix(probabilities, v)
 
         inputs = (query, keys_in, r, u, w) if self.relative else (query, keys_in)
         return tf.recompute_grad(context)(*inputs)
+
+    def _dropout_seed(self):
+        """Draws the probability dropout's seed as `keras.layers.Dropout`
+        does on TensorFlow (one draw from its generator, int32), so either
+        path drops the same entries for the same generator state."""
+        import tensorflow as tf
+
+        seed = self._probability_dropout.seed_generator.next()
+        if seed.dtype != tf.int32:
+            seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
+        return seed
 
     def _attend(self, q, k, v, r, content_bias, position_bias,
                 attention_mask, training, return_scores):
@@ -334,14 +352,16 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         r = None
         if self.relative:
             r = self.project_positions(position_embedding)  # (K, N, H)
-        if training and not return_scores and not self.attention_dropout:
-            u = w = bias = None
+        if training and not return_scores:
+            u = w = bias = seed = None
             if self.relative:
                 u = ops.cast(content_bias, dtype)
                 w = ops.cast(position_bias, dtype)
             if attention_mask is not None:
                 bias = masking_bias(attention_mask)  # (T, K) float32
-            context = self._context_recomputed(query, keys_in, r, u, w, bias)
+            if self.attention_dropout:
+                seed = self._dropout_seed()
+            context = self._context_recomputed(query, keys_in, r, u, w, bias, seed)
             return self._output(context, training)
         q = self.project_query(query)  # (B, T, N, H)
         k, v = self.project_keys(keys_in)  # (B, K, N, H) each

@@ -173,6 +173,57 @@ def test_training_attention_recomputes_the_same_values_and_gradients(relative, s
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_attention_dropout_is_recomputed_with_the_same_mask():
+    # With attention dropout the training path draws the seed once and the
+    # backward pass recomputes the same mask: outputs and gradients equal
+    # the plain path (Keras' Dropout layer) for the same generator state.
+    import tensorflow as tf
+
+    rng = np.random.default_rng(8)
+    B, T, M, D, N, H = 2, 6, 5, 8, 2, 4
+    layer = RelativeMultiHeadAttention(N, H, attention_dropout=0.4)
+    layer.build((B, T, D))
+    query = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
+    memory = tf.constant(rng.normal(size=(B, M, D)).astype("float32"))
+    u = tf.constant(rng.normal(size=(N, H)).astype("float32"))
+    v = tf.constant(rng.normal(size=(N, H)).astype("float32"))
+    R = relative_position_embedding(M + T, D)
+    mask = attention_mask(T, M)
+    upstream = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
+    generator = layer._probability_dropout.seed_generator
+    start = generator.state.numpy()
+
+    def plain():
+        keys_in = tf.concat([memory, query], axis=1)
+        q = layer.project_query(query)
+        k, v_ = layer.project_keys(keys_in)
+        r = layer.project_positions(R)
+        return layer._attend(q, k, v_, r, u, v, mask, True, False)
+
+    def recomputed():
+        return layer(query, memory, position_embedding=R, content_bias=u,
+                     position_bias=v, attention_mask=mask, training=True)
+
+    results = []
+    for fn in (plain, recomputed):
+        generator.state.assign(start)
+        with tf.GradientTape() as tape:
+            tape.watch(query)
+            out = fn()
+            loss = tf.reduce_sum(out * upstream)
+        grads = tape.gradient(loss, [query] + [w.value for w in layer.weights])
+        results.append((out.numpy(), [g.numpy() for g in grads]))
+    (out_a, grads_a), (out_b, grads_b) = results
+    np.testing.assert_allclose(out_b, out_a, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_b, grads_a):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Dropout did act: without it the output differs.
+    generator.state.assign(start)
+    no_dropout = layer(query, memory, position_embedding=R, content_bias=u,
+                       position_bias=v, attention_mask=mask, training=False)
+    assert not np.allclose(no_dropout.numpy(), out_a)
+
+
 def _config(**changes):
     base = dict(vocabulary_size=20, num_layers=1, hidden_dim=8, num_heads=2,
                 intermediate_dim=8, cutoffs=(5, 12), div_val=2, embedding_dim=8,

@@ -4,7 +4,9 @@ The machines are shared and noisy, so one run of each says little: this runs
 `benchmarks/throughput.py` (ours, each given configuration) and
 `shared/bench/bench_hf_torch.py` (Hugging Face PyTorch TransfoXL, in its own
 virtualenv) one after the other, `--rounds` times, each in a fresh process,
-and reports per metric the median over rounds and the ratio of medians.
+and reports per metric the median over rounds and the ratio of medians. It also measures
+each framework's resident memory right after import (in a separate process) and the peak
+above it.
 
 Prints one JSON line (all runs, medians, ratios) and a table.
 
@@ -35,6 +37,22 @@ def run_json(command):
     if not lines:
         raise RuntimeError(f"no JSON line from {command}:\n{out[-2000:]}")
     return json.loads(lines[-1])
+
+
+IMPORT_PROBES = {
+    # What each process has resident once its framework is imported, before any work.
+    "reference": "import resource, torch, transformers; "
+                 "from transformers import TransfoXLLMHeadModel; "
+                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)",
+    "keras-txl": "import os; os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3'); "
+                 "import resource, sys; sys.path.insert(0, {root!r}); import keras_txl; "
+                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)",
+}
+
+
+def import_rss_mb(python, probe):
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None):
@@ -69,19 +87,31 @@ def main(argv=None):
                   + ", ".join(f"{k}={result[k]}" for k in METRICS), file=sys.stderr)
     medians = {name: {k: statistics.median(r[k] for r in rs) for k in METRICS}
                for name, rs in runs.items()}
+    # The frameworks' own footprint, and the peak above it (the work's memory).
+    root = os.path.dirname(HERE)
+    baseline = {
+        "reference": import_rss_mb(args.peer_python, IMPORT_PROBES["reference"]),
+        "keras-txl": import_rss_mb(sys.executable,
+                                   IMPORT_PROBES["keras-txl"].format(root=root)),
+    }
+    for name, m in medians.items():
+        m["import_rss_mb"] = baseline["reference" if name == "reference" else "keras-txl"]
+        m["peak_rss_above_import_mb"] = round(m["peak_rss_mb"] - m["import_rss_mb"], 1)
     reference = medians["reference"]
-    ratios = {name: {k: round(m[k] / reference[k], 3) for k in METRICS}
+    ratios = {name: {k: round(m[k] / reference[k], 3)
+                     for k in (*METRICS, "peak_rss_above_import_mb")}
               for name, m in medians.items() if name != "reference"}
     print(json.dumps({"bench": "compare_peer", "rounds": args.rounds,
                       "seconds": round(time.time() - started), "medians": medians,
                       "ratios_to_reference": ratios, "runs": runs}))
-    header = f"{'run':<42}" + "".join(f"{k[:26]:>28}" for k in METRICS)
+    columns = (*METRICS, "import_rss_mb", "peak_rss_above_import_mb")
+    header = f"{'run':<42}" + "".join(f"{k[:26]:>28}" for k in columns)
     lines = [header]
     for name, m in medians.items():
         cells = []
-        for k in METRICS:
+        for k in columns:
             cell = f"{m[k]:.0f}"
-            if name != "reference":
+            if name != "reference" and k in ratios[name]:
                 cell += f" ({ratios[name][k]:.2f}x)"
             cells.append(f"{cell:>28}")
         lines.append(f"{name:<42}" + "".join(cells))

@@ -26,6 +26,8 @@ def relu_dropout(x, rate, seed):
     """
     import tensorflow as tf  # the only backend keras-txl runs on
 
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"`rate` must be in (0, 1), received rate={rate!r}.")
     keep = keras.random.uniform(ops.shape(x), seed=seed) >= rate
     scale = 1.0 / (1.0 - rate)
 

@@ -132,6 +132,25 @@ def test_relative_attention_matches_naive_formula(same_length):
     np.testing.assert_allclose(ops.convert_to_numpy(got), expected, atol=1e-4)
 
 
+def _attention_case(seed, T, M, same_length=False, **layer_kwargs):
+    """A built attention layer (D=8, N=2, H=4, B=2) and random inputs for it."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    B, D, N, H = 2, 8, 2, 4
+    layer = RelativeMultiHeadAttention(N, H, **layer_kwargs)
+    layer.build((B, T, D))
+    normal = lambda *shape: rng.normal(size=shape).astype("float32")  # noqa: E731
+    return dict(
+        layer=layer, query=tf.constant(normal(B, T, D)),
+        memory=tf.constant(normal(B, M, D)),
+        u=tf.Variable(normal(N, H)), v=tf.Variable(normal(N, H)),
+        R=relative_position_embedding(M + T, D),
+        mask=attention_mask(T, M, same_length, "official_tf"),
+        upstream=tf.constant(normal(B, T, D)),
+    )
+
+
 @pytest.mark.parametrize("relative,same_length", [(True, False), (True, True), (False, False)])
 def test_training_attention_recomputes_the_same_values_and_gradients(relative, same_length):
     # training=True (no dropout) takes the path that recomputes the scores
@@ -139,17 +158,9 @@ def test_training_attention_recomputes_the_same_values_and_gradients(relative, s
     # same gradients for the inputs, the memory, every weight and u, v.
     import tensorflow as tf
 
-    rng = np.random.default_rng(3)
-    B, T, M, D, N, H = 2, 5, 4, 8, 2, 4
-    layer = RelativeMultiHeadAttention(N, H, relative=relative)
-    layer.build((B, T, D))
-    q_in = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
-    mem = tf.constant(rng.normal(size=(B, M, D)).astype("float32"))
-    u = tf.Variable(rng.normal(size=(N, H)).astype("float32"))
-    v = tf.Variable(rng.normal(size=(N, H)).astype("float32"))
-    R = relative_position_embedding(M + T, D)
-    mask = attention_mask(T, M, same_length, "official_tf")
-    upstream = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
+    case = _attention_case(3, T=5, M=4, same_length=same_length, relative=relative)
+    layer, q_in, mem, u, v, R, mask, upstream = (case[k] for k in (
+        "layer", "query", "memory", "u", "v", "R", "mask", "upstream"))
     sources = [q_in, mem, u, v] + [w.value for w in layer.weights]
 
     def run(training):
@@ -179,17 +190,9 @@ def test_attention_dropout_is_recomputed_with_the_same_mask():
     # the plain path (Keras' Dropout layer) for the same generator state.
     import tensorflow as tf
 
-    rng = np.random.default_rng(8)
-    B, T, M, D, N, H = 2, 6, 5, 8, 2, 4
-    layer = RelativeMultiHeadAttention(N, H, attention_dropout=0.4)
-    layer.build((B, T, D))
-    query = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
-    memory = tf.constant(rng.normal(size=(B, M, D)).astype("float32"))
-    u = tf.constant(rng.normal(size=(N, H)).astype("float32"))
-    v = tf.constant(rng.normal(size=(N, H)).astype("float32"))
-    R = relative_position_embedding(M + T, D)
-    mask = attention_mask(T, M)
-    upstream = tf.constant(rng.normal(size=(B, T, D)).astype("float32"))
+    case = _attention_case(8, T=6, M=5, attention_dropout=0.4)
+    layer, query, memory, u, v, R, mask, upstream = (case[k] for k in (
+        "layer", "query", "memory", "u", "v", "R", "mask", "upstream"))
     generator = layer._probability_dropout.seed_generator
     start = generator.state.numpy()
 
@@ -326,6 +329,8 @@ def test_relu_dropout_values_and_gradient():
     expected = np.where(positive & kept, upstream.numpy() / (1 - rate), 0.0)
     np.testing.assert_allclose(grad, expected, rtol=1e-6)
     assert grad[0, 0] == 0.0
+    with pytest.raises(ValueError, match=r"`rate` must be in \(0, 1\), received rate=1.0"):
+        relu_dropout(x, 1.0, keras.random.SeedGenerator(7))
     # Another draw, another mask.
     again = relu_dropout(x, rate, keras.random.SeedGenerator(8)).numpy()
     assert (again != 0).sum() != kept.sum() or not np.array_equal(again != 0, kept)

@@ -185,6 +185,15 @@ def test_evaluate_with_a_longer_memory_and_other_settings():
     assert model.txl_config.memory_length == 8  # the model itself is untouched
     with pytest.raises(ValueError, match="segment_length` must be a positive integer"):
         evaluate(model, tokens, segment_length=0)
+    # The last token is only a target: still checked, with the argument named.
+    bad = tokens.copy()
+    bad[-1] = V
+    with pytest.raises(ValueError, match=r"`tokens` must be ids in \[0, 40\).*found 40"):
+        evaluate(model, bad)
+    with pytest.raises(ValueError, match="`tokens` must be a 1-D array of integer"):
+        evaluate(model, tokens.reshape(2, -1))
+    with pytest.raises(TypeError, match="`reuse` must be a dict"):
+        evaluate(model, tokens, reuse=[])
 
 
 def _evaluate_by_recomputing_the_memory(model, tokens, batch_size, T, reset=False):
@@ -229,7 +238,7 @@ def test_periodic_evaluation_reuses_one_compiled_step(use_mirrored):
     trainer.train(corpus(), valid_tokens=valid)
     evaluations = [h for h in trainer.history if h.get("split") == "valid"]
     assert [h["step"] for h in evaluations] == [2, 4, 6]
-    (eval_model, step), = trainer._eval_reuse.values()
+    (source, eval_model, step), = trainer._eval_reuse.values()
     assert eval_model is trainer.model
     assert step.experimental_get_tracing_count() == 2
     # The last result is the model's current loss on the split.
@@ -246,7 +255,8 @@ def test_evaluate_reuse_with_other_settings_follows_the_weights():
     for w in model.model_weights():
         w.assign(w.numpy() * 0.5)
     second = evaluate(model, tokens, memory_length=16, reuse=reuse)
-    (copy, step), = reuse.values()
+    (source, copy, step), = reuse.values()
+    assert source is model
     assert copy is not model and copy.txl_config.memory_length == 16
     assert step.experimental_get_tracing_count() == 2  # full + last short segment
     assert second["loss"] != first["loss"]

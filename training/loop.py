@@ -426,21 +426,39 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
                        ("same_length", same_length)):
         if value is not None and getattr(cfg, key) != value:
             changes[key] = value
-    # (The cached evaluation path never applies dropout: no copy needed for it.)
-    key = (id(model), tuple(sorted(changes.items())))
-    reuse = {} if reuse is None else reuse
-    if key not in reuse:
-        eval_model = model.with_settings(**changes) if changes else model
-        reuse[key] = (eval_model, make_eval_step(eval_model))
-    eval_model, step = reuse[key]
-    if eval_model is not model:
-        eval_model.assign_weights_from(model)  # trained since the last call
     T = cfg.segment_length if segment_length is None else segment_length
     for name, value in (("batch_size", batch_size), ("segment_length", T)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(
                 f"`{name}` must be a positive integer, received {name}={value!r}."
             )
+    if reuse is not None and not isinstance(reuse, dict):
+        raise TypeError(
+            f"`reuse` must be a dict kept by the caller (or None), received "
+            f"{type(reuse).__name__}."
+        )
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(
+            "`tokens` must be a 1-D array of integer token ids, received shape "
+            f"{tokens.shape} and dtype {tokens.dtype}."
+        )
+    V = cfg.vocabulary_size
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
+        raise ValueError(
+            f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
+        )
+    # (The cached evaluation path never applies dropout: no copy needed for it.)
+    key = tuple(sorted(changes.items()))
+    reuse = {} if reuse is None else reuse
+    source, eval_model, step = reuse.get(key, (None, None, None))
+    if source is not model:  # first call, or another model: build afresh
+        eval_model = model.with_settings(**changes) if changes else model
+        step = make_eval_step(eval_model)
+        reuse[key] = (model, eval_model, step)
+    elif eval_model is not model:
+        eval_model.assign_weights_from(model)  # trained since the last call
     streams = batchify(tokens, batch_size)
     length = streams.shape[1] - 1  # targets need one token more
     if length < 1:

@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export KERAS_BACKEND := tensorflow
 
@@ -9,10 +10,15 @@ export KERAS_BACKEND := tensorflow
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt setup.py
+# A fresh venv whenever the requirements change: never one TensorFlow wheel over another.
+# tensorflow-text and tensorflow-serving-api name the CUDA `tensorflow` wheel as a
+# dependency but run on tensorflow-cpu of the same version: installed without their deps.
+$(VENV)/.installed: requirements.txt requirements-tf-addons.txt setup.py
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[tests]"
+	$(PIP) -r requirements.txt
+	$(PIP) --no-deps -r requirements-tf-addons.txt
+	$(PIP) -e ".[tests]"
 	touch $@
 
 test: setup

@@ -6,16 +6,30 @@ from setuptools import setup
 
 HERE = pathlib.Path(__file__).parent
 
+# Which TensorFlow wheel is the user's choice (CPU-only or CUDA), as with
+# tensorflow-probability: installing one over the other clobbers files.
+TENSORFLOW_WHEELS = ("tensorflow-cpu", "tensorflow")
+TF_ADDONS = "requirements-tf-addons.txt"
 
-def _requirements():
-    lines = (HERE / "requirements.txt").read_text().splitlines()
+
+def _requirements(name):
     reqs = []
-    for line in lines:
+    for line in (HERE / name).read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             reqs.append(line)
     return reqs
 
+
+def _name(requirement):
+    for sep in "<>=!~[; ":
+        requirement = requirement.split(sep, 1)[0]
+    return requirement
+
+
+RUNTIME = _requirements("requirements.txt")
+TENSORFLOW = [r for r in RUNTIME if _name(r) in TENSORFLOW_WHEELS]
+TF_VERSION = TENSORFLOW[0][len(_name(TENSORFLOW[0])):]
 
 setup(
     name="keras-txl",
@@ -28,8 +42,12 @@ setup(
     # `training` and `export` are generic top-level names; they are listed
     # explicitly so nothing else gets swept in (see README, "Packaging").
     packages=["keras_txl", "training", "export"],
-    install_requires=_requirements(),
+    install_requires=[r for r in RUNTIME if _name(r) not in TENSORFLOW_WHEELS],
     extras_require={
+        # CPU machines: then `pip install --no-deps -r requirements-tf-addons.txt`.
+        "cpu": TENSORFLOW,
+        # GPU machines: the CUDA wheel, with which the add-ons install as they are.
+        "cuda": [f"tensorflow[and-cuda]{TF_VERSION}"] + _requirements(TF_ADDONS),
         "tests": ["pytest>=8,<10", "hypothesis>=6.100,<7"],
     },
     entry_points={"console_scripts": ["txl=keras_txl.__main__:main"]},

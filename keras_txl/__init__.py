@@ -4,6 +4,16 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+try:
+    import tensorflow  # noqa: F401
+except ImportError as error:  # the wheel is the user's choice (setup.py)
+    raise ImportError(
+        "keras-txl needs TensorFlow 2.21, which is not installed. On a CPU "
+        "machine: `pip install 'keras-txl[cpu]'` (the tensorflow-cpu wheel); "
+        "with a GPU: `pip install 'keras-txl[cuda]'`. See the README, "
+        "'Installing'."
+    ) from error
+
 from keras_txl.adaptive import AdaptiveEmbedding  # noqa: E402
 from keras_txl.adaptive import AdaptiveSoftmax  # noqa: E402
 from keras_txl.backbone import TransformerXLBackbone  # noqa: E402

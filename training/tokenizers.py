@@ -59,7 +59,17 @@ from typing import Iterable
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text as tf_text
+
+try:
+    import tensorflow_text as tf_text
+except ImportError as error:
+    raise ImportError(
+        "The tokenizers need tensorflow-text 2.21. With the tensorflow-cpu "
+        "wheel install it without its dependencies (it names the CUDA "
+        "`tensorflow` wheel, which would be put over tensorflow-cpu): "
+        "`pip install --no-deps -r requirements-tf-addons.txt`. See the "
+        "README, 'Installing'."
+    ) from error
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,54 @@
+"""Installing: a missing TensorFlow wheel or add-on is named, with the command that fixes it."""
+
+import os
+import runpy
+import subprocess
+import sys
+
+import setuptools
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_without(module):
+    """Imports keras_txl (and the tokenizers) in a process where `module` is absent."""
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
+            "import keras_txl, training.tokenizers\n")
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_missing_tensorflow_names_both_wheels():
+    result = run_without("tensorflow")
+    assert result.returncode != 0
+    assert "keras-txl needs TensorFlow 2.21" in result.stderr
+    assert "keras-txl[cpu]" in result.stderr and "keras-txl[cuda]" in result.stderr
+
+
+def test_missing_tensorflow_text_says_how_to_install_it():
+    result = run_without("tensorflow_text")
+    assert result.returncode != 0
+    assert "--no-deps -r requirements-tf-addons.txt" in result.stderr
+
+
+def setup_arguments(monkeypatch):
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    monkeypatch.chdir(REPO)
+    runpy.run_path(os.path.join(REPO, "setup.py"))
+    return captured
+
+
+def test_setup_leaves_the_tensorflow_wheel_to_the_extras(monkeypatch):
+    args = setup_arguments(monkeypatch)
+    names = [r.split(">")[0].split("[")[0] for r in args["install_requires"]]
+    assert not {"tensorflow", "tensorflow-cpu", "tensorflow-text",
+                "tensorflow-serving-api"} & set(names)
+    assert "keras" in names and "safetensors" in names
+    extras = args["extras_require"]
+    assert extras["cpu"] == ["tensorflow-cpu>=2.21,<2.22"]
+    # The CUDA route: the same TensorFlow version, the add-ons with their deps.
+    assert extras["cuda"] == ["tensorflow[and-cuda]>=2.21,<2.22",
+                              "tensorflow-text>=2.21,<2.22",
+                              "tensorflow-serving-api>=2.21,<2.22"]

@@ -21,6 +21,8 @@ from keras_txl.causal_lm import TransformerXLCausalLM  # noqa: E402
 from keras_txl.config import TransformerXLConfig  # noqa: E402
 from keras_txl.decoder_block import TransformerXLBlock  # noqa: E402
 from keras_txl.hf_checkpoint import load_hf_checkpoint  # noqa: E402
+from keras_txl.host_memory import CompiledFunction  # noqa: E402
+from keras_txl.host_memory import release_free_memory  # noqa: E402
 from keras_txl.io import load_pretrained  # noqa: E402
 from keras_txl.io import save_pretrained  # noqa: E402
 from keras_txl.memory import attention_mask  # noqa: E402
@@ -34,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveEmbedding",
     "AdaptiveSoftmax",
+    "CompiledFunction",
     "PRESETS",
     "RelativeMultiHeadAttention",
     "TransformerXLBackbone",
@@ -43,6 +46,7 @@ __all__ = [
     "attention_mask",
     "load_hf_checkpoint",
     "load_pretrained",
+    "release_free_memory",
     "save_pretrained",
     "relative_shift",
     "update_memory",

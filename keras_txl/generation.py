@@ -42,6 +42,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from keras_txl.host_memory import CompiledFunction
+
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("token", "segment")
@@ -152,14 +154,14 @@ class KerasBackend:
         # Decoding steps (T = 1) get their own trace with static shapes, so
         # the cached `W_R R` (built for K = M + 1) is used; other lengths
         # (prompt chunks, partial segments) share a shape-relaxed trace.
-        self._forward = tf.function(
+        self._forward = CompiledFunction(
             self._forward_fn, jit_compile=jit_compile, reduce_retracing=True
         )
-        self._cached_step = tf.function(self._cached_fn, jit_compile=jit_compile)
-        self._cached = tf.function(
+        self._cached_step = CompiledFunction(self._cached_fn, jit_compile=jit_compile)
+        self._cached = CompiledFunction(
             self._cached_fn, jit_compile=jit_compile, reduce_retracing=True
         )
-        self._build = tf.function(model.build_cache, jit_compile=jit_compile)
+        self._build = CompiledFunction(model.build_cache, jit_compile=jit_compile)
         self.num_traces = 0
 
     def _forward_fn(self, token_ids, memory):

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl import TransformerXLCausalLM
+from keras_txl.host_memory import CompiledFunction
 from keras_txl.io import save_pretrained
 from training.checkpoint import CheckpointManager
 from training.checkpoint import assign_tensors
@@ -162,7 +163,8 @@ class Trainer:
                 type(strategy).__name__,
             )
             jit = False
-        self._train_step = tf.function(self._train_step_fn, jit_compile=jit)
+        # Compiled once; the tracing's freed scratch goes back to the OS.
+        self._train_step = CompiledFunction(self._train_step_fn, jit_compile=jit)
         self._eval_reuse = {}  # compiled evaluation steps, kept across evaluations
         self.history = []
 
@@ -390,12 +392,11 @@ def make_eval_step(model, jit_compile=False):
     less work per segment. No dropout is applied (inference path).
     """
 
-    @tf.function(jit_compile=jit_compile)
     def step(x, y, cache):
         out = model.call_with_cache(x, cache)
         return token_nll(out["log_probs"], y), out["cache"]
 
-    return step
+    return CompiledFunction(step, jit_compile=jit_compile)
 
 
 def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,

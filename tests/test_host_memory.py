@@ -1,0 +1,90 @@
+"""Freed host memory goes back to the OS after a trace, not per step."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_txl
+from keras_txl import host_memory
+from training.config import TrainConfig
+from training.loop import Trainer
+from training.loop import evaluate
+
+
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(host_memory._MALLOC_TRIM is None or not os.path.exists("/proc/self/statm"),
+                    reason="needs glibc's malloc_trim and /proc (Linux)")
+def test_release_free_memory_returns_freed_heap_pages_to_the_os():
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = 16 * 1024  # under the mmap threshold: served from a malloc arena
+    blocks = [libc.malloc(block) for _ in range(4096)]  # 64 MB
+    for b in blocks:
+        ctypes.memset(b, 1, block)
+    pin = libc.malloc(block)  # above them: free() alone cannot shrink the heap
+    ctypes.memset(pin, 1, block)
+    for b in blocks:
+        libc.free(b)
+    before = resident_mb()
+    assert keras_txl.release_free_memory() is True
+    after = resident_mb()
+    libc.free(pin)
+    assert before - after > 32, (before, after)
+
+
+def counting_release(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host_memory, "release_free_memory", lambda: calls.append(1))
+    return calls
+
+
+def test_compiled_function_releases_once_per_new_trace(monkeypatch):
+    calls = counting_release(monkeypatch)
+    step = keras_txl.CompiledFunction(lambda x: tf.reduce_sum(x * x, axis=-1))
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    for _ in range(3):
+        np.testing.assert_allclose(step(tf.constant(x)), (x * x).sum(-1))
+    assert step.experimental_get_tracing_count() == 1 and len(calls) == 1
+    step(tf.constant(x[:, :2]))  # a new shape: one more trace, one more release
+    step(tf.constant(x[:, :2]))
+    assert step.experimental_get_tracing_count() == 2 and len(calls) == 2
+    concrete = step.get_concrete_function(tf.TensorSpec([None, 3], tf.float32))
+    np.testing.assert_allclose(concrete(tf.constant(x)), (x * x).sum(-1))
+
+
+def test_compiled_function_passes_tf_function_arguments(monkeypatch):
+    counting_release(monkeypatch)
+    spec = [tf.TensorSpec([None], tf.int32)]
+    step = keras_txl.CompiledFunction(lambda x: x + 1, input_signature=spec)
+    step(tf.constant([1, 2]))
+    step(tf.constant([1, 2, 3]))  # the signature allows any length: no retrace
+    assert step.experimental_get_tracing_count() == 1
+    with pytest.raises(TypeError):
+        step(tf.constant([1.0]))  # float32 does not match the int32 signature
+
+
+def test_training_and_evaluation_release_after_compiling_only(monkeypatch):
+    calls = counting_release(monkeypatch)
+    config = keras_txl.TransformerXLConfig(
+        vocabulary_size=16, num_layers=1, hidden_dim=8, num_heads=2, head_dim=4,
+        intermediate_dim=16, segment_length=4, memory_length=4, dropout=0.0)
+    trainer = Trainer(config, TrainConfig(batch_size=2, steps=5, warmup_steps=0),
+                      tf.distribute.get_strategy(), verbose=False)
+    tokens = np.random.default_rng(0).integers(0, 16, 400)
+    trainer.train(tokens)
+    assert len(calls) == 1  # five steps, one trace
+    evaluate(trainer.model, tokens[:42], batch_size=2)  # 2 streams of 20 targets: 5 x 4
+    assert len(calls) == 2
+    # A new step (no `reuse`) whose last segment is shorter (19 targets a
+    # stream: 4 x 4 + 3): two traces, two releases.
+    evaluate(trainer.model, tokens[:40], batch_size=2)
+    assert len(calls) == 4

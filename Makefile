@@ -1,12 +1,15 @@
 # The two commands of the README: `make demo` and `make test`. Each sets up .venv first.
+# `make bench` runs the side-by-side benchmark beside the reference (docs/benchmarks.md).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+BENCH_VENV := .venv-bench
+PEER_VENV ?= ../peer-venv
+PIP_FLAGS := --quiet --disable-pip-version-check
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export KERAS_BACKEND := tensorflow
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -16,9 +19,9 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements-tf-addons.txt setup.py
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) -r requirements.txt
-	$(PIP) --no-deps -r requirements-tf-addons.txt
-	$(PIP) -e ".[tests]"
+	$(PY) -m pip install $(PIP_FLAGS) -r requirements.txt
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps -r requirements-tf-addons.txt
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[tests]"
 	touch $@
 
 test: setup
@@ -27,5 +30,24 @@ test: setup
 demo: setup
 	$(VENV)/bin/txl demo --workdir runs/demo
 
+# What a user who trains and evaluates installs (no pytest, no matplotlib), like the
+# reference's own venv (shared/bench/README.md: torch, transformers, safetensors, numpy).
+$(BENCH_VENV)/.installed: requirements.txt requirements-tf-addons.txt setup.py
+	rm -rf $(BENCH_VENV)
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements.txt
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps -r requirements-tf-addons.txt
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .
+	touch $@
+
+$(PEER_VENV)/.installed:
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install $(PIP_FLAGS) torch==2.13.0 transformers==4.37.2 safetensors numpy
+	touch $@
+
+bench: $(BENCH_VENV)/.installed $(PEER_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/compare_peer.py --peer-python $(PEER_VENV)/bin/python \
+		--rounds 5 --ours "" --ours "--precision mixed_bfloat16"
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache

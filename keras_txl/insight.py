@@ -184,6 +184,18 @@ def by_distance(values, mask, memory_length):
 # === Pictures ===
 
 
+def require_matplotlib():
+    """Raises a clear ImportError when matplotlib (the `[plots]` extra) is absent."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "The attention pictures need matplotlib, an optional dependency of "
+            "keras-txl (Keras imports pyplot in every process where it is "
+            "installed): `pip install 'keras-txl[plots]'`."
+        ) from error
+
+
 def _figure(kind, **kwargs):
     from matplotlib.figure import Figure
 
@@ -379,6 +391,7 @@ def attention_report(model, token_ids, out_dir, layers=(0,), heads=(0,),
     Returns:
         list of the written paths.
     """
+    require_matplotlib()
     cfg = model.txl_config
     for name, values, count in (("layers", layers, cfg.num_layers),
                                 ("heads", heads, cfg.num_heads)):

@@ -5,6 +5,7 @@ import runpy
 import subprocess
 import sys
 
+import pytest
 import setuptools
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,3 +53,15 @@ def test_setup_leaves_the_tensorflow_wheel_to_the_extras(monkeypatch):
     assert extras["cuda"] == ["tensorflow[and-cuda]>=2.21,<2.22",
                               "tensorflow-text>=2.21,<2.22",
                               "tensorflow-serving-api>=2.21,<2.22"]
+    # matplotlib is optional (Keras imports pyplot wherever it is installed).
+    assert "matplotlib" not in names
+    assert extras["plots"] == ["matplotlib>=3.8,<4"]
+    assert "matplotlib>=3.8,<4" in extras["tests"]
+
+
+def test_attention_pictures_without_matplotlib_say_how_to_install_it(monkeypatch):
+    from keras_txl import insight
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"pip install 'keras-txl\[plots\]'"):
+        insight.attention_report(None, [1, 2, 3], "unused")

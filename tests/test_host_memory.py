@@ -88,3 +88,22 @@ def test_training_and_evaluation_release_after_compiling_only(monkeypatch):
     # stream: 4 x 4 + 3): two traces, two releases.
     evaluate(trainer.model, tokens[:40], batch_size=2)
     assert len(calls) == 4
+
+
+def test_keras_fit_releases_once_per_compiled_function(monkeypatch):
+    from training.fit import train_with_fit
+
+    calls = counting_release(monkeypatch)
+    config = keras_txl.TransformerXLConfig(
+        vocabulary_size=16, num_layers=1, hidden_dim=8, num_heads=2, head_dim=4,
+        intermediate_dim=16, segment_length=4, memory_length=4, dropout=0.0)
+    # 33 tokens: 2 streams of 15 targets, 3 segments of 4 an epoch; 12 steps
+    # are 4 epochs, each followed by a validation pass. The train and the
+    # test function are each compiled once: two releases in all.
+    tokens = np.random.default_rng(0).integers(0, 16, 33)
+    valid = np.random.default_rng(1).integers(0, 16, 41)
+    _, history = train_with_fit(config, TrainConfig(batch_size=2, steps=12, warmup_steps=0),
+                                tf.distribute.get_strategy(), tokens, valid_tokens=valid,
+                                verbose=0)
+    assert len(history.history["val_loss"]) == 4
+    assert len(calls) == 2

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl import TransformerXLCausalLM
+from keras_txl import host_memory
 from keras_txl.io import save_pretrained
 from training.checkpoint import CheckpointManager
 from training.checkpoint import assign_tensors
@@ -47,6 +48,30 @@ class ResetMemory(keras.callbacks.Callback):
 
     def on_test_end(self, logs=None):
         self.model.reset_memory()
+
+
+class ReleaseCompilationMemory(keras.callbacks.Callback):
+    """Returns what compiling Keras' train and test functions freed to the OS.
+
+    The `fit` counterpart of `keras_txl.CompiledFunction`: `fit` traces its
+    train function at the first batch and its test function at the first
+    validation batch; after each, `release_free_memory()` runs once.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.released = set()
+
+    def _once(self, phase):
+        if phase not in self.released:
+            self.released.add(phase)
+            host_memory.release_free_memory()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._once("train")
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._once("test")
 
 
 class CheckpointCallback(keras.callbacks.Callback):
@@ -147,8 +172,8 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
     if valid_tokens is not None:
         check_corpus(len(valid_tokens), B, T, "valid")
         valid_ds, _ = segments_dataset(valid_tokens, B, T)
-    callbacks = [ResetMemory()]
-    manager = None
+    callbacks = [ResetMemory(), ReleaseCompilationMemory()]
+    manager = checkpoint = None
     initial_epoch = 0
     if workdir:
         os.makedirs(workdir, exist_ok=True)
@@ -164,8 +189,9 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
                 assign_tensors(tensors, model, model.optimizer, source=latest)
             initial_epoch = int(state["step"]) // min(per_epoch, train_config.steps)
             logger.info("Resumed from %s (epoch %d).", latest, initial_epoch)
-        callbacks.append(CheckpointCallback(
-            manager, train_config.checkpoint_every, model_config, train_config))
+        checkpoint = CheckpointCallback(
+            manager, train_config.checkpoint_every, model_config, train_config)
+        callbacks.append(checkpoint)
         callbacks.append(keras.callbacks.TensorBoard(
             os.path.join(workdir, "tensorboard"), update_freq=train_config.log_every))
     # A Keras "epoch" is one pass over the text (or all the steps, if fewer).
@@ -176,7 +202,7 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         initial_epoch=initial_epoch, validation_data=valid_ds, shuffle=False,
         callbacks=callbacks, verbose=verbose,
     )
-    if manager is not None:
-        callbacks[1].save()
+    if checkpoint is not None:
+        checkpoint.save()
         save_pretrained(model, os.path.join(workdir, "model"), tokenizer=tokenizer)
     return model, history

@@ -2,8 +2,10 @@
 
 import os
 import runpy
+import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import setuptools
@@ -65,3 +67,26 @@ def test_attention_pictures_without_matplotlib_say_how_to_install_it(monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"pip install 'keras-txl\[plots\]'"):
         insight.attention_report(None, [1, 2, 3], "unused")
+
+
+def test_sdist_carries_what_setup_py_reads(tmp_path, monkeypatch):
+    # From a clean copy: setuptools also packs what a leftover *.egg-info lists.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "*.egg-info", "build", "dist", "runs", "__pycache__",
+        ".hypothesis", ".pytest_cache"))
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(dist)],
+                   cwd=source, check=True, capture_output=True, timeout=300)
+    (archive,) = dist.glob("keras*txl-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(dist, filter="data")
+    (unpacked,) = [p for p in dist.iterdir() if p.is_dir()]
+    for name in ("requirements.txt", "requirements-tf-addons.txt", "README.md"):
+        assert (unpacked / name).is_file(), name
+    # Its setup.py, run from the unpacked sdist alone, gives the same extras.
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    monkeypatch.chdir(unpacked)
+    runpy.run_path(str(unpacked / "setup.py"))
+    assert captured["extras_require"]["cpu"] == ["tensorflow-cpu>=2.21,<2.22"]

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from export import signatures as sig
+from export.serving_client import serving_apis
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def warmup_inputs(
 
 def make_predict_request(model_name, signature_name, inputs, version=None):
     """A `tensorflow_serving.apis.predict_pb2.PredictRequest`."""
-    from tensorflow_serving.apis import predict_pb2
+    predict_pb2 = serving_apis("predict_pb2")
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
@@ -102,7 +103,7 @@ def make_predict_request(model_name, signature_name, inputs, version=None):
 
 def write_warmup_file(path: str, requests) -> str:
     """Writes `PredictRequest`s as a TFRecord of `PredictionLog` protos."""
-    from tensorflow_serving.apis import prediction_log_pb2
+    prediction_log_pb2 = serving_apis("prediction_log_pb2")
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
@@ -116,7 +117,7 @@ def write_warmup_file(path: str, requests) -> str:
 
 def read_warmup_file(path: str) -> list:
     """The `PredictRequest`s of a warm-up file, in order."""
-    from tensorflow_serving.apis import prediction_log_pb2
+    prediction_log_pb2 = serving_apis("prediction_log_pb2")
 
     requests = []
     for record in tf.data.TFRecordDataset(path):
@@ -449,8 +450,9 @@ def _rest_handler(predictor, model_name):
 
 def _grpc_servicer(predictor, model_name):
     import grpc
-    from tensorflow_serving.apis import predict_pb2
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    predict_pb2 = serving_apis("predict_pb2")
+    prediction_service_pb2_grpc = serving_apis("prediction_service_pb2_grpc")
 
     class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         def Predict(self, request, context):  # noqa: N802 - gRPC naming
@@ -528,7 +530,8 @@ class StandInServer:
             from concurrent import futures
 
             import grpc
-            from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+            prediction_service_pb2_grpc = serving_apis("prediction_service_pb2_grpc")
 
             self._grpc = grpc.server(
                 futures.ThreadPoolExecutor(max_workers=2), options=GRPC_OPTIONS

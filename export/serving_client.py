@@ -44,6 +44,27 @@ from export.signatures import SERVING_DEFAULT
 from export.signatures import TARGETS
 from export.signatures import TOKEN_IDS
 
+
+def serving_apis(module):
+    """`tensorflow_serving.apis.<module>`, or an ImportError saying how to install it.
+
+    tensorflow-serving-api is installed `--no-deps` beside tensorflow-cpu
+    (it names the CUDA `tensorflow` wheel as a dependency), so a
+    `pip install 'keras-txl[cpu]'` does not bring it.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(f"tensorflow_serving.apis.{module}")
+    except ImportError as error:
+        raise ImportError(
+            "TF Serving requests and warm-up records need tensorflow-serving-api "
+            "2.21. With the tensorflow-cpu wheel install it without its "
+            "dependencies (they name the CUDA `tensorflow` wheel): "
+            "`pip install --no-deps 'tensorflow-serving-api>=2.21,<2.22'`. See "
+            "the README, 'Installing'."
+        ) from error
+
 REST_FORMS = ("inputs", "instances")
 # Matches export.serving.GRPC_OPTIONS (not imported: it pulls in TF).
 _GRPC_MAX_MESSAGE_BYTES = 1 << 30
@@ -197,8 +218,8 @@ class GrpcTransport:
     def __init__(self, target="localhost:8500", model_name="txl", *,
                  version=None, timeout=60.0, channel=None):
         import grpc
-        from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+        prediction_service_pb2_grpc = serving_apis("prediction_service_pb2_grpc")
         self.model_name = model_name
         self.version = version
         self.timeout = timeout
@@ -214,7 +235,8 @@ class GrpcTransport:
 
     def make_request(self, signature_name, inputs):
         import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
+
+        predict_pb2 = serving_apis("predict_pb2")
 
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.model_name

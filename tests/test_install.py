@@ -32,7 +32,23 @@ def test_missing_tensorflow_names_both_wheels():
 def test_missing_tensorflow_text_says_how_to_install_it():
     result = run_without("tensorflow_text")
     assert result.returncode != 0
-    assert "--no-deps -r requirements-tf-addons.txt" in result.stderr
+    assert "pip install --no-deps 'tensorflow-text>=2.21,<2.22'" in result.stderr
+
+
+def test_missing_serving_api_says_how_to_install_it(monkeypatch):
+    from export import serving
+
+    # Absent, even where an earlier test has imported it (sys.modules caches
+    # each submodule on its own).
+    for name in ("tensorflow_serving", "tensorflow_serving.apis",
+                 "tensorflow_serving.apis.predict_pb2",
+                 "tensorflow_serving.apis.prediction_log_pb2"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=r"pip install --no-deps "
+                       r"'tensorflow-serving-api>=2\.21,<2\.22'"):
+        serving.make_predict_request("txl", "serving_default", {})
+    with pytest.raises(ImportError, match="tensorflow-serving-api"):
+        serving.read_warmup_file("unused")
 
 
 def setup_arguments(monkeypatch):

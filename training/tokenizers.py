@@ -67,8 +67,9 @@ except ImportError as error:
         "The tokenizers need tensorflow-text 2.21. With the tensorflow-cpu "
         "wheel install it without its dependencies (it names the CUDA "
         "`tensorflow` wheel, which would be put over tensorflow-cpu): "
-        "`pip install --no-deps -r requirements-tf-addons.txt`. See the "
-        "README, 'Installing'."
+        "`pip install --no-deps 'tensorflow-text>=2.21,<2.22'` (in a "
+        "checkout: `pip install --no-deps -r requirements-tf-addons.txt`). "
+        "See the README, 'Installing'."
     ) from error
 
 logger = logging.getLogger(__name__)

@@ -16,15 +16,15 @@ setup: $(VENV)/.installed
 # A fresh venv whenever the requirements change: never one TensorFlow wheel over another.
 # tensorflow-text and tensorflow-serving-api name the CUDA `tensorflow` wheel as a
 # dependency but run on tensorflow-cpu of the same version: installed without their deps.
-$(VENV)/.installed: requirements.txt requirements-tf-addons.txt setup.py
+$(VENV)/.installed: pyproject.toml requirements-tf-addons.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install $(PIP_FLAGS) -r requirements.txt
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[cpu,tests]"
 	$(PY) -m pip install $(PIP_FLAGS) --no-deps -r requirements-tf-addons.txt
-	$(PY) -m pip install $(PIP_FLAGS) -e ".[tests]"
 	touch $@
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests
 
 demo: setup
@@ -32,12 +32,11 @@ demo: setup
 
 # What a user who trains and evaluates installs (no pytest, no matplotlib), like the
 # reference's own venv (shared/bench/README.md: torch, transformers, safetensors, numpy).
-$(BENCH_VENV)/.installed: requirements.txt requirements-tf-addons.txt setup.py
+$(BENCH_VENV)/.installed: pyproject.toml requirements-tf-addons.txt
 	rm -rf $(BENCH_VENV)
 	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements.txt
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -e ".[cpu]"
 	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps -r requirements-tf-addons.txt
-	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .
 	touch $@
 
 $(PEER_VENV)/.installed:

@@ -1,6 +1,6 @@
 """Peak RSS of a long evaluation: flat as the number of segments grows.
 
-Runs `training.loop.evaluate` over N segments (memory carried, a long test-time memory)
+Runs `keras_txl.training.loop.evaluate` over N segments (memory carried, a long test-time memory)
 in a fresh process for each N, and reports each process's peak resident set size. A leak
 per segment (a retrace, a growing Python list of tensors, the memory round-tripping to the
 host and piling up) would show as RSS growing with N.
@@ -28,7 +28,7 @@ def child(segments, memory_length, segment_length):
     import numpy as np
 
     import keras_txl
-    from training.loop import evaluate
+    from keras_txl.training.loop import evaluate
 
     config = keras_txl.TransformerXLConfig.from_preset(
         "char_small", memory_length=memory_length, dropout=0.0)

@@ -95,7 +95,7 @@ def main(argv=None):
 
     from keras_txl import TransformerXLCausalLM
     from keras_txl import TransformerXLConfig
-    from training.loop import make_eval_step
+    from keras_txl.training.loop import make_eval_step
 
     keras.utils.set_random_seed(0)
     cfg = dict(MODEL, num_layers=args.layers, hidden_dim=args.hidden,

@@ -2,7 +2,7 @@
 
 Four byte-level models of the same size (4 layers, d 128, 4 heads x 32, d_inner 512,
 ~0.9M parameters, T = 64) trained the same way on the offline standard-library docstring
-corpus (`training.corpora.prepare_stdlib_docs`, ~1.7M characters of real English):
+corpus (`keras_txl.training.corpora.prepare_stdlib_docs`, ~1.7M characters of real English):
 
     xl        relative encoding, recurrence (M = 64)       Transformer-XL
     abs_rec   absolute sinusoid per segment, recurrence    "absolute instead of relative"
@@ -76,7 +76,7 @@ def read_json(path):
 
 # --- train ------------------------------------------------------------------
 def train(args):
-    from training.corpora import prepare_stdlib_docs
+    from keras_txl.training.corpora import prepare_stdlib_docs
 
     p = paths(args.root)
     prepare_stdlib_docs(p["corpus"])
@@ -148,9 +148,9 @@ def eval_jobs(variant, trained_memory, memories):
 def evaluate_all(args):
     import numpy as np
 
-    from training.loop import evaluate
-    from training.recl import context_losses
-    from training.recl import evaluation_model
+    from keras_txl.training.loop import evaluate
+    from keras_txl.training.recl import context_losses
+    from keras_txl.training.recl import evaluation_model
 
     p = paths(args.root)
     key = lambda r: (r["variant"], r["protocol"], r["memory"], r["same_length"],  # noqa: E731
@@ -219,10 +219,10 @@ RECL_GROUPS = {
 def recl(args):
     import numpy as np
 
-    from training.recl import evaluation_model
-    from training.recl import loss_table
-    from training.recl import recl_table
-    from training.recl import spread_targets
+    from keras_txl.training.recl import evaluation_model
+    from keras_txl.training.recl import loss_table
+    from keras_txl.training.recl import recl_table
+    from keras_txl.training.recl import spread_targets
 
     p = paths(args.root)
     eval_rows = read_json(os.path.join(p["results"], "eval.json"))
@@ -301,9 +301,9 @@ def recl(args):
 def reach(args):
     import numpy as np
 
-    from training.recl import evaluation_model
-    from training.recl import perturbation_reach
-    from training.recl import recurrence_reach
+    from keras_txl.training.recl import evaluation_model
+    from keras_txl.training.recl import perturbation_reach
+    from keras_txl.training.recl import recurrence_reach
 
     p = paths(args.root)
     model = load_model(args.root, "xl")

@@ -3,9 +3,9 @@
 Mirrors `shared/bench/bench_hf_torch.py` (Hugging Face PyTorch TransfoXL): vocab 256, plain
 softmax, d_model 256, 8 heads x 32, d_inner 1024, 6 layers, segment 128, memory 128, batch 8,
 dropout 0.1, Adam lr 2.5e-4, 2 threads, 3 warm-up + 10 timed steps, memory carried between
-steps. Training is the library's own training step (`training.loop.Trainer`, the memory kept
+steps. Training is the library's own training step (`keras_txl.training.loop.Trainer`, the memory kept
 as loop state on the device); evaluation is the library's evaluation step
-(`training.loop.make_eval_step`: per-token NLL of the targets, the memory carried as its
+(`keras_txl.training.loop.make_eval_step`: per-token NLL of the targets, the memory carried as its
 key/value cache). Also measures this machine's fp32 matmul peak and reports MFU against it.
 
 Prints one JSON line (the reference's keys plus `mfu`, `matmul_peak_gflops` ...) and a table.
@@ -88,9 +88,9 @@ def main(argv=None):
 
     import keras_txl
     rss_after_import = peak_rss_mb()  # the framework's own footprint
-    from training.config import TrainConfig
-    from training.loop import Trainer
-    from training.loop import make_eval_step
+    from keras_txl.training.config import TrainConfig
+    from keras_txl.training.loop import Trainer
+    from keras_txl.training.loop import make_eval_step
 
     config = keras_txl.TransformerXLConfig(**CONFIG)
     train_config = TrainConfig(batch_size=BATCH, learning_rate=2.5e-4, warmup_steps=0,

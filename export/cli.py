@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     written = []
     try:
         if args.format in ("saved_model", "all"):
-            from export.saved_model import export_saved_model
+            from keras_txl.export.saved_model import export_saved_model
 
             written.append(export_saved_model(
                 model, args.out, name=args.name, version=args.version,
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
             ))
         if args.format in ("tflite", "all"):
-            from export.tflite import export_tflite
+            from keras_txl.export.tflite import export_tflite
 
             path = os.path.join(
                 args.out, tflite_file_name(args.name, args.quantize, args.stateful)
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    """Stand-alone entry point: `python -m export.cli ...`."""
+    """Stand-alone entry point: `python -m keras_txl.export.cli ...`."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = add_arguments(argparse.ArgumentParser(prog="txl export"))
     return run(parser.parse_args(argv))

@@ -27,8 +27,9 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from export import serving
-from export import signatures as sig
+from keras_txl import checks
+from keras_txl.export import serving
+from keras_txl.export import signatures as sig
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +51,6 @@ def default_mode(directory=False):
     return (0o777 if directory else 0o666) & ~_umask()
 
 
-def _check_positive(name, value, allow_none=True):
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive integer{' or None' if allow_none else ''}"
-            f", received {name}={value!r}."
-        )
 
 
 def pure_model(model):
@@ -198,9 +191,9 @@ def export_saved_model(
     model = pure_model(model)
     if not isinstance(name, str) or not name or os.sep in name or name in (".", ".."):
         raise ValueError(f"`name` must be a plain folder name, received {name!r}.")
-    _check_positive("version", version, allow_none=False)
-    _check_positive("batch_size", batch_size)
-    _check_positive("segment_length", segment_length)
+    checks.positive_int("version", version, allow_none=False)
+    checks.positive_int("batch_size", batch_size, allow_none=True)
+    checks.positive_int("segment_length", segment_length, allow_none=True)
     base = os.path.join(out_dir, name)
     final = os.path.join(base, str(version))
     if os.path.exists(final) and not overwrite:

@@ -33,16 +33,16 @@ import urllib.request
 
 import numpy as np
 
-from export.signatures import BATCH_SIZE
-from export.signatures import INITIAL_MEMORY
-from export.signatures import LOG_PROBS
-from export.signatures import MEMORY
-from export.signatures import NEXT_TOKEN
-from export.signatures import NLL
-from export.signatures import SCORE
-from export.signatures import SERVING_DEFAULT
-from export.signatures import TARGETS
-from export.signatures import TOKEN_IDS
+from keras_txl.export.signatures import BATCH_SIZE
+from keras_txl.export.signatures import INITIAL_MEMORY
+from keras_txl.export.signatures import LOG_PROBS
+from keras_txl.export.signatures import MEMORY
+from keras_txl.export.signatures import NEXT_TOKEN
+from keras_txl.export.signatures import NLL
+from keras_txl.export.signatures import SCORE
+from keras_txl.export.signatures import SERVING_DEFAULT
+from keras_txl.export.signatures import TARGETS
+from keras_txl.export.signatures import TOKEN_IDS
 
 
 def serving_apis(module):
@@ -66,7 +66,7 @@ def serving_apis(module):
         ) from error
 
 REST_FORMS = ("inputs", "instances")
-# Matches export.serving.GRPC_OPTIONS (not imported: it pulls in TF).
+# Matches keras_txl.export.serving.GRPC_OPTIONS (not imported: it pulls in TF).
 _GRPC_MAX_MESSAGE_BYTES = 1 << 30
 
 

@@ -40,15 +40,16 @@ import tempfile
 
 import numpy as np
 
-from export.signatures import LOG_PROBS
-from export.signatures import MEMORY
-from export.signatures import NEXT_TOKEN
-from export.signatures import NLL
-from export.signatures import RESET
-from export.signatures import SCORE
-from export.signatures import SERVING_DEFAULT
-from export.signatures import TARGETS
-from export.signatures import TOKEN_IDS
+from keras_txl import checks
+from keras_txl.export.signatures import LOG_PROBS
+from keras_txl.export.signatures import MEMORY
+from keras_txl.export.signatures import NEXT_TOKEN
+from keras_txl.export.signatures import NLL
+from keras_txl.export.signatures import RESET
+from keras_txl.export.signatures import SCORE
+from keras_txl.export.signatures import SERVING_DEFAULT
+from keras_txl.export.signatures import TARGETS
+from keras_txl.export.signatures import TOKEN_IDS
 
 QUANTIZATIONS = ("none", "float16", "dynamic_int8")
 
@@ -139,7 +140,7 @@ def _write_bytes(path, data):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        from export.saved_model import default_mode
+        from keras_txl.export.saved_model import default_mode
 
         os.chmod(tmp, default_mode())
         os.replace(tmp, path)
@@ -154,8 +155,8 @@ def _tflite_saved_model(model, directory, batch_size, segment_length, stateful):
     signature names."""
     import tensorflow as tf
 
-    from export import saved_model
-    from export import signatures as sig
+    from keras_txl.export import saved_model
+    from keras_txl.export import signatures as sig
 
     if stateful:
         memory = tf.Variable(
@@ -195,10 +196,10 @@ def export_tflite_variants(
     Returns:
         `out_paths`.
     """
-    from export import saved_model
+    from keras_txl.export import saved_model
 
-    saved_model._check_positive("batch_size", batch_size, allow_none=False)
-    saved_model._check_positive("segment_length", segment_length, allow_none=False)
+    checks.positive_int("batch_size", batch_size, allow_none=False)
+    checks.positive_int("segment_length", segment_length, allow_none=False)
     unknown = sorted(set(out_paths) - set(QUANTIZATIONS))
     if unknown or not out_paths:
         raise ValueError(

@@ -13,16 +13,6 @@ V vocabulary, C number of tail clusters.
 import keras
 from keras import ops
 
-NEG_INF = -3.4028234663852886e38
-
-
-def cluster_has_projection(config, i):
-    """Whether cluster i maps between its width and hidden_dim."""
-    width = config.cluster_embedding_dim(i)
-    if config.div_val == 1:
-        return width != config.hidden_dim
-    return config.project_same_dim or width != config.hidden_dim
-
 
 @keras.saving.register_keras_serializable(package="keras_txl")
 class AdaptiveEmbedding(keras.layers.Layer):
@@ -69,7 +59,7 @@ class AdaptiveEmbedding(keras.layers.Layer):
                     initializer=table_init,
                 )
             )
-            if cluster_has_projection(cfg, i):
+            if cfg.cluster_has_projection(i):
                 self.projections.append(
                     self.add_weight(
                         name=f"projection_{i}", shape=(width, cfg.hidden_dim),
@@ -170,7 +160,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
             )
         ties = cfg.resolved_tie_projections
         for i in range(cfg.num_clusters + 1):
-            if cluster_has_projection(cfg, i) and not ties[i]:
+            if cfg.cluster_has_projection(i) and not ties[i]:
                 self.own_projections.append(
                     self.add_weight(
                         name=f"projection_{i}",
@@ -209,7 +199,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
             else:
                 table = tables[i]
                 shared = embedding_projections[i]
-            if not cluster_has_projection(cfg, i):
+            if not cfg.cluster_has_projection(i):
                 projection = None
             elif ties[i]:
                 projection = shared

@@ -4,8 +4,8 @@ Shape legend: B batch, T segment, L num_layers, M memory_length,
 D hidden_dim, V vocabulary_size.
 """
 
-import numpy as np
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 

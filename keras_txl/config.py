@@ -120,10 +120,15 @@ class TransformerXLConfig:
             return self.resolved_embedding_dim
         return self.resolved_embedding_dim // (self.div_val**i)
 
+    def cluster_has_projection(self, i: int) -> bool:
+        """Whether cluster i maps between its width and hidden_dim."""
+        width = self.cluster_embedding_dim(i)
+        if self.div_val == 1:
+            return width != self.hidden_dim
+        return self.project_same_dim or width != self.hidden_dim
+
     def num_parameters(self) -> int:
         """Trainable parameters, counted from the shapes (no model built)."""
-        from keras_txl.adaptive import cluster_has_projection
-
         D, E = self.hidden_dim, self.resolved_embedding_dim
         NH = self.num_heads * self.resolved_head_dim
         V = self.vocabulary_size
@@ -135,7 +140,7 @@ class TransformerXLConfig:
             for i, (start, end) in enumerate(self.cluster_bounds):
                 width = self.cluster_embedding_dim(i)
                 tables += (end - start) * width
-                if cluster_has_projection(self, i):
+                if self.cluster_has_projection(i):
                     projections += width * D
         block = 5 * NH * D + 4 * D  # qkv (3), r, o; two LayerNorms
         block += 2 * D * self.intermediate_dim + self.intermediate_dim + D
@@ -147,7 +152,7 @@ class TransformerXLConfig:
         softmax = V + self.num_clusters * (self.cluster_embedding_dim(0) + 1)
         ties = self.resolved_tie_projections
         for i in range(self.num_clusters + 1):
-            if cluster_has_projection(self, i) and not ties[i]:
+            if self.cluster_has_projection(i) and not ties[i]:
                 softmax += self.cluster_embedding_dim(i) * D
         if not self.tie_embeddings:
             softmax += tables

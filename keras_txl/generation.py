@@ -8,11 +8,13 @@ backends through the same small interface:
   projected keys/values of the memory (and `W_R R`) between steps and
   projects only the new position; `use_cache=False` re-runs
   `call_with_memory` (the reference path). Both give the same log-probs.
-- `SavedModelBackend(path)`: an exported SavedModel, through its
-  `next_token(token_ids, memory) -> {log_probs (B, V), memory}` signature.
-- `TFLiteBackend(runner)`: a stateless TFLite model through the same
-  `next_token` signature (or `serving_default` for a padded segment), run
-  by `export.tflite.TFLiteRunner`.
+- `keras_txl.export.generation.SavedModelBackend(path)`: an exported
+  SavedModel, through its `next_token(token_ids, memory) -> {log_probs
+  (B, V), memory}` signature.
+- `keras_txl.export.generation.TFLiteBackend(runner)`: a stateless TFLite
+  model through the same `next_token` signature (or `serving_default` for a
+  padded segment). Both live with the export code: the model package never
+  imports it.
 
 Two schedules decide which tokens each call sees:
 
@@ -35,9 +37,7 @@ Shape legend: B batch (1 here), T segment, L num_layers, M memory_length,
 D hidden_dim, V vocabulary_size.
 """
 
-import json
 import logging
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -48,14 +48,6 @@ logger = logging.getLogger(__name__)
 
 SCHEDULES = ("token", "segment")
 
-# The export contract (export/signatures.py); repeated here because the
-# model package never imports export/.
-_NEXT_TOKEN = "next_token"
-_SERVING_DEFAULT = "serving_default"
-_TOKEN_IDS = "token_ids"
-_MEMORY = "memory"
-_LOG_PROBS = "log_probs"
-_ASSETS_EXTRA = "assets.extra"
 
 
 # === Sampling ===
@@ -200,159 +192,6 @@ class KerasBackend:
         log_probs, cache = step(token_ids, cache)
         # The memory stays inside the cache (stacked only on request).
         return log_probs.numpy()[position], {"memory": None, "cache": cache}
-
-
-def _version_folder(path):
-    """A SavedModel version folder from itself or its base (highest)."""
-    if os.path.isfile(os.path.join(path, "saved_model.pb")):
-        return path
-    versions = sorted(
-        (int(name) for name in os.listdir(path) if name.isdigit()
-         and os.path.isfile(os.path.join(path, name, "saved_model.pb"))),
-    ) if os.path.isdir(path) else []
-    if not versions:
-        raise ValueError(
-            f"{path!r} is not a SavedModel: expected saved_model.pb in it or "
-            "in a numbered version folder under it (txl export --format "
-            "saved_model writes <out>/<name>/<version>/)."
-        )
-    return os.path.join(path, str(versions[-1]))
-
-
-class SavedModelBackend:
-    """Runs an exported SavedModel through its `next_token` signature.
-
-    Args:
-        path: str. The version folder (`<out>/txl/1`) or the model base
-            folder (`<out>/txl`, its highest version is used).
-
-    Attributes:
-        directory: the version folder.
-        config: the `TransformerXLConfig` exported with it.
-        tokenizer_dir: `assets.extra/tokenizer` if exported, else None.
-    """
-
-    def __init__(self, path):
-        from keras_txl.config import TransformerXLConfig
-
-        self.directory = _version_folder(path)
-        extra = os.path.join(self.directory, _ASSETS_EXTRA)
-        config_path = os.path.join(extra, "config.json")
-        if not os.path.isfile(config_path):
-            raise ValueError(
-                f"No {config_path}: not a keras-txl SavedModel export."
-            )
-        self.config = TransformerXLConfig.from_json(config_path)
-        self.vocabulary_size = self.config.vocabulary_size
-        info = {}
-        info_path = os.path.join(extra, "export.json")
-        if os.path.isfile(info_path):
-            with open(info_path) as f:
-                info = json.load(f)
-        self.batch_size = info.get("batch_size") or 1
-        self.segment_length = info.get("segment_length")
-        tokenizer = os.path.join(extra, "tokenizer")
-        self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
-        self._module = tf.saved_model.load(self.directory)
-        missing = [n for n in (_NEXT_TOKEN, _SERVING_DEFAULT)
-                   if n not in self._module.signatures]
-        if missing:
-            raise ValueError(
-                f"The SavedModel in {self.directory} has no {missing} "
-                f"signature(s) (found {sorted(self._module.signatures)})."
-            )
-        self._next_token = self._module.signatures[_NEXT_TOKEN]
-        self._serving_default = self._module.signatures[_SERVING_DEFAULT]
-
-    def initial_state(self, memory=None):
-        cfg = self.config
-        if memory is None:
-            memory = np.zeros(
-                (1, cfg.num_layers, cfg.memory_length, cfg.hidden_dim),
-                np.float32,
-            )
-        return tf.convert_to_tensor(
-            np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
-        )
-
-    def run(self, token_ids, state, position=-1):
-        token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
-        last = position in (-1, token_ids.shape[1] - 1)
-        signature = self._next_token if last else self._serving_default
-        out = signature(**{_TOKEN_IDS: tf.constant(token_ids), _MEMORY: state})
-        log_probs = out[_LOG_PROBS].numpy()[0]  # (V,) or (T, V)
-        if not last:
-            log_probs = log_probs[position]
-        return log_probs, out[_MEMORY]
-
-
-class TFLiteBackend:
-    """Runs a stateless TFLite export (fixed B and T) with the memory.
-
-    Args:
-        runner: an `export.tflite.TFLiteRunner` (or an object with its
-            `run(signature, **inputs)`, `batch_size`, `segment_length`,
-            `vocabulary_size`, `memory_shape` and `stateful`).
-
-    A model exported with T = 1 runs the "token" schedule through
-    `next_token`; one with T > 1 runs the "segment" schedule, padding the
-    current segment to T and reading the log-probs of its last real
-    position from `serving_default`.
-    """
-
-    def __init__(self, runner):
-        if getattr(runner, "stateful", False):
-            raise ValueError(
-                "Generation needs the stateless TFLite model (memory in and "
-                "out): the stateful one cannot re-run a partial segment. "
-                "Export without --stateful."
-            )
-        self.runner = runner
-        self.batch_size = runner.batch_size
-        self.segment_length = runner.segment_length
-        self.vocabulary_size = runner.vocabulary_size
-        self.memory_shape = tuple(runner.memory_shape)
-        self.tokenizer_dir = None
-
-    @classmethod
-    def from_file(cls, path, num_threads=None):
-        """Opens a .tflite file written by `txl export --format tflite`.
-
-        Uses `export.tflite.TFLiteRunner` (imported here, lazily, so the
-        model package keeps working without export/). The tokenizer
-        exported beside the file, if any, is in `tokenizer_dir`.
-        """
-        if not os.path.isfile(path):
-            raise ValueError(f"No TFLite file {path!r}.")
-        from export.tflite import TFLiteRunner
-
-        backend = cls(TFLiteRunner(path, num_threads=num_threads))
-        tokenizer = os.path.join(os.path.dirname(os.path.abspath(path)),
-                                 "tokenizer")
-        backend.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
-        return backend
-
-    def initial_state(self, memory=None):
-        if memory is None:
-            return np.zeros(self.memory_shape, np.float32)
-        return np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
-
-    def run(self, token_ids, state, position=-1):
-        token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
-        if token_ids.shape[1] != self.segment_length:
-            raise ValueError(
-                f"This TFLite model takes segments of exactly "
-                f"{self.segment_length} tokens, received {token_ids.shape[1]}."
-            )
-        last = position in (-1, token_ids.shape[1] - 1)
-        signature = _NEXT_TOKEN if last else _SERVING_DEFAULT
-        out = self.runner.run(
-            signature, **{_TOKEN_IDS: token_ids, _MEMORY: state}
-        )
-        log_probs = out[_LOG_PROBS][0]  # (V,) or (T, V)
-        if not last:
-            log_probs = log_probs[position]
-        return log_probs, out[_MEMORY]
 
 
 def as_backend(model, use_cache=True):
@@ -596,7 +435,7 @@ def generate_text(model_dir, prompt, max_new_tokens=200, **kwargs):
     """
     from keras_txl.io import load_pretrained
     from keras_txl.io import tokenizer_directory
-    from training.tokenizers import load_tokenizer
+    from keras_txl.tokenizers import load_tokenizer
 
     model = load_pretrained(model_dir)
     directory = tokenizer_directory(model_dir)

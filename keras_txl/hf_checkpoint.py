@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from keras_txl.config import TransformerXLConfig
+from keras_txl.weights_file import read_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -65,22 +66,6 @@ def config_from_hf(hf: dict) -> TransformerXLConfig:
         init_std=float(hf.get("init_std", 0.02)),
         projection_init_std=float(hf.get("proj_init_std", 0.01)),
     )
-
-
-def _read_safetensors(path):
-    try:
-        from safetensors.numpy import load_file
-    except ImportError as e:  # pragma: no cover - a declared dependency
-        raise ImportError("Reading checkpoints needs `safetensors`.") from e
-    if not os.path.exists(path):
-        raise ValueError(f"No weights file at {path!r}.")
-    try:
-        return load_file(path)
-    except Exception as e:  # safetensors raises its own error types
-        raise ValueError(
-            f"Could not read {path!r} as safetensors (truncated or corrupted "
-            f"file?): {e}"
-        ) from None
 
 
 class _StateDict:
@@ -276,7 +261,7 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, **changes):
     if changes:
         config = config.replace(**changes)
     weights_path = os.path.join(directory, "model.safetensors")
-    tensors = _read_safetensors(weights_path)
+    tensors = read_safetensors(weights_path)
     model = TransformerXLCausalLM(
         config, stateful=stateful, batch_size=batch_size
     )

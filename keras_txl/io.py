@@ -7,7 +7,6 @@ temporary name and renamed, so a killed writer never leaves a half file
 under the final name.
 """
 
-import json
 import os
 import shutil
 import tempfile
@@ -91,12 +90,12 @@ def load_pretrained(directory, stateful=False, batch_size=None, **changes):
             weights that do not fit the config.
     """
     from keras_txl.causal_lm import TransformerXLCausalLM
-    from keras_txl.hf_checkpoint import _read_safetensors
+    from keras_txl.weights_file import read_safetensors
 
     config = load_config(directory)
     if changes:
         config = config.replace(**changes)
-    tensors = _read_safetensors(os.path.join(directory, WEIGHTS_FILE))
+    tensors = read_safetensors(os.path.join(directory, WEIGHTS_FILE))
     model = TransformerXLCausalLM(config, stateful=stateful, batch_size=batch_size)
     expected = {w.path: w for w in model.model_weights()}
     missing = sorted(set(expected) - set(tensors))
@@ -123,8 +122,3 @@ def tokenizer_directory(directory):
     """The tokenizer folder saved beside a model, or None."""
     path = os.path.join(directory, TOKENIZER_DIR)
     return path if os.path.isdir(path) else None
-
-
-def read_json(path):
-    with open(path) as f:
-        return json.load(f)

@@ -9,8 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from training import corpora
-from training import tokenizers
+from keras_txl import tokenizers
+from keras_txl.training import corpora
 
 
 def _write_splits(folder, names, texts):

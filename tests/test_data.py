@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from training import data
+from keras_txl.training import data
 
 
 def _batches(dataset):
@@ -185,7 +185,7 @@ def test_mirrored_strategy_gives_each_replica_its_row_block_every_step():
         ),
         (
             lambda: data.lm_dataset(np.arange(1000), 0, 10),
-            "`batch_size` must be a positive integer (>= 1). Received: "
+            "`batch_size` must be a positive integer. Received: "
             "batch_size=0",
         ),
         (

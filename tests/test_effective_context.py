@@ -13,8 +13,8 @@ import pytest
 
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
-from training.recl import perturbation_reach
-from training.recl import recurrence_reach
+from keras_txl.training.recl import perturbation_reach
+from keras_txl.training.recl import recurrence_reach
 
 
 def model_for(layers, memory, segment, same_length=False, convention="official_tf"):

@@ -21,10 +21,10 @@ import pytest
 import tensorflow as tf
 
 import keras_txl
-from export import cli
-from export import saved_model
-from export import serving
-from export import signatures as sig
+from keras_txl.export import cli
+from keras_txl.export import saved_model
+from keras_txl.export import serving
+from keras_txl.export import signatures as sig
 from tests.conftest import SHARED_FIXTURES
 
 HF = SHARED_FIXTURES / "hf_transfo_xl_tiny"

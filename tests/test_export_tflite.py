@@ -1,7 +1,7 @@
 """TFLite export: builtin ops only, fresh-process parity, stateful, quantized.
 
 The .tflite files are run in a new Python process that imports only
-`ai_edge_litert`, numpy and `export.tflite` (no TensorFlow), chained over
+`ai_edge_litert`, numpy and `keras_txl.export.tflite` (no TensorFlow), chained over
 three segments, and compared here with `call_with_memory`.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import keras_txl
-from export import cli
-from export import signatures as sig
-from export import tflite
+from keras_txl.export import cli
+from keras_txl.export import signatures as sig
+from keras_txl.export import tflite
 from tests.conftest import REPO
 from tests.conftest import SHARED_FIXTURES
 
@@ -31,7 +31,7 @@ FRESH_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
 import numpy as np
-from export.tflite import TFLiteRunner, run_tflite
+from keras_txl.export.tflite import TFLiteRunner, run_tflite
 
 for job in json.loads(sys.argv[1]):
     runner = TFLiteRunner(job["path"])

@@ -12,7 +12,8 @@ import tensorflow as tf
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
 from keras_txl import generation
-from keras_txl.__main__ import main
+from keras_txl.cli import main
+from keras_txl.export import generation as export_generation
 from tests.conftest import SHARED_FIXTURES
 
 V, T, M, B = 11, 4, 3, 2
@@ -175,7 +176,7 @@ def test_generate_rejects_bad_inputs():
 
 
 def test_text_stream_holds_back_incomplete_characters():
-    from training.tokenizers import ByteTokenizer
+    from keras_txl.tokenizers import ByteTokenizer
 
     tokenizer = ByteTokenizer()
     stream = generation.TextStream(tokenizer, tokenizer.encode("caf"))
@@ -210,10 +211,10 @@ class Recording:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A tiny model trained on a repeated phrase, saved and exported."""
-    from export.saved_model import export_saved_model
-    from export.tflite import export_tflite
+    from keras_txl.export.saved_model import export_saved_model
+    from keras_txl.export.tflite import export_tflite
     from keras_txl.io import save_pretrained
-    from training.tokenizers import CharTokenizer
+    from keras_txl.tokenizers import CharTokenizer
 
     keras.utils.set_random_seed(0)
     tokenizer = CharTokenizer.fit([CYCLE])
@@ -269,7 +270,7 @@ def test_greedy_is_identical_on_keras_saved_model_and_tflite(exported):
     assert len(set(cached.tolist())) == len(CYCLE)  # not a fixed point
     uncached, uncached_lp = greedy(
         generation.KerasBackend(model, use_cache=False), prompt)
-    saved, saved_lp = greedy(generation.SavedModelBackend(exported["saved"]),
+    saved, saved_lp = greedy(export_generation.SavedModelBackend(exported["saved"]),
                              prompt)
     for tokens, log_probs in ((uncached, uncached_lp), (saved, saved_lp)):
         np.testing.assert_array_equal(tokens, cached)
@@ -279,7 +280,7 @@ def test_greedy_is_identical_on_keras_saved_model_and_tflite(exported):
     keras_4, keras_4_lp = greedy(generation.KerasBackend(model), prompt,
                                  schedule="segment")
     tflite_4, tflite_4_lp = greedy(
-        generation.TFLiteBackend.from_file(exported["tflite_4"]), prompt)
+        export_generation.TFLiteBackend.from_file(exported["tflite_4"]), prompt)
     np.testing.assert_array_equal(tflite_4, keras_4)
     np.testing.assert_allclose(tflite_4_lp, keras_4_lp, atol=1e-4)
     np.testing.assert_array_equal(keras_4, cached)  # a well-learned phrase
@@ -287,7 +288,7 @@ def test_greedy_is_identical_on_keras_saved_model_and_tflite(exported):
 
 @pytest.mark.large
 def test_greedy_is_identical_on_keras_and_a_tflite_model_with_t_1(exported):
-    from export.tflite import export_tflite
+    from keras_txl.export.tflite import export_tflite
 
     model, tokenizer = exported["model"], exported["tokenizer"]
     path = export_tflite(model, str(exported["out"] / "t1" / "txl.tflite"),
@@ -297,7 +298,7 @@ def test_greedy_is_identical_on_keras_and_a_tflite_model_with_t_1(exported):
     # next_token), as in Keras with segment_length=1.
     expected, expected_lp = greedy(generation.KerasBackend(model), prompt,
                                    segment_length=1)
-    tokens, log_probs = greedy(generation.TFLiteBackend.from_file(path), prompt)
+    tokens, log_probs = greedy(export_generation.TFLiteBackend.from_file(path), prompt)
     np.testing.assert_array_equal(tokens, expected)
     np.testing.assert_allclose(log_probs, expected_lp, atol=1e-4)
 
@@ -308,8 +309,8 @@ def test_sampling_with_a_seed_is_identical_across_backends(exported):
     kwargs = dict(temperature=4.0, top_k=5, seed=3, schedule="segment")
     expected = generation.generate(model, prompt, 20, **kwargs)
     assert len(set(expected.tolist())) > 1
-    for backend in (generation.SavedModelBackend(exported["saved"]),
-                    generation.TFLiteBackend.from_file(exported["tflite_4"])):
+    for backend in (export_generation.SavedModelBackend(exported["saved"]),
+                    export_generation.TFLiteBackend.from_file(exported["tflite_4"])):
         np.testing.assert_array_equal(
             generation.generate(backend, prompt, 20, **kwargs), expected)
 

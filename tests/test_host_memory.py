@@ -9,9 +9,9 @@ import tensorflow as tf
 
 import keras_txl
 from keras_txl import host_memory
-from training.config import TrainConfig
-from training.loop import Trainer
-from training.loop import evaluate
+from keras_txl.training.config import TrainConfig
+from keras_txl.training.loop import Trainer
+from keras_txl.training.loop import evaluate
 
 
 def resident_mb():
@@ -91,7 +91,7 @@ def test_training_and_evaluation_release_after_compiling_only(monkeypatch):
 
 
 def test_keras_fit_releases_once_per_compiled_function(monkeypatch):
-    from training.fit import train_with_fit
+    from keras_txl.training.fit import train_with_fit
 
     calls = counting_release(monkeypatch)
     config = keras_txl.TransformerXLConfig(

@@ -10,7 +10,7 @@ import pytest
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
 from keras_txl import insight
-from keras_txl.__main__ import main
+from keras_txl.cli import main
 
 TEXT = "the cat sat on the mat. " * 6
 
@@ -45,7 +45,7 @@ def expected_size(kind):
 
 def test_txl_attention_writes_the_pictures(tmp_path, capsys):
     from keras_txl.io import save_pretrained
-    from training.tokenizers import CharTokenizer
+    from keras_txl.tokenizers import CharTokenizer
 
     tokenizer = CharTokenizer.fit([TEXT])
     config = tiny(vocabulary_size=tokenizer.vocabulary_size)

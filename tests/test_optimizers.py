@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_txl.training.optimizers import FusedAdam
+from keras_txl.training.schedules import WarmupCosine
 from tests.conftest import mirrored_strategy
-from training.optimizers import FusedAdam
-from training.schedules import WarmupCosine
 
 
 def _run(optimizer_cls, strategy, steps=5):

@@ -10,14 +10,14 @@ import pytest
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
 from keras_txl.io import save_pretrained
-from training.recl import context_losses
-from training.recl import context_segments
-from training.recl import hard_token_set
-from training.recl import recl_table
-from training.recl import recurrence_reach
-from training.recl import relative_effective_context_length
-from training.recl import relative_gains
-from training.recl import spread_targets
+from keras_txl.training.recl import context_losses
+from keras_txl.training.recl import context_segments
+from keras_txl.training.recl import hard_token_set
+from keras_txl.training.recl import recl_table
+from keras_txl.training.recl import recurrence_reach
+from keras_txl.training.recl import relative_effective_context_length
+from keras_txl.training.recl import relative_gains
+from keras_txl.training.recl import spread_targets
 
 
 def curve(*values, tokens=1):
@@ -211,7 +211,7 @@ def test_context_losses_checks_targets():
 
 # --- txl recl ---------------------------------------------------------------
 def test_txl_recl_command(tmp_path, capsys):
-    from keras_txl.__main__ import main
+    from keras_txl.cli import main
 
     workdirs = []
     for name, model in (("xl", tiny(4)), ("vanilla", tiny(0, "vanilla"))):

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import keras_txl
+from keras_txl.training.checkpoint import CheckpointManager
 from tests.conftest import REPO
-from training.checkpoint import CheckpointManager
 
 WRITER = r"""
 import os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import numpy as np, keras_txl
-from training.checkpoint import CheckpointManager
+from keras_txl.training.checkpoint import CheckpointManager
 config = keras_txl.TransformerXLConfig(vocabulary_size=2000, num_layers=4, hidden_dim=256,
                                        num_heads=4, intermediate_dim=1024, memory_length=8)
 model = keras_txl.TransformerXLCausalLM(config)
@@ -72,7 +72,7 @@ def test_a_full_disk_is_reported_and_the_previous_checkpoint_stays(tmp_path, mon
     def no_space(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("training.checkpoint.os.fsync", no_space)
+    monkeypatch.setattr("keras_txl.training.checkpoint.os.fsync", no_space)
     with pytest.raises(OSError, match="ckpt-00000002 failed .*No space left on device.*"
                        "previous checkpoint is intact"):
         manager.save(2, model, None, None, {})

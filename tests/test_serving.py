@@ -1,7 +1,7 @@
 """TF Serving client: REST (both forms) and gRPC against loopback stand-ins.
 
 No `tensorflow_model_server` binary exists on these machines, so the
-client's requests go to `export.serving.StandInServer` (127.0.0.1, free
+client's requests go to `keras_txl.export.serving_doubles.StandInServer` (127.0.0.1, free
 ports), which decodes them as TF Serving does and calls the exported
 SavedModel. Every result is compared with the direct signature call and
 with `call_with_memory`. The warm-up records are replayed against the
@@ -15,18 +15,19 @@ import urllib.request
 import keras
 import numpy as np
 import pytest
+import serving_doubles
 import tensorflow as tf
 
 import keras_txl
-from export import saved_model
-from export import serving
-from export import signatures as sig
-from export.serving_client import GrpcTransport
-from export.serving_client import RestTransport
-from export.serving_client import ServingError
-from export.serving_client import TXLServingClient
-from export.serving_client import decode_rest_response
-from export.serving_client import encode_rest_request
+from keras_txl.export import saved_model
+from keras_txl.export import serving
+from keras_txl.export import signatures as sig
+from keras_txl.export.serving_client import GrpcTransport
+from keras_txl.export.serving_client import RestTransport
+from keras_txl.export.serving_client import ServingError
+from keras_txl.export.serving_client import TXLServingClient
+from keras_txl.export.serving_client import decode_rest_response
+from keras_txl.export.serving_client import encode_rest_request
 
 B, T, SEGMENTS = 2, 4, 3
 L, M, D, V = 2, 6, 8, 11
@@ -42,7 +43,7 @@ def deployed(tmp_path_factory):
     ))
     version_dir = saved_model.export_saved_model(model, str(tmp / "models"))
     ids = np.random.default_rng(1).integers(0, V, (B, SEGMENTS * T)).astype(np.int32)
-    server = serving.StandInServer(str(tmp / "models" / "txl")).start()
+    server = serving_doubles.StandInServer(str(tmp / "models" / "txl")).start()
     # Direct signature calls: the numbers every transport must reproduce.
     signatures = server.predictor.signatures
     memory = tf.zeros((B, L, M, D))
@@ -120,7 +121,7 @@ def test_rest_bodies_have_tf_serving_shapes(deployed):
     for body, form in ((json.loads(json.dumps(columnar)), "inputs"),
                        (json.loads(json.dumps(rows)), "instances")):
         body = dict(body, signature_name="serving_default")
-        name, inputs, got_form = serving.decode_rest_request(body, dtypes)
+        name, inputs, got_form = serving_doubles.decode_rest_request(body, dtypes)
         assert (name, got_form) == ("serving_default", form)
         assert inputs["token_ids"].dtype == np.int32
         np.testing.assert_array_equal(inputs["token_ids"], ids)
@@ -128,11 +129,11 @@ def test_rest_bodies_have_tf_serving_shapes(deployed):
     # Responses: named outputs, and TF Serving's unnamed single output.
     outputs = {"nll": np.ones((B, T), np.float32), "memory": memory}
     for form in ("inputs", "instances"):
-        body = json.loads(json.dumps(serving.encode_rest_response(outputs, form)))
+        body = json.loads(json.dumps(serving_doubles.encode_rest_response(outputs, form)))
         decoded = decode_rest_response(body, form)
         assert sorted(decoded) == ["memory", "nll"]
         np.testing.assert_array_equal(decoded["nll"], outputs["nll"])
-    single = serving.encode_rest_response({"memory": memory}, "inputs")
+    single = serving_doubles.encode_rest_response({"memory": memory}, "inputs")
     assert isinstance(single["outputs"], list)
     assert decode_rest_response(single, "inputs", ["memory"])["memory"].shape == memory.shape
     with pytest.raises(ValueError, match="same first"):
@@ -200,7 +201,7 @@ def test_warmup_records_replay(deployed):
     requests = serving.read_warmup_file(path)
     assert [r.model_spec.signature_name for r in requests] == list(sig.SAVED_MODEL_SIGNATURES)
     assert {r.model_spec.name for r in requests} == {"txl"}
-    replayed = serving.replay_warmup(deployed.version_dir, deployed.server.predictor)
+    replayed = serving_doubles.replay_warmup(deployed.version_dir, deployed.server.predictor)
     assert [name for name, _ in replayed] == list(sig.SAVED_MODEL_SIGNATURES)
     table = sig.signature_table(deployed.model.txl_config)
     for (name, outputs), request in zip(replayed, requests):

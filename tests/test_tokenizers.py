@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from training import tokenizers
+from keras_txl import tokenizers
 
 # Training text: real sentences, with repeated spaces, an empty line,
 # indentation and a few non-ASCII characters.

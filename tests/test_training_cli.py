@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from keras_txl.__main__ import main
+from keras_txl.cli import main
 from tests.conftest import REPO
 
 TEXT = (

@@ -8,14 +8,14 @@ import pytest
 import tensorflow as tf
 
 import keras_txl
+from keras_txl.training.checkpoint import CheckpointManager
+from keras_txl.training.config import TrainConfig
+from keras_txl.training.data import batchify
+from keras_txl.training.fit import train_with_fit
+from keras_txl.training.loop import Trainer
+from keras_txl.training.loop import evaluate
+from keras_txl.training.schedules import WarmupCosine
 from tests.conftest import mirrored_strategy
-from training.checkpoint import CheckpointManager
-from training.config import TrainConfig
-from training.data import batchify
-from training.fit import train_with_fit
-from training.loop import Trainer
-from training.loop import evaluate
-from training.schedules import WarmupCosine
 
 V = 40
 

@@ -40,9 +40,11 @@ import numpy as np
 warnings.simplefilter("ignore")  # HF's TransfoXL deprecation warnings
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
 import transformers  # noqa: E402
-from transformers import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import TransfoXLConfig  # noqa: E402
+from transformers import TransfoXLLMHeadModel  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_ROOT = os.path.join(REPO, "tests", "fixtures")
@@ -300,7 +302,7 @@ def fmt_args(args):
 
 def write_readme(folder, name, spec, model, rows, ids, results, ent, mp):
     cfg, T = model.config, spec["T"]
-    V, D, M = cfg.vocab_size, cfg.d_model, cfg.mem_len
+    V, M = cfg.vocab_size, cfg.mem_len
     klen_max = (M if M > 0 else 0) + T
     lines = []
     lines.append(f"# Parity fixture `{name}` (HF PyTorch TransfoXLLMHeadModel reference)\n")

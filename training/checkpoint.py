@@ -166,9 +166,9 @@ class CheckpointManager:
     @staticmethod
     def read(path):
         """(tensors, state) of the checkpoint at `path`."""
-        from keras_txl.hf_checkpoint import _read_safetensors
+        from keras_txl.weights_file import read_safetensors
 
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        tensors = _read_safetensors(os.path.join(path, "state.safetensors"))
+        tensors = read_safetensors(os.path.join(path, "state.safetensors"))
         return tensors, state

@@ -158,12 +158,12 @@ class Corpus:
             kind: str or None. Tokenizer kind; None means
                 `tokenizer_kind`. For that kind, `tokenizer_options` are
                 used unless `options` override them.
-            **options: Options for `training.tokenizers.build_tokenizer`.
+            **options: Options for `keras_txl.tokenizers.build_tokenizer`.
 
         Returns:
-            A `training.tokenizers.Tokenizer`.
+            A `keras_txl.tokenizers.Tokenizer`.
         """
-        from training import tokenizers
+        from keras_txl import tokenizers
 
         if kind is None or kind == self.tokenizer_kind:
             kind = self.tokenizer_kind

@@ -35,23 +35,13 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from keras_txl import checks
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["LMBatches", "batchify", "lm_dataset", "num_segments"]
 
 
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r} "
-            f"of type {type(value).__name__}."
-        )
-    if value < 1:
-        raise ValueError(
-            f"`{name}` must be a positive integer (>= 1). "
-            f"Received: {name}={value}."
-        )
-    return int(value)
 
 
 def _as_token_array(token_ids) -> np.ndarray:
@@ -125,11 +115,11 @@ class LMBatches:
                 "`num_tokens` must be a non-negative integer. Received: "
                 f"num_tokens={self.num_tokens!r}."
             )
-        batch_size = _check_positive_int("batch_size", self.batch_size)
-        segment_length = _check_positive_int(
+        batch_size = checks.positive_int("batch_size", self.batch_size)
+        segment_length = checks.positive_int(
             "segment_length", self.segment_length
         )
-        num_replicas = _check_positive_int("num_replicas", self.num_replicas)
+        num_replicas = checks.positive_int("num_replicas", self.num_replicas)
         if batch_size % num_replicas:
             raise ValueError(
                 f"batch_size={batch_size} must be divisible by "
@@ -255,7 +245,7 @@ def batchify(token_ids, batch_size: int) -> np.ndarray:
            [3, 4, 5],
            [6, 7, 8]], dtype=int32)
     """
-    batch_size = _check_positive_int("batch_size", batch_size)
+    batch_size = checks.positive_int("batch_size", batch_size)
     tokens = _as_token_array(token_ids)
     per_stream = tokens.size // batch_size
     if per_stream < 1:

@@ -5,7 +5,7 @@ batch to batch (each batch row continues the same text stream), reset at
 every epoch start and around evaluation by `ResetMemory`. Use this path
 for the default and Mirrored strategies; Keras 3's `fit` is broken under
 MultiWorkerMirroredStrategy (shared/TF_NOTES.md section 3): use the custom
-loop (`training.loop.Trainer`) there.
+loop (`keras_txl.training.loop.Trainer`) there.
 
 Note: Keras clips gradients per replica before summing them, so with
 `clip_norm` and several replicas `fit` is not bit-equal to one device;
@@ -22,16 +22,16 @@ import tensorflow as tf
 from keras_txl import TransformerXLCausalLM
 from keras_txl import host_memory
 from keras_txl.io import save_pretrained
-from training.checkpoint import CheckpointManager
-from training.checkpoint import assign_tensors
-from training.data import lm_dataset
-from training.data import num_segments
-from training.loop import check_corpus
-from training.metrics import BitsPerCharacter
-from training.metrics import Perplexity
-from training.metrics import TokenNLL
-from training.optimizers import FusedAdam
-from training.schedules import WarmupCosine
+from keras_txl.training.checkpoint import CheckpointManager
+from keras_txl.training.checkpoint import assign_tensors
+from keras_txl.training.data import lm_dataset
+from keras_txl.training.data import num_segments
+from keras_txl.training.loop import check_corpus
+from keras_txl.training.metrics import BitsPerCharacter
+from keras_txl.training.metrics import Perplexity
+from keras_txl.training.metrics import TokenNLL
+from keras_txl.training.optimizers import FusedAdam
+from keras_txl.training.schedules import WarmupCosine
 
 logger = logging.getLogger(__name__)
 

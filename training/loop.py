@@ -27,16 +27,15 @@ import tensorflow as tf
 from keras_txl import TransformerXLCausalLM
 from keras_txl.host_memory import CompiledFunction
 from keras_txl.io import save_pretrained
-from training.checkpoint import CheckpointManager
-from training.checkpoint import assign_tensors
-from training.config import TrainConfig
-from training.data import batchify
-from training.data import num_segments
-from training.metrics import LN2
-from training.metrics import token_nll
-from training.optimizers import FusedAdam
-from training.schedules import WarmupCosine
-from training.strategy import is_chief
+from keras_txl.training.checkpoint import CheckpointManager
+from keras_txl.training.checkpoint import assign_tensors
+from keras_txl.training.data import batchify
+from keras_txl.training.data import num_segments
+from keras_txl.training.metrics import LN2
+from keras_txl.training.metrics import token_nll
+from keras_txl.training.optimizers import FusedAdam
+from keras_txl.training.schedules import WarmupCosine
+from keras_txl.training.strategy import is_chief
 
 logger = logging.getLogger(__name__)
 
@@ -488,9 +487,3 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
     loss = total / count
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bpc": loss / LN2,
             "tokens": count}
-
-
-def make_trainer(model_config, train_config=None, strategy=None, **kwargs):
-    """Convenience: a Trainer with the default strategy."""
-    return Trainer(model_config, train_config or TrainConfig(),
-                   strategy or tf.distribute.get_strategy(), **kwargs)

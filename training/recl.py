@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import time
+import weakref
 
 import numpy as np
 
@@ -272,11 +273,15 @@ def context_losses(model, tokens, targets, context, segment_length=None,
     return out
 
 
+# Compiled steps per model, dropped with the model (nothing stored on it).
+_CONTEXT_STEPS = weakref.WeakKeyDictionary()
+
+
 def _context_step(model):
     """Cached tf.functions: memory update, and the loss at the last position."""
     import tensorflow as tf
 
-    cache = getattr(model, "_recl_steps", None)
+    cache = _CONTEXT_STEPS.get(model)
     if cache is not None:
         return cache
 
@@ -293,7 +298,7 @@ def _context_step(model):
         return -tf.cast(picked, tf.float64)
 
     cache = {"memory": memory_step, "loss": loss_step}
-    model._recl_steps = cache
+    _CONTEXT_STEPS[model] = cache
     return cache
 
 
@@ -438,8 +443,8 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
     """The split of `data` encoded by the workdir's tokenizer, or the
     workdir's cached `data/{split}.npy`."""
     if data:
-        from training.corpora import load_corpus
-        from training.tokenizers import load_tokenizer
+        from keras_txl.tokenizers import load_tokenizer
+        from keras_txl.training.corpora import load_corpus
 
         tokenizer = load_tokenizer(os.path.join(workdir, "model", "tokenizer"))
         corpus = load_corpus(data, data_dir=data_dir, download=download)

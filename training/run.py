@@ -22,8 +22,8 @@ import numpy as np
 
 from keras_txl import TransformerXLConfig
 from keras_txl.presets import PRESETS
-from training.config import TrainConfig
-from training.config import parse_override
+from keras_txl.training.config import TrainConfig
+from keras_txl.training.config import parse_override
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
 
     Returns (tokenizer, {split: int32 array}).
     """
-    from training.corpora import load_corpus
-    from training.tokenizers import load_tokenizer
+    from keras_txl.tokenizers import load_tokenizer
+    from keras_txl.training.corpora import load_corpus
 
     tokenizer_dir = os.path.join(workdir, "tokenizer")
     data_cache = os.path.join(workdir, "data")
@@ -164,11 +164,11 @@ def match_vocabulary(model_dict, tokenizer, explicit):
 
 
 def train_main(args):
-    from training.fit import train_with_fit
-    from training.loop import Trainer
-    from training.loop import evaluate
-    from training.strategy import get_strategy
-    from training.strategy import is_chief
+    from keras_txl.training.fit import train_with_fit
+    from keras_txl.training.loop import Trainer
+    from keras_txl.training.loop import evaluate
+    from keras_txl.training.strategy import get_strategy
+    from keras_txl.training.strategy import is_chief
 
     model_dict, train_config, eval_settings, explicit = resolve_configs(
         args.preset, args.config, args.set,
@@ -220,8 +220,8 @@ def _eval_kwargs(settings, **overrides):
 
 def eval_main(args):
     from keras_txl.io import load_pretrained
-    from training.loop import evaluate
-    from training.tokenizers import load_tokenizer
+    from keras_txl.tokenizers import load_tokenizer
+    from keras_txl.training.loop import evaluate
 
     model_dir = os.path.join(args.workdir, "model")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
@@ -229,7 +229,7 @@ def eval_main(args):
     model = load_pretrained(model_dir)
     tokenizer_dir = os.path.join(model_dir, "tokenizer")
     if args.data:
-        from training.corpora import load_corpus
+        from keras_txl.training.corpora import load_corpus
 
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
@@ -246,64 +246,4 @@ def eval_main(args):
         kwargs["same_length"] = True
     result = evaluate(model, tokens, max_segments=args.max_segments or 0, **kwargs)
     print(json.dumps({"split": args.split, **result, "settings": kwargs}))
-    return 0
-
-
-def demo_main(args):
-    """Train a small model on the offline stdlib-docstring corpus, evaluate,
-    export and generate: the README's first command."""
-    import time
-
-    from training.corpora import prepare_stdlib_docs
-
-    start = time.time()
-    corpus_dir = os.path.join(args.workdir, "corpus")
-    prepare_stdlib_docs(corpus_dir, max_chars=args.max_chars)
-    print(f"[demo] corpus: Python standard library docstrings -> {corpus_dir}")
-
-    class TrainArgs:
-        pass
-
-    t = TrainArgs()
-    t.preset, t.config, t.data = "tiny", None, corpus_dir
-    t.set = ["dropout=0.1", f"learning_rate={args.learning_rate}", "warmup_steps=100",
-             "log_every=250", "checkpoint_every=1000"]
-    t.workdir, t.tokenizer, t.data_dir, t.download = args.workdir, "byte", None, False
-    t.segment_length, t.memory_length = None, None
-    t.batch_size, t.steps, t.strategy, t.loop = None, args.steps, None, None
-    t.jit_compile, t.precision, t.progress = False, None, False
-    train_main(t)
-    print(f"[demo] trained in {time.time() - start:.0f}s")
-
-    e = TrainArgs()
-    e.workdir, e.data, e.split, e.data_dir, e.download = args.workdir, None, "test", None, False
-    e.batch_size, e.segment_length, e.clamp_length = 1, None, None
-    e.memory_length, e.same_length, e.max_segments = 96, False, 0
-    print("[demo] test set, memory 96 (3x the training memory):")
-    eval_main(e)
-
-    try:
-        from export.saved_model import export_saved_model
-        from export.tflite import export_tflite
-        from keras_txl.io import load_pretrained
-
-        model = load_pretrained(os.path.join(args.workdir, "model"))
-        out = os.path.join(args.workdir, "export")
-        path = export_saved_model(model, out, tokenizer_dir=os.path.join(
-            args.workdir, "model", "tokenizer"))
-        print(f"[demo] SavedModel: {path}")
-        tfl = export_tflite(model, os.path.join(out, "txl.tflite"), batch_size=1,
-                            segment_length=model.txl_config.segment_length)
-        print(f"[demo] TFLite: {tfl}")
-    except ImportError as e:  # export/ not installed
-        print(f"[demo] export skipped: {e}")
-
-    from keras_txl.generation import generate_text
-
-    text = generate_text(os.path.join(args.workdir, "model"), args.prompt,
-                         max_new_tokens=args.max_new_tokens, temperature=0.8, top_k=20,
-                         seed=0)
-    print("[demo] sample:")
-    print(text)
-    print(f"[demo] done in {time.time() - start:.0f}s")
     return 0

@@ -60,6 +60,8 @@ from typing import Iterable
 import numpy as np
 import tensorflow as tf
 
+from keras_txl import checks
+
 try:
     import tensorflow_text as tf_text
 except ImportError as error:
@@ -902,7 +904,7 @@ class SentencePieceTokenizer(Tokenizer):
         """
         import sentencepiece
 
-        _check_positive_int_option("vocabulary_size", vocabulary_size)
+        checks.positive_int("vocabulary_size", vocabulary_size)
         model_types = ("unigram", "bpe", "char", "word")
         if model_type not in model_types:
             raise ValueError(
@@ -1076,11 +1078,9 @@ class WordPieceTokenizer(Tokenizer):
         Returns:
             A `WordPieceTokenizer`.
         """
-        from tensorflow_text.tools.wordpiece_vocab import (
-            bert_vocab_from_dataset as vocab_learner,
-        )
+        from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as vocab_learner
 
-        _check_positive_int_option("vocabulary_size", vocabulary_size)
+        checks.positive_int("vocabulary_size", vocabulary_size)
         lines = [
             _utf8(line)
             for text in _as_texts(texts)
@@ -1164,15 +1164,6 @@ class WordPieceTokenizer(Tokenizer):
         return "\n".join(line.decode("utf-8") for line in lines.numpy())
 
 
-def _check_positive_int_option(name, value):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < 1
-    ):
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}."
-        )
 
 
 # === Building and loading ===

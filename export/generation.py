@@ -1,0 +1,155 @@
+"""Generation backends for exported models: the sampling loop's view of them.
+
+`keras_txl.generation.generate` / `generate_iter` drive any object with
+`segment_length`, `vocabulary_size`, `initial_state(memory=None)` and
+`run(token_ids, state, position=-1) -> (log_probs (V,), new_state)`. These two
+run what `txl export` writes, through the export contract of
+`keras_txl.export.signatures`:
+
+- `SavedModelBackend(path)`: a SavedModel's `next_token` signature (and
+  `serving_default` to read a non-last position of a segment).
+- `TFLiteBackend(runner)`: a stateless TFLite model (fixed B and T), the same
+  signatures, run by `keras_txl.export.tflite.TFLiteRunner`.
+"""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from keras_txl.config import TransformerXLConfig
+from keras_txl.export import serving
+from keras_txl.export import signatures as sig
+from keras_txl.export.tflite import TFLiteRunner
+
+
+class SavedModelBackend:
+    """Runs an exported SavedModel through its `next_token` signature.
+
+    Args:
+        path: str. The version folder (`<out>/txl/1`) or the model base
+            folder (`<out>/txl`, its highest version is used).
+
+    Attributes:
+        directory: the version folder.
+        config: the `TransformerXLConfig` exported with it.
+        tokenizer_dir: `assets.extra/tokenizer` if exported, else None.
+    """
+
+    def __init__(self, path):
+        self.directory = serving.resolve_version_dir(path)
+        extra = os.path.join(self.directory, serving.ASSETS_EXTRA)
+        config_path = os.path.join(extra, "config.json")
+        if not os.path.isfile(config_path):
+            raise ValueError(
+                f"No {config_path}: not a keras-txl SavedModel export."
+            )
+        self.config = TransformerXLConfig.from_json(config_path)
+        self.vocabulary_size = self.config.vocabulary_size
+        info = {}
+        info_path = os.path.join(extra, "export.json")
+        if os.path.isfile(info_path):
+            with open(info_path) as f:
+                info = json.load(f)
+        self.batch_size = info.get("batch_size") or 1
+        self.segment_length = info.get("segment_length")
+        tokenizer = os.path.join(extra, "tokenizer")
+        self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
+        self._module = tf.saved_model.load(self.directory)
+        missing = [n for n in (sig.NEXT_TOKEN, sig.SERVING_DEFAULT)
+                   if n not in self._module.signatures]
+        if missing:
+            raise ValueError(
+                f"The SavedModel in {self.directory} has no {missing} "
+                f"signature(s) (found {sorted(self._module.signatures)})."
+            )
+        self._next_token = self._module.signatures[sig.NEXT_TOKEN]
+        self._serving_default = self._module.signatures[sig.SERVING_DEFAULT]
+
+    def initial_state(self, memory=None):
+        cfg = self.config
+        if memory is None:
+            memory = np.zeros(
+                (1, cfg.num_layers, cfg.memory_length, cfg.hidden_dim),
+                np.float32,
+            )
+        return tf.convert_to_tensor(
+            np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
+        )
+
+    def run(self, token_ids, state, position=-1):
+        token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
+        last = position in (-1, token_ids.shape[1] - 1)
+        signature = self._next_token if last else self._serving_default
+        out = signature(**{sig.TOKEN_IDS: tf.constant(token_ids), sig.MEMORY: state})
+        log_probs = out[sig.LOG_PROBS].numpy()[0]  # (V,) or (T, V)
+        if not last:
+            log_probs = log_probs[position]
+        return log_probs, out[sig.MEMORY]
+
+
+class TFLiteBackend:
+    """Runs a stateless TFLite export (fixed B and T) with the memory.
+
+    Args:
+        runner: an `keras_txl.export.tflite.TFLiteRunner` (or an object with its
+            `run(signature, **inputs)`, `batch_size`, `segment_length`,
+            `vocabulary_size`, `memory_shape` and `stateful`).
+
+    A model exported with T = 1 runs the "token" schedule through
+    `next_token`; one with T > 1 runs the "segment" schedule, padding the
+    current segment to T and reading the log-probs of its last real
+    position from `serving_default`.
+    """
+
+    def __init__(self, runner):
+        if getattr(runner, "stateful", False):
+            raise ValueError(
+                "Generation needs the stateless TFLite model (memory in and "
+                "out): the stateful one cannot re-run a partial segment. "
+                "Export without --stateful."
+            )
+        self.runner = runner
+        self.batch_size = runner.batch_size
+        self.segment_length = runner.segment_length
+        self.vocabulary_size = runner.vocabulary_size
+        self.memory_shape = tuple(runner.memory_shape)
+        self.tokenizer_dir = None
+
+    @classmethod
+    def from_file(cls, path, num_threads=None):
+        """Opens a .tflite file written by `txl export --format tflite`.
+
+        The tokenizer exported beside the file, if any, is in
+        `tokenizer_dir`.
+        """
+        if not os.path.isfile(path):
+            raise ValueError(f"No TFLite file {path!r}.")
+        backend = cls(TFLiteRunner(path, num_threads=num_threads))
+        tokenizer = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                 "tokenizer")
+        backend.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
+        return backend
+
+    def initial_state(self, memory=None):
+        if memory is None:
+            return np.zeros(self.memory_shape, np.float32)
+        return np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
+
+    def run(self, token_ids, state, position=-1):
+        token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
+        if token_ids.shape[1] != self.segment_length:
+            raise ValueError(
+                f"This TFLite model takes segments of exactly "
+                f"{self.segment_length} tokens, received {token_ids.shape[1]}."
+            )
+        last = position in (-1, token_ids.shape[1] - 1)
+        signature = sig.NEXT_TOKEN if last else sig.SERVING_DEFAULT
+        out = self.runner.run(
+            signature, **{sig.TOKEN_IDS: token_ids, sig.MEMORY: state}
+        )
+        log_probs = out[sig.LOG_PROBS][0]  # (V,) or (T, V)
+        if not last:
+            log_probs = log_probs[position]
+        return log_probs, out[sig.MEMORY]

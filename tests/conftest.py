@@ -18,28 +18,9 @@ tf.config.set_logical_device_configuration(
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
-LOCAL_FIXTURES = REPO / "tests" / "fixtures"
-
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--run-large", action="store_true", default=False,
-        help="also run tests marked `large` (slow)",
-    )
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "large: slow test, run with --run-large")
-
-
-def pytest_collection_modifyitems(config, items):
-    if config.getoption("--run-large"):
-        return
-    skip = pytest.mark.skip(reason="slow: run with --run-large")
-    for item in items:
-        if "large" in item.keywords:
-            item.add_marker(skip)
+# Reference outputs of Hugging Face's TransfoXL, shipped with the repository so every
+# clone runs the parity tests (copied from ../shared/fixtures; see each README.md).
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 @pytest.fixture(autouse=True)

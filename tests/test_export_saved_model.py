@@ -25,9 +25,9 @@ from keras_txl.export import cli
 from keras_txl.export import saved_model
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
-from tests.conftest import SHARED_FIXTURES
+from tests.conftest import FIXTURES
 
-HF = SHARED_FIXTURES / "hf_transfo_xl_tiny"
+HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3
 
 # Runs in a fresh interpreter: TensorFlow only.
@@ -125,9 +125,7 @@ def exported(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf_export(tmp_path_factory):
-    """The shared HF fixture exported through `txl export --from-hf`."""
-    if not HF.is_dir():
-        return None
+    """The shipped HF fixture exported through `txl export --from-hf`."""
     out = tmp_path_factory.mktemp("hf_saved_model")
     assert run_cli("--from-hf", HF, "--format", "saved_model", "--out", out) == 0
     return str(out / "txl" / "1")
@@ -148,16 +146,15 @@ def fresh(exported, hf_export):
         np.save(tmp / "ids.npy", exported.ids)
         jobs = [dict(saved_model=exported.version_dir, inputs=str(tmp / "ids.npy"),
                      segment_length=T, output=str(tmp / "fresh_tiny.npz"))]
-        if hf_export is not None:
-            jobs.append(dict(saved_model=hf_export, inputs=str(HF / "inputs.npy"),
-                             segment_length=8, output=str(tmp / "fresh_hf.npz")))
+        jobs.append(dict(saved_model=hf_export, inputs=str(HF / "inputs.npy"),
+                         segment_length=8, output=str(tmp / "fresh_hf.npz")))
         report = run_fresh(jobs, tmp)
         show_out, show_err = show.communicate(timeout=240)
     finally:
         if show.poll() is None:
             show.kill()
             show.communicate()
-    hf = np.load(tmp / "fresh_hf.npz") if hf_export is not None else None
+    hf = np.load(tmp / "fresh_hf.npz")
     return types.SimpleNamespace(
         report=report, tiny=np.load(tmp / "fresh_tiny.npz"), hf=hf,
         show=(show.returncode, show_out, show_err),
@@ -208,8 +205,6 @@ def test_fresh_process_chain_matches_call_with_memory(exported, fresh):
 
 
 def test_hf_fixture_parity_through_saved_model(fresh):
-    if fresh.hf is None:
-        pytest.skip(f"shared fixture {HF} is absent (needs ../shared/fixtures)")
     for s in range(3):
         expected = np.load(HF / f"expected_logprobs_seg{s}.npy")
         np.testing.assert_allclose(

@@ -21,10 +21,10 @@ import keras_txl
 from keras_txl.export import cli
 from keras_txl.export import signatures as sig
 from keras_txl.export import tflite
+from tests.conftest import FIXTURES
 from tests.conftest import REPO
-from tests.conftest import SHARED_FIXTURES
 
-HF = SHARED_FIXTURES / "hf_transfo_xl_tiny"
+HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3
 
 FRESH_SCRIPT = r"""
@@ -127,11 +127,10 @@ def artifacts(tmp_path_factory):
         model, {q: str(tmp / "out" / f"{q}.tflite") for q in ("float16", "dynamic_int8")},
         batch_size=B, segment_length=T,
     ))
-    if HF.is_dir():
-        paths["hf"] = tflite.export_tflite(
-            keras_txl.load_hf_checkpoint(str(HF)), str(tmp / "hf" / "hf.tflite"),
-            batch_size=2, segment_length=8,
-        )
+    paths["hf"] = tflite.export_tflite(
+        keras_txl.load_hf_checkpoint(str(HF)), str(tmp / "hf" / "hf.tflite"),
+        batch_size=2, segment_length=8,
+    )
     ids = np.random.default_rng(0).integers(0, 64, (B, SEGMENTS * T)).astype(np.int32)
     np.save(tmp / "ids.npy", ids)
     jobs = []
@@ -252,8 +251,6 @@ def test_quantized_variants_stay_close(artifacts, capsys):
 
 
 def test_hf_fixture_parity_through_tflite(artifacts):
-    if "hf" not in artifacts.fresh:
-        pytest.skip(f"shared fixture {HF} is absent (needs ../shared/fixtures)")
     fresh = artifacts.fresh["hf"]
     for s in range(3):
         expected = np.load(HF / f"expected_logprobs_seg{s}.npy")

@@ -14,7 +14,7 @@ from keras_txl import TransformerXLConfig
 from keras_txl import generation
 from keras_txl.cli import main
 from keras_txl.export import generation as export_generation
-from tests.conftest import SHARED_FIXTURES
+from tests.conftest import FIXTURES
 
 V, T, M, B = 11, 4, 3, 2
 
@@ -286,7 +286,6 @@ def test_greedy_is_identical_on_keras_saved_model_and_tflite(exported):
     np.testing.assert_array_equal(keras_4, cached)  # a well-learned phrase
 
 
-@pytest.mark.large
 def test_greedy_is_identical_on_keras_and_a_tflite_model_with_t_1(exported):
     from keras_txl.export.tflite import export_tflite
 
@@ -332,9 +331,7 @@ def test_cli_streams_the_same_text_from_every_source(exported, capsys):
 
 
 def test_cli_prompt_ids_with_a_hugging_face_folder(capsys):
-    folder = SHARED_FIXTURES / "hf_transfo_xl_tiny"
-    if not folder.is_dir():
-        pytest.skip(f"fixture folder {folder} is absent")
+    folder = FIXTURES / "hf_transfo_xl_tiny"
     argv = ["generate", "--from-hf", str(folder), "--max-new-tokens", "6",
             "--seed", "0", "--top-k", "3"]
     assert main([*argv, "--prompt-ids", "1,2,3"]) == 0

@@ -15,16 +15,14 @@ import numpy as np
 import pytest
 
 import keras_txl
-from tests.conftest import LOCAL_FIXTURES
-from tests.conftest import SHARED_FIXTURES
+from tests.conftest import FIXTURES
 
-SHARED = SHARED_FIXTURES / "hf_transfo_xl_tiny"
+SHARED = FIXTURES / "hf_transfo_xl_tiny"
 
 
 def _fixture_dirs():
-    dirs = [str(SHARED)] + sorted(
-        os.path.dirname(p) for p in glob.glob(str(LOCAL_FIXTURES / "*" / "config.json"))
-    )
+    dirs = sorted(os.path.dirname(p) for p in glob.glob(str(FIXTURES / "*" / "config.json")))
+    assert len(dirs) >= 7, f"the HF fixtures are missing from {FIXTURES}"
     return [pytest.param(d, id=os.path.basename(d)) for d in dirs]
 
 
@@ -43,8 +41,6 @@ def _run_segments(model, directory):
 
 @pytest.mark.parametrize("directory", _fixture_dirs())
 def test_matches_reference_over_three_segments(directory):
-    if not os.path.isdir(directory):
-        pytest.skip(f"fixture folder {directory} is absent (CI has it)")
     model = keras_txl.load_hf_checkpoint(directory)
     with open(os.path.join(directory, "config.json")) as f:
         mem_len = json.load(f)["mem_len"]
@@ -77,8 +73,6 @@ def test_matches_reference_over_three_segments(directory):
 
 
 def test_per_token_losses_match_reference():
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent (CI has it)")
     model = keras_txl.load_hf_checkpoint(str(SHARED))
     for s, (segment, out) in enumerate(_run_segments(model, str(SHARED))):
         log_probs = out["log_probs"].numpy()
@@ -93,8 +87,6 @@ def test_per_token_losses_match_reference():
 
 
 def test_config_mapping_of_reference():
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent (CI has it)")
     with open(SHARED / "config.json") as f:
         config = keras_txl.hf_checkpoint.config_from_hf(json.load(f))
     assert config.cutoffs == (100, 200)
@@ -115,8 +107,6 @@ def test_rejects_unsupported_attention_type(tmp_path):
 
 
 def test_truncated_safetensors_is_a_clear_error(tmp_path):
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent (CI has it)")
     (tmp_path / "config.json").write_bytes((SHARED / "config.json").read_bytes())
     data = (SHARED / "model.safetensors").read_bytes()
     (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
@@ -125,8 +115,6 @@ def test_truncated_safetensors_is_a_clear_error(tmp_path):
 
 
 def test_weights_of_another_config_are_rejected(tmp_path):
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent (CI has it)")
     hf = json.loads((SHARED / "config.json").read_text())
     hf["d_inner"] = 96
     (tmp_path / "config.json").write_text(json.dumps(hf))

@@ -27,7 +27,10 @@ from keras_txl.io import load_pretrained  # noqa: E402
 from keras_txl.io import save_pretrained  # noqa: E402
 from keras_txl.memory import attention_mask  # noqa: E402
 from keras_txl.memory import update_memory  # noqa: E402
+from keras_txl.official_checkpoint import load_official_checkpoint  # noqa: E402,E501
+from keras_txl.presets import EVAL_PROTOCOLS  # noqa: E402
 from keras_txl.presets import PRESETS  # noqa: E402
+from keras_txl.presets import apply_eval_protocol  # noqa: E402
 from keras_txl.relative_attention import RelativeMultiHeadAttention  # noqa: E402
 from keras_txl.relative_attention import relative_shift  # noqa: E402
 
@@ -37,14 +40,17 @@ __all__ = [
     "AdaptiveEmbedding",
     "AdaptiveSoftmax",
     "CompiledFunction",
+    "EVAL_PROTOCOLS",
     "PRESETS",
     "RelativeMultiHeadAttention",
     "TransformerXLBackbone",
     "TransformerXLBlock",
     "TransformerXLCausalLM",
     "TransformerXLConfig",
+    "apply_eval_protocol",
     "attention_mask",
     "load_hf_checkpoint",
+    "load_official_checkpoint",
     "load_pretrained",
     "release_free_memory",
     "save_pretrained",

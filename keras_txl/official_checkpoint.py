@@ -246,6 +246,23 @@ def read_vocabulary_file(path, vocabulary_size=None):
     return symbols
 
 
+def find_corpus_info(directory):
+    """`corpus-info.json` beside the checkpoint, else in `../data/` (the
+    releases' `tf_<dataset>/{model,data}` layout); the first if neither."""
+    candidates = [
+        os.path.join(directory, CORPUS_INFO_FILE),
+        os.path.join(os.path.dirname(os.path.abspath(directory)), "data",
+                     CORPUS_INFO_FILE),
+    ]
+    return next((c for c in candidates if os.path.isfile(c)), candidates[0])
+
+
+def official_dataset(path):
+    """The `dataset` named by the corpus info of a release (or None)."""
+    _, directory = resolve_checkpoint(path)
+    return read_corpus_info(find_corpus_info(directory))[2]
+
+
 class _Checkpoint:
     """The model variables of a checkpoint, with checked access."""
 
@@ -698,14 +715,7 @@ def load_official_checkpoint(
 
     prefix, directory = resolve_checkpoint(path)
     if corpus_info is None:
-        candidates = [
-            os.path.join(directory, CORPUS_INFO_FILE),
-            os.path.join(os.path.dirname(os.path.abspath(directory)), "data",
-                         CORPUS_INFO_FILE),
-        ]
-        corpus_info = next(
-            (c for c in candidates if os.path.isfile(c)), candidates[0]
-        )
+        corpus_info = find_corpus_info(directory)
     cfg, checkpoint = official_config(prefix, corpus_info, preset, **config)
     symbols = None
     if vocabulary_file is not None:

@@ -386,3 +386,91 @@ def test_imported_model_exports_and_generates(tmp_path):
                          segment_length=T)
     tflite_log_probs = run_tflite(path, ids)
     assert np.abs(tflite_log_probs - expected).max() < 1e-4
+
+
+# === Command line ===
+
+
+TEXT8_SYMBOLS = ["_"] + [chr(ord("a") + i) for i in range(26)]
+
+
+def text8_release(tmp_path):
+    layout, variables = write_release(tmp_path / "release", "text8")
+    vocab = tmp_path / "text8-vocab.txt"
+    vocab.write_text("\n".join(TEXT8_SYMBOLS) + "\n", encoding="utf-8")
+    return layout, variables, vocab
+
+
+def test_cli_eval_from_official_with_the_paper_protocol(tmp_path, capsys):
+    import dataclasses
+
+    from keras_txl.__main__ import main
+
+    layout, variables, vocab = text8_release(tmp_path)
+    words = "the memory of the model is the hidden state of the last segment "
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text(words * 5, encoding="utf-8")
+    code = main(["eval", "--from-official", str(tmp_path / "release"),
+                 "--vocabulary-file", str(vocab), "--data", str(corpus),
+                 "--protocol", "paper"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["settings"] == {"segment_length": 128, "memory_length": 3800,
+                                  "clamp_length": 1000, "same_length": True,
+                                  "batch_size": 1}
+    # The same number from the NumPy transcription under tf/sota/text8.sh
+    # settings: one stream, segments of 128 with the memory carried.
+    paper = dataclasses.replace(layout, tgt_len=128, mem_len=3800,
+                                clamp_len=1000, same_length=True)
+    ids = np.array([TEXT8_SYMBOLS.index("_" if c == " " else c)
+                    for c in words * 5])
+    assert result["tokens"] == len(ids) - 1
+    nll, mems = [], None
+    for start in range(0, len(ids) - 1, 128):
+        x = ids[start:start + 128][: len(ids) - 1 - start]
+        y = ids[start + 1:start + 1 + len(x)]
+        log_probs, mems = ref.forward(paper, variables, x[None], mems)
+        nll.extend(-log_probs[0, np.arange(len(y)), y])
+    assert abs(result["loss"] - np.mean(nll)) < 1e-4, (result["loss"], np.mean(nll))
+    assert abs(result["bpc"] - np.mean(nll) / np.log(2)) < 1e-4
+
+
+def test_cli_protocol_paper_needs_a_dataset(tmp_path, capsys):
+    from keras_txl.__main__ import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["eval", "--workdir", str(run), "--protocol", "paper"]) == 2
+    assert "--protocol paper takes the dataset" in capsys.readouterr().err
+
+
+def test_cli_generate_and_export_from_official(tmp_path, capsys):
+    from keras_txl import generation
+    from keras_txl.__main__ import main
+
+    layout, variables, vocab = text8_release(tmp_path)
+    release = str(tmp_path / "release")
+    code = main(["generate", "--from-official", release, "--vocabulary-file",
+                 str(vocab), "--prompt", "the cat", "--max-new-tokens", "6",
+                 "--temperature", "0"])
+    assert code == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    model = keras_txl.load_official_checkpoint(release, preset="text8")
+    expected = generation.generate(model, [20, 8, 5, 0, 3, 1, 20], 6, temperature=0)
+    assert text == "the cat" + "".join(
+        " " if TEXT8_SYMBOLS[i] == "_" else TEXT8_SYMBOLS[i]
+        for i in np.asarray(expected).reshape(-1)
+    )
+    out = tmp_path / "exports"
+    code = main(["export", "--from-official", release, "--vocabulary-file",
+                 str(vocab), "--out", str(out), "--memory-length", "8"])
+    assert code == 0
+    backend = generation.SavedModelBackend(str(out / "txl"))
+    assert backend.config.memory_length == 8
+    assert backend.config.layer_norm_epsilon == 1e-12
+    from training.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(backend.tokenizer_dir)
+    assert tokenizer.encode("the cat").tolist() == [20, 8, 5, 0, 3, 1, 20]

@@ -445,7 +445,7 @@ def official_variables(config):
     from keras_txl.adaptive import cluster_has_projection
 
     cfg = config
-    D, I = cfg.hidden_dim, cfg.intermediate_dim
+    D, inner = cfg.hidden_dim, cfg.intermediate_dim
     N, H = cfg.num_heads, cfg.resolved_head_dim
     V, E = cfg.vocabulary_size, cfg.resolved_embedding_dim
     info = f"{CORPUS_INFO_FILE} (vocab_size={V}, cutoffs={list(cfg.cutoffs)})"
@@ -473,9 +473,9 @@ def official_variables(config):
         out[a + "o/kernel"] = ((N * H, D), model)
         out[a + "LayerNorm/gamma"] = ((D,), model)
         out[a + "LayerNorm/beta"] = ((D,), model)
-        out[f + "layer_1/kernel"] = ((D, I), model)
-        out[f + "layer_1/bias"] = ((I,), model)
-        out[f + "layer_2/kernel"] = ((I, D), model)
+        out[f + "layer_1/kernel"] = ((D, inner), model)
+        out[f + "layer_1/bias"] = ((inner,), model)
+        out[f + "layer_2/kernel"] = ((inner, D), model)
         out[f + "layer_2/bias"] = ((D,), model)
         out[f + "LayerNorm/gamma"] = ((D,), model)
         out[f + "LayerNorm/beta"] = ((D,), model)
@@ -500,9 +500,11 @@ def _check_layout(checkpoint, config):
     p = checkpoint.prefix
     missing = [n for n in expected if not checkpoint.has(n)]
     if missing:
+        more = ""
+        if len(missing) > 1:
+            more = f" (and {len(missing) - 1} more: {missing[1:4]})"
         raise ValueError(
-            f"{p}: missing variable {missing[0]!r}"
-            f"{f' (and {len(missing) - 1} more: {missing[1:4]})' if len(missing) > 1 else ''}"
+            f"{p}: missing variable {missing[0]!r}{more}"
             f"; the other variables and {CORPUS_INFO_FILE} imply it. A "
             "truncated or partly renamed checkpoint?"
         )

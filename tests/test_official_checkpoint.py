@@ -160,6 +160,9 @@ def test_eval_protocols_are_the_official_sota_scripts():
         "text8": (128, 3800, 1000, True),
         "lm1b": (32, 128, -1, True),
     }
+    from keras_txl.__main__ import _PROTOCOLS  # the CLI's choices
+
+    assert _PROTOCOLS == tuple(keras_txl.EVAL_PROTOCOLS)
     for preset, protocol in presets.PROTOCOL_OF_PRESET.items():
         assert presets.PRESETS[preset]["eval"] == keras_txl.EVAL_PROTOCOLS[protocol]
     config = keras_txl.TransformerXLConfig.from_preset(
@@ -319,7 +322,8 @@ def test_official_tokenizers_follow_the_official_preprocessing(tmp_path):
     assert ids.tolist() == [1, 2, 3, 0]
     assert enwik8.decode(ids) == "hée"
     enwik8.save(tmp_path / "tok")
-    assert tokenizers.load_tokenizer(tmp_path / "tok").encode("hé").tolist() == [1, 2, 3]
+    loaded = tokenizers.load_tokenizer(tmp_path / "tok")
+    assert loaded.encode("hé").tolist() == [1, 2, 3]
     with pytest.raises(ValueError, match="symbol '120' is not in the enwik8"):
         enwik8.encode("x")
     # wt103: words, <eos> per line; lm1b: <S> ends a line, <UNK>.

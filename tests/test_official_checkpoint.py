@@ -102,7 +102,9 @@ def test_matches_numpy_reference_over_segments(name, tmp_path):
     assert np.abs(alone["log_probs"].numpy() - rows[-1]["log_probs"]).max() > 1e-2
 
 
-@pytest.mark.parametrize("form", ["folder", "prefix", "no_state_file", "inner_cutoffs"])
+@pytest.mark.parametrize(
+    "form", ["folder", "prefix", "no_state_file", "stale_state_file", "inner_cutoffs"]
+)
 def test_checkpoint_path_forms(form, tmp_path):
     kw = {"cutoffs_form": "inner"} if form == "inner_cutoffs" else {}
     layout, variables = write_release(tmp_path, "wt103", **kw)
@@ -116,6 +118,10 @@ def test_checkpoint_path_forms(form, tmp_path):
         path = tmp_path / "model.ckpt-0"
     if form == "no_state_file":
         os.remove(tmp_path / "checkpoint")
+    if form == "stale_state_file":  # a path from the training machine
+        (tmp_path / "checkpoint").write_text(
+            'model_checkpoint_path: "/gone/model.ckpt-0"\n'
+        )
     model = keras_txl.load_official_checkpoint(path, **settings(layout))
     assert model.txl_config.cutoffs == (20, 45, 90)
     rows = chain(model, layout, variables)
@@ -478,3 +484,78 @@ def test_cli_generate_and_export_from_official(tmp_path, capsys):
 
     tokenizer = load_tokenizer(backend.tokenizer_dir)
     assert tokenizer.encode("the cat").tolist() == [20, 8, 5, 0, 3, 1, 20]
+
+
+# === The vocabulary conversion snippet of docs/official_checkpoints.md ===
+
+
+def _doc_snippet():
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "official_checkpoints.md").read_text(encoding="utf-8")
+    block = text.split("<!-- vocabulary-snippet -->", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    # Everything but the example call on the real release.
+    lines = [line for line in code.splitlines()
+             if not line.startswith('write_vocabulary("pretrained_xl')]
+    assert len(lines) == len(code.splitlines()) - 1
+    namespace = {}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own documentation
+    return namespace
+
+
+def test_vocabulary_snippet_converts_a_cache_pkl_and_refuses_code(
+    tmp_path, monkeypatch, capsys
+):
+    import collections
+    import pickle
+    import sys
+    import types
+
+    # Stand-ins for the official tf/data_utils.py and tf/vocabulary.py.
+    data_utils = types.ModuleType("data_utils")
+    vocabulary = types.ModuleType("vocabulary")
+
+    class Corpus:
+        pass
+
+    class Vocab:
+        pass
+
+    Corpus.__module__, Corpus.__qualname__ = "data_utils", "Corpus"
+    Vocab.__module__, Vocab.__qualname__ = "vocabulary", "Vocab"
+    data_utils.Corpus, vocabulary.Vocab = Corpus, Vocab
+    monkeypatch.setitem(sys.modules, "data_utils", data_utils)
+    monkeypatch.setitem(sys.modules, "vocabulary", vocabulary)
+    symbols = ["<eos>", "the", ",", "<unk>", "café", "Дай"]
+    vocab = Vocab()
+    vocab.special, vocab.lower_case, vocab.delimiter = ["<eos>"], False, None
+    vocab.counter = collections.Counter({"the": 5, ",": 3})
+    vocab.idx2sym = list(symbols)
+    vocab.sym2idx = collections.OrderedDict((s, i) for i, s in enumerate(symbols))
+    vocab.eos_idx = 0
+    corpus = Corpus()
+    corpus.dataset, corpus.vocab = "wt103", vocab
+    corpus.cutoffs = [0, 2, 4, len(symbols)]
+    corpus.train = np.arange(10, dtype=np.int64) % len(symbols)
+    corpus.test = np.int64(3)
+    cache = tmp_path / "cache.pkl"
+    cache.write_bytes(pickle.dumps(corpus, protocol=2))
+
+    snippet = _doc_snippet()
+    out = tmp_path / "vocab.txt"
+    snippet["write_vocabulary"](str(cache), str(out))
+    assert f"{out}: 6 symbols" in capsys.readouterr().out
+    assert out.read_text(encoding="utf-8").split("\n") == symbols + [""]
+    from keras_txl.official_checkpoint import read_vocabulary_file
+
+    assert read_vocabulary_file(str(out), 6) == symbols
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo owned",))
+
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps({"vocab": Evil()}, protocol=2))
+    with pytest.raises(pickle.UnpicklingError, match="refusing (posix|os|nt).system"):
+        snippet["write_vocabulary"](str(evil), str(tmp_path / "x.txt"))

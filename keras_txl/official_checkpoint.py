@@ -528,12 +528,6 @@ def _check_layout(checkpoint, config):
         )
 
 
-def _protocol_settings(preset):
-    from keras_txl.presets import eval_protocol
-
-    return eval_protocol(preset)
-
-
 def official_config(prefix, corpus_info_path, preset=None, **config):
     """The `TransformerXLConfig` of an official checkpoint (no weights read).
 
@@ -549,6 +543,12 @@ def official_config(prefix, corpus_info_path, preset=None, **config):
     Returns:
         (config, checkpoint): the config and the opened `_Checkpoint`.
     """
+    from keras_txl.presets import EVAL_PROTOCOLS
+    from keras_txl.presets import eval_protocol
+
+    settings = dict(EVALUATION_SETTINGS)
+    if preset is not None:
+        settings.update(eval_protocol(preset))  # unknown names fail early
     size, cutoffs, dataset = read_corpus_info(corpus_info_path)
     checkpoint = _Checkpoint(prefix)
     inferred = infer_config(checkpoint, size, cutoffs, corpus_info_path)
@@ -566,10 +566,7 @@ def official_config(prefix, corpus_info_path, preset=None, **config):
                     f"shapes, {CORPUS_INFO_FILE} or the official code); "
                     "leave it out."
                 )
-    settings = dict(EVALUATION_SETTINGS)
-    if preset is not None:
-        settings.update(_protocol_settings(preset))
-    elif dataset is not None:
+    if preset is None and dataset in EVAL_PROTOCOLS:
         logger.info(
             "%s: dataset %r; no `preset` given, so memory_length, "
             "clamp_length and same_length are the config defaults unless "

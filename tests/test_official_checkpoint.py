@@ -194,6 +194,8 @@ def test_preset_applies_the_protocol_and_keywords_override(tmp_path):
     )
     cfg = model.txl_config
     assert (cfg.segment_length, cfg.memory_length, cfg.clamp_length) == (128, 7, 1000)
+    message = _load_error(tmp_path, preset="ptb")
+    assert "Unknown evaluation protocol 'ptb'" in message and "'wt103'" in message
 
 
 # === Errors ===

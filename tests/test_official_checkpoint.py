@@ -561,3 +561,26 @@ def test_vocabulary_snippet_converts_a_cache_pkl_and_refuses_code(
     evil.write_bytes(pickle.dumps({"vocab": Evil()}, protocol=2))
     with pytest.raises(pickle.UnpicklingError, match="refusing (posix|os|nt).system"):
         snippet["write_vocabulary"](str(evil), str(tmp_path / "x.txt"))
+
+
+def test_documented_commands_parse():
+    """Every `txl` command in the docs of this feature is a valid command
+    line (arguments and choices)."""
+    import re
+    import shlex
+
+    from keras_txl.__main__ import build_parser
+    from tests.conftest import REPO
+
+    commands = []
+    for name in ("docs/official_checkpoints.md", "README.md"):
+        text = (REPO / name).read_text(encoding="utf-8")
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+            for command in block.replace("\\\n", " ").splitlines():
+                if command.startswith("txl ") and "from-official" in command:
+                    commands.append(command)
+    assert len(commands) >= 4
+    parser = build_parser()
+    for command in commands:
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert args.from_official.startswith("pretrained_xl/tf_")

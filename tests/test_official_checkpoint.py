@@ -334,6 +334,10 @@ def test_official_tokenizers_follow_the_official_preprocessing(tmp_path):
     assert loaded.encode("hé").tolist() == [1, 2, 3]
     with pytest.raises(ValueError, match="symbol '120' is not in the enwik8"):
         enwik8.encode("x")
+    # text8: characters, "_" for a space; fit orders by frequency.
+    text8 = tokenizers.OfficialSymbolTokenizer.fit("ab a", dataset="text8")
+    assert text8.vocabulary == ["a", "b", "_"]
+    assert text8.decode(text8.encode("ba ab")) == "ba ab"
     # wt103: words, <eos> per line; lm1b: <S> ends a line, <UNK>.
     wt103 = tokenizers.official_tokenizer(["<eos>", "the", "<unk>", "cat"], "wt103")
     assert wt103.encode("the cat dog\n").tolist() == [1, 3, 2, 0]
@@ -573,7 +577,7 @@ def test_documented_commands_parse():
     from tests.conftest import REPO
 
     commands = []
-    for name in ("docs/official_checkpoints.md", "README.md"):
+    for name in ("docs/official_checkpoints.md", "README.md", "docs/export.md"):
         text = (REPO / name).read_text(encoding="utf-8")
         for block in re.findall(r"```bash\n(.*?)```", text, re.S):
             for command in block.replace("\\\n", " ").splitlines():

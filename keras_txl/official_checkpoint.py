@@ -270,6 +270,7 @@ class _Checkpoint:
         import tensorflow as tf
 
         self.prefix = prefix
+        self.corpus_info = CORPUS_INFO_FILE  # its path, once known
         try:
             self.reader = tf.train.load_checkpoint(prefix)
         except Exception as e:  # TF raises several error types here
@@ -437,10 +438,11 @@ def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
     )
 
 
-def official_variables(config):
+def official_variables(config, corpus_info=CORPUS_INFO_FILE):
     """{name: (shape, source)} of the official layout for `config`.
 
-    `source` says what fixes the shape, for error messages.
+    `source` says what fixes the shape, for error messages; `corpus_info`
+    is the path they give for the corpus info.
     """
     from keras_txl.adaptive import cluster_has_projection
 
@@ -448,7 +450,7 @@ def official_variables(config):
     D, inner = cfg.hidden_dim, cfg.intermediate_dim
     N, H = cfg.num_heads, cfg.resolved_head_dim
     V, E = cfg.vocabulary_size, cfg.resolved_embedding_dim
-    info = f"{CORPUS_INFO_FILE} (vocab_size={V}, cutoffs={list(cfg.cutoffs)})"
+    info = f"{corpus_info} (vocab_size={V}, cutoffs={list(cfg.cutoffs)})"
     model = "the other variables"
     out = {}
     bias = (cfg.num_layers, N, H) if cfg.untie_relative_bias else (N, H)
@@ -496,7 +498,7 @@ def official_variables(config):
 
 def _check_layout(checkpoint, config):
     """Every expected variable present with its shape, nothing unknown."""
-    expected = official_variables(config)
+    expected = official_variables(config, checkpoint.corpus_info)
     p = checkpoint.prefix
     missing = [n for n in expected if not checkpoint.has(n)]
     if missing:
@@ -551,6 +553,7 @@ def official_config(prefix, corpus_info_path, preset=None, **config):
         settings.update(eval_protocol(preset))  # unknown names fail early
     size, cutoffs, dataset = read_corpus_info(corpus_info_path)
     checkpoint = _Checkpoint(prefix)
+    checkpoint.corpus_info = corpus_info_path
     inferred = infer_config(checkpoint, size, cutoffs, corpus_info_path)
     fixed = {**inferred, **OFFICIAL_SETTINGS}
     for key, value in config.items():

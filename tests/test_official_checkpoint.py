@@ -128,6 +128,24 @@ def test_checkpoint_path_forms(form, tmp_path):
     assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
 
 
+def test_stateful_import_equals_the_pure_model(tmp_path):
+    layout, _ = write_release(tmp_path, "lm1b")
+    pure = keras_txl.load_official_checkpoint(tmp_path, **settings(layout))
+    stateful = keras_txl.load_official_checkpoint(
+        tmp_path, stateful=True, batch_size=B, **settings(layout)
+    )
+    ids = np.random.default_rng(2).integers(0, layout.n_token, (B, 2 * layout.tgt_len))
+    memory = None
+    for s in range(2):
+        segment = ids[:, s * layout.tgt_len:(s + 1) * layout.tgt_len]
+        out = pure.call_with_memory(segment.astype("int32"), memory)
+        memory = out["memory"]
+        np.testing.assert_allclose(
+            stateful(segment.astype("int32")).numpy(), out["log_probs"].numpy(),
+            atol=1e-5,
+        )
+
+
 def test_release_layout_with_data_folder(tmp_path):
     """pretrained_xl/tf_<dataset>/{model,data/corpus-info.json}."""
     layout, _ = write_release(tmp_path / "model", "text8")
@@ -215,7 +233,7 @@ def test_vocab_size_contradicting_corpus_info(tmp_path):
     message = _load_error(tmp_path)
     assert "transformer/adaptive_embed/lookup_table" in message
     assert "[60, 32]" in message and "[61, 32]" in message
-    assert "corpus-info.json" in message
+    assert str(tmp_path / "corpus-info.json") in message and "model.ckpt-0" in message
 
 
 def test_cutoffs_contradicting_corpus_info(tmp_path):

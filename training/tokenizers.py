@@ -37,6 +37,12 @@ Every tokenizer turns a whole document (or a whole corpus split) into one
   `lower_case=True`). Lossy: case, accents and spacing around punctuation
   are not kept.
 
+`official_tokenizer(vocabulary, dataset)` builds the tokenizer of an
+official TF release from its vocabulary file (`docs/official_checkpoints.md`):
+a `word` tokenizer for wt103/lm1b, an `OfficialSymbolTokenizer` (enwik8
+byte values, text8 characters, as the official prep scripts write them)
+otherwise.
+
 Newlines: for `word`, `sentencepiece` and `wordpiece`, each `"\\n"` in the
 text becomes one `<eos>` id and `decode` turns it back into `"\\n"`. For a
 file that ends with a newline this is the reference "one `<eos>` per line";

@@ -5,8 +5,10 @@
         --batch-size 1 --segment-length 32 --quantize float16
 
 Sources: `--workdir DIR` (the training run's latest model folder,
-`DIR/model/`, written by `save_pretrained`) or `--from-hf DIR` (a Hugging
-Face TransfoXL folder). Outputs under `--out`:
+`DIR/model/`, written by `save_pretrained`), `--from-hf DIR` (a Hugging
+Face TransfoXL folder) or `--from-official DIR` (an official TF release,
+`docs/official_checkpoints.md`; `--vocabulary-file` adds its tokenizer).
+Outputs under `--out`:
 
     <out>/<name>/<version>/          SavedModel (format saved_model or all)
     <out>/<name>[-<quantize>].tflite stateless TFLite (format tflite or all)
@@ -38,6 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     source.add_argument(
         "--from-hf", dest="from_hf", metavar="DIR",
         help="Hugging Face TransfoXL folder (config.json + weights)",
+    )
+    source.add_argument(
+        "--from-official", dest="from_official", metavar="DIR",
+        help="official TF release (checkpoint + corpus-info.json), with the "
+        "paper's evaluation settings of its dataset",
+    )
+    parser.add_argument(
+        "--vocabulary-file", dest="vocabulary_file", metavar="FILE",
+        default=None, help="with --from-official: its symbols, one per line "
+        "(exported as the tokenizer)",
     )
     parser.add_argument(
         "--format", choices=FORMATS, default="saved_model",
@@ -97,6 +109,8 @@ def _load(args):
     import keras_txl
     from keras_txl import io
 
+    if getattr(args, "from_official", None) is not None:
+        return _load_official(args)
     if args.workdir is not None:
         model_dir = os.path.join(args.workdir, "model")
         if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
@@ -111,6 +125,31 @@ def _load(args):
         raise ValueError(f"--from-hf {args.from_hf!r} is not a folder.")
     model = keras_txl.load_hf_checkpoint(args.from_hf)
     return model, io.tokenizer_directory(args.from_hf)
+
+
+def _load_official(args):
+    """(model, tokenizer_dir) of an official release. The tokenizer (from
+    --vocabulary-file) goes to a temporary folder that `run` removes."""
+    import tempfile
+
+    from keras_txl.official_checkpoint import load_official_checkpoint
+    from keras_txl.official_checkpoint import official_dataset
+    from keras_txl.presets import EVAL_PROTOCOLS
+
+    dataset = official_dataset(args.from_official)
+    model = load_official_checkpoint(
+        args.from_official,
+        preset=dataset if dataset in EVAL_PROTOCOLS else None,
+        vocabulary_file=args.vocabulary_file,
+    )
+    if args.vocabulary_file is None:
+        return model, None
+    from keras_txl.tokenizers import official_tokenizer
+
+    directory = tempfile.mkdtemp(prefix="txl-official-tokenizer-")
+    args.temporary_dir = directory
+    official_tokenizer(model.vocabulary, dataset).save(directory)
+    return model, directory
 
 
 def tflite_file_name(name, quantize="none", stateful=False):
@@ -128,6 +167,16 @@ def run(args: argparse.Namespace) -> int:
                          f"received {value}.")
     if args.memory_length is not None and args.memory_length < 0:
         return _fail(f"--memory-length must be >= 0, received {args.memory_length}.")
+    try:
+        return _run(args)
+    finally:
+        if getattr(args, "temporary_dir", None):
+            import shutil
+
+            shutil.rmtree(args.temporary_dir, ignore_errors=True)
+
+
+def _run(args):
     try:
         model, tokenizer_dir = _load(args)
     except ValueError as e:

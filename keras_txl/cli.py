@@ -47,7 +47,14 @@ def build_parser():
 
     p = sub.add_parser("eval", help="evaluate a trained model (ppl / bpc)")
     _add_data_arguments(p)
-    p.add_argument("--workdir", required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir")
+    _add_official_arguments(p, source)
+    p.add_argument("--protocol", default=None,
+                   choices=("paper", *_PROTOCOLS),
+                   help="the paper's evaluation settings (segment, memory, "
+                   "clamp length, same_length) of a dataset; 'paper': the "
+                   "dataset of --from-official's corpus-info.json")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"])
     p.add_argument("--batch-size", dest="batch_size", type=int, default=1)
     p.add_argument("--segment-length", dest="segment_length", type=int, default=None)
@@ -75,6 +82,7 @@ def build_parser():
     source.add_argument("--from-hf", dest="from_hf", default=None, metavar="DIR",
                         help="Hugging Face TransfoXL folder (no tokenizer: "
                         "use --prompt-ids)")
+    _add_official_arguments(p, source)
     source.add_argument("--saved-model", dest="saved_model", default=None,
                         metavar="DIR", help="exported SavedModel (version "
                         "folder or its base); uses its next_token signature")
@@ -173,6 +181,97 @@ def build_parser():
     return parser
 
 
+# === --from-official (keras_txl/official_checkpoint.py) ===
+_PROTOCOLS = ("wt103", "enwik8", "text8", "lm1b")  # presets.EVAL_PROTOCOLS
+
+
+def _add_official_arguments(parser, source):
+    source.add_argument(
+        "--from-official", dest="from_official", default=None, metavar="DIR",
+        help="official TF release: checkpoint folder with corpus-info.json "
+        "(docs/official_checkpoints.md)")
+    parser.add_argument(
+        "--vocabulary-file", dest="vocabulary_file", default=None,
+        metavar="FILE", help="with --from-official: its symbols, one per "
+        "line (needed for text)")
+
+
+def _protocol(args, dataset=None):
+    """The EVAL_PROTOCOLS name --protocol asks for (None without it)."""
+    name = getattr(args, "protocol", None)
+    if name != "paper":
+        return name
+    if dataset not in _PROTOCOLS:
+        raise ValueError(
+            "--protocol paper takes the dataset from --from-official's "
+            f"corpus-info.json (found {dataset!r}); name one instead: "
+            f"--protocol {{{','.join(_PROTOCOLS)}}}."
+        )
+    return dataset
+
+
+def _official_model(args):
+    """(model, tokenizer or None) of --from-official. The paper's protocol
+    of its dataset applies unless --protocol names another."""
+    from keras_txl.official_checkpoint import load_official_checkpoint
+    from keras_txl.official_checkpoint import official_dataset
+
+    dataset = official_dataset(args.from_official)
+    preset = _protocol(args, dataset) or (
+        dataset if dataset in _PROTOCOLS else None)
+    model = load_official_checkpoint(
+        args.from_official, preset=preset,
+        vocabulary_file=args.vocabulary_file)
+    tokenizer = None
+    if args.vocabulary_file is not None:
+        from keras_txl.tokenizers import official_tokenizer
+
+        tokenizer = official_tokenizer(model.vocabulary, dataset)
+    return model, tokenizer
+
+
+def _eval(args):
+    """`txl eval`: a training run (training/run.py) or --from-official."""
+    if args.from_official is None:
+        from keras_txl.presets import eval_protocol
+        from keras_txl.training.run import eval_main
+
+        if args.protocol is not None:
+            settings = eval_protocol(_protocol(args))
+            for key in ("segment_length", "memory_length", "clamp_length"):
+                if getattr(args, key) is None:
+                    setattr(args, key, settings[key])
+            args.same_length = args.same_length or settings["same_length"]
+        return eval_main(args)
+    import json
+
+    import numpy as np
+
+    from keras_txl.training.corpora import load_corpus
+    from keras_txl.training.loop import evaluate
+
+    model, tokenizer = _official_model(args)
+    if not args.data or tokenizer is None:
+        raise ValueError("--from-official needs --data (the corpus to score) "
+                         "and --vocabulary-file (to tokenize it).")
+    corpus = load_corpus(args.data, data_dir=args.data_dir,
+                         download=args.download)
+    tokens = np.asarray(tokenizer.encode(corpus.split(args.split)), np.int32)
+    kwargs = {"batch_size": args.batch_size}
+    for key in ("segment_length", "memory_length", "clamp_length"):
+        if getattr(args, key) is not None:
+            kwargs[key] = getattr(args, key)
+    if args.same_length:
+        kwargs["same_length"] = True
+    result = evaluate(model, tokens, max_segments=args.max_segments or 0,
+                      **kwargs)
+    settings = {k: getattr(model.txl_config, k) for k in (
+        "segment_length", "memory_length", "clamp_length", "same_length")}
+    print(json.dumps({"split": args.split, **result,
+                      "settings": {**settings, **kwargs}}))
+    return 0
+
+
 def _parse_ids(text, name):
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
@@ -183,10 +282,13 @@ def _parse_ids(text, name):
 
 
 def _generation_source(args):
-    """(backend, tokenizer folder or None) for `txl generate`."""
+    """(backend, tokenizer folder or `Tokenizer` or None) for `txl generate`."""
     from keras_txl import generation
     from keras_txl import io
 
+    if args.from_official:
+        model, tokenizer = _official_model(args)
+        return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer
     if args.workdir or args.from_hf:
         if args.workdir:
             model_dir = os.path.join(args.workdir, "model")
@@ -225,11 +327,15 @@ def _generate(args):
         if tokenizer_dir is None:
             raise ValueError(
                 "this model has no tokenizer (none was saved or exported with "
-                "it); pass the prompt as ids with --prompt-ids 1,2,3."
+                "it; --from-official takes --vocabulary-file); pass the "
+                "prompt as ids with --prompt-ids 1,2,3."
             )
-        from keras_txl.tokenizers import load_tokenizer
+        if isinstance(tokenizer_dir, str):
+            from keras_txl.tokenizers import load_tokenizer
 
-        tokenizer = load_tokenizer(tokenizer_dir)
+            tokenizer = load_tokenizer(tokenizer_dir)
+        else:
+            tokenizer = tokenizer_dir  # --from-official: built in memory
         tokenizer.check_model_vocabulary(backend.vocabulary_size)
         prompt_ids = tokenizer.encode(args.prompt)
         if len(prompt_ids) == 0:
@@ -389,9 +495,7 @@ def main(argv=None):
 
             return train_main(args)
         if args.command == "eval":
-            from keras_txl.training.run import eval_main
-
-            return eval_main(args)
+            return _eval(args)
         if args.command == "export":
             from keras_txl.export import cli as export_cli
 

@@ -156,3 +156,62 @@ PRESETS = {
         "paper": None,
     },
 }
+
+# The paper's evaluation protocol for the released official TF models, as
+# run by kimiyoung/transformer-xl `tf/sota/{wt103,enwik8,text8,lm1b}.sh`
+# (TEST_TGT_LEN / TEST_MEM_LEN / TEST_CLAMP_LEN, --same_length=True,
+# dropout and dropatt 0). The official `_create_mask` lets each query see
+# M + 1 keys with same_length ("official_tf").
+EVAL_PROTOCOLS = {
+    "wt103": dict(segment_length=128, memory_length=1600, clamp_length=1000,
+                  same_length=True),
+    "enwik8": dict(segment_length=128, memory_length=3800, clamp_length=1000,
+                   same_length=True),
+    "text8": dict(segment_length=128, memory_length=3800, clamp_length=1000,
+                  same_length=True),
+    "lm1b": dict(segment_length=32, memory_length=128, clamp_length=-1,
+                 same_length=True),
+}
+# The paper presets whose evaluation is one of the protocols above.
+PROTOCOL_OF_PRESET = {
+    "wt103_large": "wt103",
+    "enwik8_large": "enwik8",
+    "text8_large": "text8",
+    "lm1b_large": "lm1b",
+}
+
+
+def eval_protocol(name):
+    """The settings of a paper protocol (a copy), with the mask convention.
+
+    Args:
+        name: str. A key of `EVAL_PROTOCOLS` ("wt103", "enwik8", "text8",
+            "lm1b") or a paper preset of `PROTOCOL_OF_PRESET`.
+
+    Returns:
+        dict of `TransformerXLConfig` fields: segment_length,
+        memory_length, clamp_length, same_length and
+        same_length_convention="official_tf".
+    """
+    key = PROTOCOL_OF_PRESET.get(name, name)
+    if key not in EVAL_PROTOCOLS:
+        raise ValueError(
+            f"Unknown evaluation protocol {name!r}. Available: "
+            f"{sorted(EVAL_PROTOCOLS) + sorted(PROTOCOL_OF_PRESET)}."
+        )
+    return {**EVAL_PROTOCOLS[key], "same_length_convention": "official_tf"}
+
+
+def apply_eval_protocol(config, name):
+    """`config` with the paper's evaluation settings of `name`.
+
+    Only settings that do not change weight shapes are replaced, so the
+    result evaluates the same weights (`model.with_settings(**...)` or a
+    model built from it).
+
+    Example:
+    ```python
+    config = apply_eval_protocol(model.txl_config, "wt103")
+    ```
+    """
+    return config.replace(**eval_protocol(name))

@@ -37,6 +37,12 @@ Every tokenizer turns a whole document (or a whole corpus split) into one
   `lower_case=True`). Lossy: case, accents and spacing around punctuation
   are not kept.
 
+`official_tokenizer(vocabulary, dataset)` builds the tokenizer of an
+official TF release from its vocabulary file (`docs/official_checkpoints.md`):
+a `word` tokenizer for wt103/lm1b, an `OfficialSymbolTokenizer` (enwik8
+byte values, text8 characters, as the official prep scripts write them)
+otherwise.
+
 Newlines: for `word`, `sentencepiece` and `wordpiece`, each `"\\n"` in the
 text becomes one `<eos>` id and `decode` turns it back into `"\\n"`. For a
 file that ends with a newline this is the reference "one `<eos>` per line";
@@ -84,12 +90,14 @@ __all__ = [
     "UNK_TOKEN",
     "ByteTokenizer",
     "CharTokenizer",
+    "OfficialSymbolTokenizer",
     "SentencePieceTokenizer",
     "Tokenizer",
     "WordPieceTokenizer",
     "WordTokenizer",
     "build_tokenizer",
     "load_tokenizer",
+    "official_tokenizer",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -616,7 +624,9 @@ class WordTokenizer(Tokenizer):
             contain `unk_token` (and `eos_token` when `add_eos`).
         add_eos: bool. Whether newlines become `eos_token`.
         lower_case: bool. Lower-case the text before the lookup.
-        unk_token: str. Token for words not in the vocabulary.
+        unk_token: str or None. Token for words not in the vocabulary;
+            None (a vocabulary without one, as some official releases
+            have) makes `encode` raise on an unknown word.
         eos_token: str. End-of-line token.
 
     Example:
@@ -639,7 +649,7 @@ class WordTokenizer(Tokenizer):
         unk_token: str = UNK_TOKEN,
         eos_token: str = EOS_TOKEN,
     ):
-        required = {"unknown": unk_token}
+        required = {} if unk_token is None else {"unknown": unk_token}
         if add_eos:
             required["end-of-line"] = eos_token
         vocabulary = _check_vocabulary(vocabulary, required)
@@ -648,7 +658,7 @@ class WordTokenizer(Tokenizer):
         self._lower_case = bool(lower_case)
         self._unk_token = unk_token
         self._eos_token = eos_token
-        self._unk_id = vocabulary.index(unk_token)
+        self._unk_id = None if unk_token is None else vocabulary.index(unk_token)
         self._eos_id = vocabulary.index(eos_token) if add_eos else None
         self._id_to_token = np.array(vocabulary, dtype=object)
         self._table = tf.lookup.StaticHashTable(
@@ -656,7 +666,7 @@ class WordTokenizer(Tokenizer):
                 tf.constant([_utf8(token) for token in vocabulary]),
                 tf.range(len(vocabulary), dtype=tf.int64),
             ),
-            default_value=self._unk_id,
+            default_value=-1 if self._unk_id is None else self._unk_id,
         )
         self._splitter = tf_text.WhitespaceTokenizer()
 
@@ -754,7 +764,7 @@ class WordTokenizer(Tokenizer):
         return self._eos_id
 
     @property
-    def unk_id(self) -> int:
+    def unk_id(self) -> int | None:
         return self._unk_id
 
     def get_config(self) -> dict:
@@ -771,6 +781,14 @@ class WordTokenizer(Tokenizer):
         for chunk in _line_chunks(_check_text(text)):
             words = self._words(_split_lines(chunk))
             ids = tf.ragged.map_flat_values(self._table.lookup, words)
+            if self._unk_id is None:
+                unknown = ids.flat_values.numpy() < 0
+                if unknown.any():
+                    word = words.flat_values.numpy()[unknown][0]
+                    raise ValueError(
+                        f"word {word.decode('utf-8')!r} is not in the "
+                        "vocabulary, which has no unknown token."
+                    )
             if self._add_eos:
                 pieces.append(_append_eos(ids, self._eos_id))
             else:
@@ -1166,6 +1184,145 @@ class WordPieceTokenizer(Tokenizer):
 
 
 
+class OfficialSymbolTokenizer(Tokenizer):
+    """The symbols of the official enwik8 and text8 releases.
+
+    The official preprocessing writes enwik8 as the decimal values of its
+    UTF-8 bytes (`prep_enwik8.py`: "60 109 101 ...") and text8 as its
+    characters with "_" for a space (`prep_text8.py`), separated by spaces;
+    `data_utils.py` then drops the newlines (no `<eos>` for these
+    datasets). This tokenizer applies the same steps to raw text, so its
+    ids are the ids the official models were trained and evaluated on. The
+    official vocabularies have no unknown symbol: a symbol outside the
+    vocabulary raises a `ValueError`.
+
+    Args:
+        vocabulary: list of str. The release's symbols in id order (see
+            `docs/official_checkpoints.md`): decimal byte values for
+            enwik8, single characters for text8.
+        dataset: str. "enwik8" or "text8".
+
+    Example:
+
+    >>> tokenizer = OfficialSymbolTokenizer(["_", "a", "b"], "text8")
+    >>> tokenizer.encode("ab a").tolist()
+    [1, 2, 0, 1]
+    """
+
+    kind = "official_symbols"
+    DATASETS = ("enwik8", "text8")
+
+    def __init__(self, vocabulary, dataset: str):
+        if dataset not in self.DATASETS:
+            raise ValueError(
+                f"`dataset` must be one of {self.DATASETS}, received "
+                f"dataset={dataset!r}."
+            )
+        vocabulary = _check_vocabulary(vocabulary, {})
+        for index, token in enumerate(vocabulary):
+            if dataset == "enwik8" and not (
+                token.isdigit() and 0 <= int(token) < 256
+            ):
+                raise ValueError(
+                    "an enwik8 vocabulary holds byte values 0-255 written in "
+                    f"decimal. Received {token!r} at index {index}."
+                )
+            if dataset == "text8" and len(token) != 1:
+                raise ValueError(
+                    "a text8 vocabulary holds single characters. Received "
+                    f"{token!r} at index {index}."
+                )
+        self._vocabulary = vocabulary
+        self._dataset = dataset
+        self._ids = {token: index for index, token in enumerate(vocabulary)}
+
+    @classmethod
+    def fit(cls, texts, *, dataset: str):
+        """A vocabulary of the symbols of `texts` in decreasing frequency
+        (the official order; ties by first appearance)."""
+        counts: dict = {}
+        for text in _as_texts(texts):
+            for symbol in cls._symbols_of(text, dataset):
+                counts[symbol] = counts.get(symbol, 0) + 1
+        return cls(_frequency_order(counts), dataset)
+
+    @staticmethod
+    def _symbols_of(text: str, dataset: str) -> list:
+        if dataset == "enwik8":
+            data = text.encode("utf-8", "surrogateescape")
+            return [str(byte) for byte in data if byte != 10]
+        return ["_" if c == " " else c for c in text if c != "\n"]
+
+    @classmethod
+    def _from_directory(cls, directory, config):
+        return cls(config["vocabulary"], config["dataset"])
+
+    @property
+    def vocabulary(self) -> list[str]:
+        """list of str. The symbol of each id."""
+        return list(self._vocabulary)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self._vocabulary)
+
+    def get_config(self) -> dict:
+        return {
+            **super().get_config(),
+            "dataset": self._dataset,
+            "vocabulary": self.vocabulary,
+        }
+
+    def encode(self, text: str) -> np.ndarray:
+        symbols = self._symbols_of(_check_text(text), self._dataset)
+        try:
+            ids = [self._ids[symbol] for symbol in symbols]
+        except KeyError as error:
+            raise ValueError(
+                f"symbol {error.args[0]!r} is not in the {self._dataset} "
+                "vocabulary (the official vocabularies have no unknown "
+                "symbol)."
+            ) from None
+        return np.asarray(ids, dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        tokens = [self._vocabulary[i] for i in _ids_array(ids, self.vocabulary_size)]
+        if self._dataset == "enwik8":
+            data = bytes(int(token) for token in tokens)
+            return data.decode("utf-8", "replace")
+        return "".join(" " if token == "_" else token for token in tokens)
+
+
+def official_tokenizer(vocabulary, dataset: str) -> Tokenizer:
+    """The tokenizer of an official Transformer-XL release.
+
+    Args:
+        vocabulary: list of str. The release's symbols in id order.
+        dataset: str. "wt103", "lm1b", "enwik8" or "text8" (the `dataset`
+            of its `corpus-info.json`).
+
+    Returns:
+        wt103: a `WordTokenizer` with `<eos>` for newlines and `<unk>`;
+        lm1b: a `WordTokenizer` ending each line with `<S>` and mapping
+        unknown words to `<UNK>` (the official stream also opens every
+        sentence with `<S>`; prepend it when scoring);
+        enwik8 / text8: an `OfficialSymbolTokenizer`.
+    """
+    vocabulary = list(vocabulary)
+    if dataset in OfficialSymbolTokenizer.DATASETS:
+        return OfficialSymbolTokenizer(vocabulary, dataset)
+    if dataset == "wt103":
+        unk = UNK_TOKEN if UNK_TOKEN in vocabulary else None
+        return WordTokenizer(vocabulary, unk_token=unk, eos_token=EOS_TOKEN)
+    if dataset == "lm1b":
+        unk = "<UNK>" if "<UNK>" in vocabulary else None
+        return WordTokenizer(vocabulary, unk_token=unk, eos_token="<S>")
+    raise ValueError(
+        "`dataset` must be one of ('wt103', 'lm1b', 'enwik8', 'text8'), "
+        f"received dataset={dataset!r}."
+    )
+
+
 # === Building and loading ===
 
 _TOKENIZERS = {
@@ -1179,6 +1336,8 @@ _TOKENIZERS = {
     )
 }
 TOKENIZER_KINDS = tuple(_TOKENIZERS)
+# Kinds that are read back but not fitted by `build_tokenizer`.
+_LOADABLE = {**_TOKENIZERS, OfficialSymbolTokenizer.kind: OfficialSymbolTokenizer}
 
 
 def _tokenizer_class(kind) -> type:
@@ -1262,9 +1421,9 @@ def load_tokenizer(directory) -> Tokenizer:
             f"keras-txl reads format_version={FORMAT_VERSION}."
         )
     try:
-        tokenizer = _tokenizer_class(config["kind"])._from_directory(
-            directory, config
-        )
+        kind = config["kind"]
+        cls = _LOADABLE[kind] if kind in _LOADABLE else _tokenizer_class(kind)
+        tokenizer = cls._from_directory(directory, config)
     except KeyError as error:
         raise ValueError(f"{path} is missing the key {error}.") from None
     expected = config.get("vocabulary_size")

@@ -1,0 +1,732 @@
+"""Import the official TensorFlow releases of Transformer-XL.
+
+The authors' TF1 code (kimiyoung/transformer-xl, `tf/model.py`) saved its
+models as name-based checkpoints (`model.ckpt-N.index` / `.data-*`, with a
+`checkpoint` state file) beside a `corpus-info.json`
+(`{"vocab_size": ..., "cutoffs": [0, c_1, ..., vocab_size], "dataset": ...}`).
+This module reads them with `tf.train.load_checkpoint` only: no TF1 graph
+is built and nothing is unpickled (the releases' `cache.pkl`, which holds
+the vocabulary, is never opened; see `docs/official_checkpoints.md`).
+
+Everything the variable shapes and `corpus-info.json` determine is inferred
+(vocabulary, cutoffs, div_val, widths, layers, heads, untie_r, which
+projections are shared, proj_same_dim) and cross-checked; the rest
+(memory_length, clamp_length, same_length, segment_length) comes from a
+paper protocol (`preset=`) or keyword arguments.
+
+The official layout, all under the variable scope `transformer/`
+(time-major code; Dense kernels are `[in, out]`, as in Keras):
+
+    r_w_bias, r_r_bias                      [N, H], or [L, N, H] (untie_r)
+    adaptive_embed/lookup_table             [V, E]        (div_val 1)
+    adaptive_embed/proj_W                   [E, D]        (iff E != D)
+    adaptive_embed/cutoff_i/lookup_table    [V_i, E_i]    (div_val > 1)
+    adaptive_embed/cutoff_i/proj_W          [E_i, D]      (omitted when
+                                            E_i == D and not proj_same_dim)
+    layer_l/rel_attn/qkv/kernel             [D, 3 N H]    (q | k | v)
+    layer_l/rel_attn/r/kernel               [D, N H]
+    layer_l/rel_attn/o/kernel               [N H, D]
+    layer_l/rel_attn/LayerNorm/{gamma,beta} [D]
+    layer_l/ff/layer_1/{kernel,bias}        [D, I], [I]
+    layer_l/ff/layer_2/{kernel,bias}        [I, D], [D]
+    layer_l/ff/LayerNorm/{gamma,beta}       [D]
+    adaptive_softmax/bias                   [V]           (no cutoffs)
+    adaptive_softmax/cutoff_i/b             [V_i]
+    adaptive_softmax/cutoff_0/cluster_W     [C, E]
+    adaptive_softmax/cutoff_0/cluster_b     [C]
+    adaptive_softmax/cutoff_i/proj          [E_i, D]      (untied only)
+
+Output tables are always the embedding tables (the official code ties
+them); a cluster whose softmax has no `proj` of its own shares the
+embedding's `proj_W` (`proj_share_all_but_first`).
+
+Shape legend: L num_layers, N num_heads, H head_dim, D hidden_dim,
+E embedding_dim, E_i cluster width, V vocabulary, V_i cluster size,
+C tail clusters, I intermediate_dim.
+
+Reference: Dai et al., 2019, arXiv:1901.02860; kimiyoung/transformer-xl
+`tf/model.py`, `tf/train_gpu.py`, `tf/data_utils.py`, `tf/sota/*.sh`.
+"""
+
+import glob
+import json
+import logging
+import os
+import re
+
+import numpy as np
+
+from keras_txl.config import TransformerXLConfig
+
+logger = logging.getLogger(__name__)
+
+CORPUS_INFO_FILE = "corpus-info.json"
+SCOPE = "transformer/"
+
+# Non-model bookkeeping a training run leaves in the checkpoint: optimizer
+# slots (`<var>/Adam`, `<var>/Adam_1`, ...), Adam's beta powers, the step.
+_SLOT = re.compile(
+    r"/(Adam|Adam_\d+|Momentum|Adagrad|Adadelta(_\d+)?|RMSProp(_\d+)?|"
+    r"ExponentialMovingAverage|Ftrl(_\d+)?)$"
+)
+_BOOKKEEPING = re.compile(
+    r"^(global_step|beta1_power(_\d+)?|beta2_power(_\d+)?|"
+    r"learning_rate|_CHECKPOINTABLE_OBJECT_GRAPH)$"
+)
+_LAYER = re.compile(r"^transformer/layer_(\d+)/")
+
+# What the official code fixes: a keyword argument may repeat these values
+# but not change them.
+OFFICIAL_SETTINGS = dict(
+    attention_type="relative",
+    pre_layer_norm=False,
+    tie_embeddings=True,
+    # tf.contrib.layers.layer_norm hard-codes 1e-12.
+    layer_norm_epsilon=1e-12,
+    # `_create_mask` with same_length: a query sees M + 1 keys.
+    same_length_convention="official_tf",
+)
+# Evaluation defaults (the official eval scripts pass dropout=dropatt=0).
+EVALUATION_SETTINGS = dict(dropout=0.0, attention_dropout=0.0)
+
+
+def is_bookkeeping(name):
+    """Whether a checkpoint variable is an optimizer slot or a counter."""
+    return bool(_SLOT.search(name) or _BOOKKEEPING.match(name))
+
+
+# === Files ===
+
+
+def resolve_checkpoint(path):
+    """(checkpoint prefix, folder) for a folder or a checkpoint prefix.
+
+    A folder is resolved through its `checkpoint` state file, or, when that
+    is absent or names a file that is not there (a path from the training
+    machine), through its single `*.index` file.
+
+    Raises:
+        ValueError: no checkpoint, or several without a state file.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        import tensorflow as tf
+
+        prefix = tf.train.latest_checkpoint(path)
+        if prefix is not None:
+            return prefix, path
+        indexes = sorted(glob.glob(os.path.join(path, "*.index")))
+        if len(indexes) == 1:
+            return indexes[0][: -len(".index")], path
+        if not indexes:
+            raise ValueError(
+                f"No TF checkpoint in {path!r}: expected a `checkpoint` "
+                "state file or a `model.ckpt-N.index` file (with its "
+                "`.data-*` files)."
+            )
+        names = [os.path.basename(p)[: -len(".index")] for p in indexes]
+        raise ValueError(
+            f"{path!r} holds several checkpoints {names} and no `checkpoint` "
+            "state file naming one; pass the prefix, e.g. "
+            f"{os.path.join(path, names[-1])!r}."
+        )
+    if os.path.isfile(path + ".index"):
+        return path, os.path.dirname(os.path.abspath(path))
+    if path.endswith(".index") and os.path.isfile(path):
+        return path[: -len(".index")], os.path.dirname(os.path.abspath(path))
+    raise ValueError(
+        f"`path`={path!r} is neither a folder nor a checkpoint prefix (no "
+        f"{path + '.index'!r}). Pass the release's model folder or a prefix "
+        "such as 'model/model.ckpt-0'."
+    )
+
+
+def read_corpus_info(path):
+    """Reads `corpus-info.json`: (vocabulary_size, inner cutoffs, dataset).
+
+    The official `data_utils.py` writes the cutoffs with 0 and vocab_size at
+    the ends (`[0, 20000, 40000, 200000, 267735]`, `[]` without adaptive
+    softmax); a list of inner cutoffs only (`[20000, 40000, 200000]`) is
+    accepted too.
+
+    Raises:
+        ValueError: a missing file, bad JSON, or values that do not fit.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"No {CORPUS_INFO_FILE} at {path!r}: the official releases keep "
+            "it in their data folder (`{\"vocab_size\": ..., \"cutoffs\": "
+            "[...], \"dataset\": ...}`); copy it beside the checkpoint or "
+            "pass `corpus_info=`."
+        )
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {info!r}.")
+    size = info.get("vocab_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError(
+            f"{path}: `vocab_size` must be a positive integer, received "
+            f"{size!r}."
+        )
+    cutoffs = info.get("cutoffs", [])
+    if not isinstance(cutoffs, list) or any(
+        not isinstance(c, int) or isinstance(c, bool) for c in cutoffs
+    ):
+        raise ValueError(
+            f"{path}: `cutoffs` must be a list of integers, received "
+            f"{cutoffs!r}."
+        )
+    if cutoffs and cutoffs[0] == 0:
+        if cutoffs[-1] != size:
+            raise ValueError(
+                f"{path}: `cutoffs`={cutoffs} starts with 0, so it must end "
+                f"with vocab_size={size} (the official format "
+                "[0, c_1, ..., vocab_size])."
+            )
+        cutoffs = cutoffs[1:-1]
+    if cutoffs != sorted(set(cutoffs)) or (
+        cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= size)
+    ):
+        raise ValueError(
+            f"{path}: `cutoffs`={info.get('cutoffs')} must increase strictly "
+            f"inside (0, vocab_size={size})."
+        )
+    return size, tuple(cutoffs), info.get("dataset")
+
+
+def read_vocabulary_file(path, vocabulary_size=None):
+    """Reads a vocabulary file: one symbol per line, the id is the line.
+
+    Args:
+        path: str. A UTF-8 text file (see `docs/official_checkpoints.md` for
+            how to write it from a release's `cache.pkl`).
+        vocabulary_size: int or None. The size the checkpoint needs.
+
+    Returns:
+        list of str.
+
+    Raises:
+        ValueError: a missing file, an empty or repeated symbol, or a size
+            other than `vocabulary_size`.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"`vocabulary_file`={path!r} does not exist.")
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    if text.endswith("\n"):
+        text = text[:-1]
+    symbols = [s[:-1] if s.endswith("\r") else s for s in text.split("\n")]
+    if text == "":
+        symbols = []
+    for line, symbol in enumerate(symbols, start=1):
+        if symbol == "":
+            raise ValueError(
+                f"`vocabulary_file` {path}: line {line} is empty; every line "
+                "must hold one symbol (the id is the line number - 1)."
+            )
+    seen = {}
+    for line, symbol in enumerate(symbols, start=1):
+        if symbol in seen:
+            raise ValueError(
+                f"`vocabulary_file` {path}: symbol {symbol!r} on line {line} "
+                f"repeats line {seen[symbol]}."
+            )
+        seen[symbol] = line
+    if vocabulary_size is not None and len(symbols) != vocabulary_size:
+        raise ValueError(
+            f"`vocabulary_file` {path} has {len(symbols)} symbols, but the "
+            f"checkpoint and {CORPUS_INFO_FILE} have vocab_size="
+            f"{vocabulary_size}: the file belongs to another model (or "
+            "lost/gained lines when it was written)."
+        )
+    return symbols
+
+
+def find_corpus_info(directory):
+    """`corpus-info.json` beside the checkpoint, else in `../data/` (the
+    releases' `tf_<dataset>/{model,data}` layout); the first if neither."""
+    candidates = [
+        os.path.join(directory, CORPUS_INFO_FILE),
+        os.path.join(os.path.dirname(os.path.abspath(directory)), "data",
+                     CORPUS_INFO_FILE),
+    ]
+    return next((c for c in candidates if os.path.isfile(c)), candidates[0])
+
+
+def official_dataset(path):
+    """The `dataset` named by the corpus info of a release (or None)."""
+    _, directory = resolve_checkpoint(path)
+    return read_corpus_info(find_corpus_info(directory))[2]
+
+
+class _Checkpoint:
+    """The model variables of a checkpoint, with checked access."""
+
+    def __init__(self, prefix):
+        import tensorflow as tf
+
+        self.prefix = prefix
+        self.corpus_info = CORPUS_INFO_FILE  # its path, once known
+        try:
+            self.reader = tf.train.load_checkpoint(prefix)
+        except Exception as e:  # TF raises several error types here
+            raise ValueError(
+                f"Could not read the TF checkpoint {prefix!r} (truncated or "
+                f"missing .data file?): {e}"
+            ) from None
+        shapes = self.reader.get_variable_to_shape_map()
+        self.skipped = sorted(n for n in shapes if is_bookkeeping(n))
+        self.shapes = {
+            name: tuple(shape)
+            for name, shape in shapes.items()
+            if not is_bookkeeping(name)
+        }
+
+    def has(self, name):
+        return name in self.shapes
+
+    def shape(self, name, why=""):
+        if name not in self.shapes:
+            raise ValueError(
+                f"{self.prefix}: missing variable {name!r}{why}. Is this an "
+                "official Transformer-XL checkpoint (tf/model.py)?"
+            )
+        return self.shapes[name]
+
+    def read(self, name):
+        return np.asarray(self.reader.get_tensor(name), dtype=np.float32)
+
+
+# === Configuration ===
+
+
+def _infer_div_val(widths, prefix):
+    """div_val from the cluster widths E_i = E // div_val**i."""
+    first = widths[0]
+    for div_val in range(2, first + 1):
+        if all(first // div_val**i == w for i, w in enumerate(widths)):
+            return div_val
+    names = [
+        f"{SCOPE}adaptive_embed/cutoff_{i}/lookup_table"
+        for i in range(len(widths))
+    ]
+    raise ValueError(
+        f"{prefix}: the widths {list(widths)} of {names} do not follow "
+        "E_i = E // div_val**i for any div_val > 1."
+    )
+
+
+def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
+    """The architecture fields a checkpoint and its corpus info determine."""
+    ckpt = checkpoint
+    p = ckpt.prefix
+    bias = ckpt.shape(SCOPE + "r_w_bias", " (the relative-position bias u)")
+    if len(bias) == 3:
+        untie, (bias_layers, num_heads, head_dim) = True, bias
+    elif len(bias) == 2:
+        untie, bias_layers, (num_heads, head_dim) = False, None, bias
+    else:
+        raise ValueError(
+            f"{p}: variable {SCOPE}r_w_bias has shape {bias}; expected "
+            "[n_head, d_head] or [n_layer, n_head, d_head] (untie_r)."
+        )
+    layers = sorted({
+        int(m.group(1)) for m in map(_LAYER.match, ckpt.shapes) if m
+    })
+    if not layers:
+        raise ValueError(
+            f"{p}: no {SCOPE}layer_0/... variables: not an official "
+            "Transformer-XL checkpoint."
+        )
+    num_layers = layers[-1] + 1
+    if untie and bias_layers != num_layers:
+        raise ValueError(
+            f"{p}: variable {SCOPE}r_w_bias has shape {bias} "
+            f"(n_layer={bias_layers}) but the checkpoint has layers up to "
+            f"{SCOPE}layer_{num_layers - 1}."
+        )
+    qkv_name = SCOPE + "layer_0/rel_attn/qkv/kernel"
+    qkv = ckpt.shape(qkv_name)
+    if len(qkv) != 2 or qkv[1] != 3 * num_heads * head_dim:
+        raise ValueError(
+            f"{p}: variable {qkv_name} has shape {qkv}; expected "
+            f"[d_model, 3 * n_head * d_head] = [d_model, "
+            f"{3 * num_heads * head_dim}] from {SCOPE}r_w_bias {bias}."
+        )
+    hidden_dim = qkv[0]
+    ff_name = SCOPE + "layer_0/ff/layer_1/kernel"
+    ff = ckpt.shape(ff_name)
+    if len(ff) != 2 or ff[0] != hidden_dim:
+        raise ValueError(
+            f"{p}: variable {ff_name} has shape {ff}; expected "
+            f"[d_model={hidden_dim}, d_inner] from {qkv_name} {qkv}."
+        )
+    intermediate_dim = ff[1]
+
+    embed = SCOPE + "adaptive_embed/"
+    if ckpt.has(embed + "lookup_table"):
+        div_val = 1
+        table = ckpt.shape(embed + "lookup_table")
+        if len(table) != 2:
+            raise ValueError(
+                f"{p}: variable {embed}lookup_table has shape {table}; "
+                "expected [n_token, d_embed]."
+            )
+        embedding_dim = table[1]
+        embed_projections = [ckpt.has(embed + "proj_W")] * (len(cutoffs) + 1)
+        project_same_dim = True
+    elif ckpt.has(embed + "cutoff_0/lookup_table"):
+        widths = []
+        while ckpt.has(embed + f"cutoff_{len(widths)}/lookup_table"):
+            shape = ckpt.shape(embed + f"cutoff_{len(widths)}/lookup_table")
+            if len(shape) != 2:
+                raise ValueError(
+                    f"{p}: variable {embed}cutoff_{len(widths)}/lookup_table "
+                    f"has shape {shape}; expected [cluster size, width]."
+                )
+            widths.append(shape[1])
+        if len(widths) != len(cutoffs) + 1:
+            raise ValueError(
+                f"{p}: {len(widths)} adaptive embedding tables "
+                f"({embed}cutoff_0..{len(widths) - 1}/lookup_table) but "
+                f"{info_path} has {len(cutoffs)} cutoffs {list(cutoffs)}, "
+                f"so {len(cutoffs) + 1} clusters: the corpus info belongs "
+                "to another model."
+            )
+        div_val = _infer_div_val(widths, p)
+        embedding_dim = widths[0]
+        embed_projections = [
+            ckpt.has(embed + f"cutoff_{i}/proj_W") for i in range(len(widths))
+        ]
+        # proj_same_dim only shows on a cluster as wide as d_model.
+        same = [i for i, w in enumerate(widths) if w == hidden_dim]
+        project_same_dim = embed_projections[same[0]] if same else True
+    else:
+        raise ValueError(
+            f"{p}: missing variable {embed}lookup_table (or "
+            f"{embed}cutoff_0/lookup_table with adaptive input). Is this an "
+            "official Transformer-XL checkpoint (tf/model.py)?"
+        )
+
+    if cutoffs:
+        softmax = SCOPE + "adaptive_softmax/"
+        tie_projections = tuple(
+            embed_projections[i] and not ckpt.has(softmax + f"cutoff_{i}/proj")
+            for i in range(len(cutoffs) + 1)
+        )
+    else:
+        # Without cutoffs the official softmax always reuses the embedding's
+        # projection (`params_projs`), if there is one.
+        tie_projections = (True,)
+    return dict(
+        vocabulary_size=vocabulary_size,
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        intermediate_dim=intermediate_dim,
+        embedding_dim=embedding_dim,
+        cutoffs=tuple(cutoffs),
+        div_val=div_val,
+        tie_projections=tie_projections,
+        project_same_dim=project_same_dim,
+        untie_relative_bias=untie,
+    )
+
+
+def official_variables(config, corpus_info=CORPUS_INFO_FILE):
+    """{name: (shape, source)} of the official layout for `config`.
+
+    `source` says what fixes the shape, for error messages; `corpus_info`
+    is the path they give for the corpus info.
+    """
+
+    cfg = config
+    D, inner = cfg.hidden_dim, cfg.intermediate_dim
+    N, H = cfg.num_heads, cfg.resolved_head_dim
+    V, E = cfg.vocabulary_size, cfg.resolved_embedding_dim
+    info = f"{corpus_info} (vocab_size={V}, cutoffs={list(cfg.cutoffs)})"
+    model = "the other variables"
+    out = {}
+    bias = (cfg.num_layers, N, H) if cfg.untie_relative_bias else (N, H)
+    out[SCOPE + "r_w_bias"] = (bias, model)
+    out[SCOPE + "r_r_bias"] = (bias, SCOPE + "r_w_bias")
+    embed = SCOPE + "adaptive_embed/"
+    if cfg.div_val == 1:
+        out[embed + "lookup_table"] = ((V, E), info)
+        if E != D:
+            out[embed + "proj_W"] = ((E, D), model)
+    else:
+        for i, (start, end) in enumerate(cfg.cluster_bounds):
+            width = cfg.cluster_embedding_dim(i)
+            out[embed + f"cutoff_{i}/lookup_table"] = ((end - start, width), info)
+            if cfg.cluster_has_projection(i):
+                out[embed + f"cutoff_{i}/proj_W"] = ((width, D), model)
+    for layer in range(cfg.num_layers):
+        a = SCOPE + f"layer_{layer}/rel_attn/"
+        f = SCOPE + f"layer_{layer}/ff/"
+        out[a + "qkv/kernel"] = ((D, 3 * N * H), model)
+        out[a + "r/kernel"] = ((D, N * H), model)
+        out[a + "o/kernel"] = ((N * H, D), model)
+        out[a + "LayerNorm/gamma"] = ((D,), model)
+        out[a + "LayerNorm/beta"] = ((D,), model)
+        out[f + "layer_1/kernel"] = ((D, inner), model)
+        out[f + "layer_1/bias"] = ((inner,), model)
+        out[f + "layer_2/kernel"] = ((inner, D), model)
+        out[f + "layer_2/bias"] = ((D,), model)
+        out[f + "LayerNorm/gamma"] = ((D,), model)
+        out[f + "LayerNorm/beta"] = ((D,), model)
+    softmax = SCOPE + "adaptive_softmax/"
+    if not cfg.cutoffs:
+        out[softmax + "bias"] = ((V,), info)
+        return out
+    ties = cfg.resolved_tie_projections
+    for i, (start, end) in enumerate(cfg.cluster_bounds):
+        width = cfg.cluster_embedding_dim(i)
+        out[softmax + f"cutoff_{i}/b"] = ((end - start,), info)
+        if cfg.cluster_has_projection(i) and not ties[i]:
+            out[softmax + f"cutoff_{i}/proj"] = ((width, D), model)
+    out[softmax + "cutoff_0/cluster_W"] = ((cfg.num_clusters, E), info)
+    out[softmax + "cutoff_0/cluster_b"] = ((cfg.num_clusters,), info)
+    return out
+
+
+def _check_layout(checkpoint, config):
+    """Every expected variable present with its shape, nothing unknown."""
+    expected = official_variables(config, checkpoint.corpus_info)
+    p = checkpoint.prefix
+    missing = [n for n in expected if not checkpoint.has(n)]
+    if missing:
+        more = ""
+        if len(missing) > 1:
+            more = f" (and {len(missing) - 1} more: {missing[1:4]})"
+        raise ValueError(
+            f"{p}: missing variable {missing[0]!r}{more}"
+            f"; the other variables and {CORPUS_INFO_FILE} imply it. A "
+            "truncated or partly renamed checkpoint?"
+        )
+    for name, (shape, source) in expected.items():
+        got = checkpoint.shapes[name]
+        if got != shape:
+            raise ValueError(
+                f"{p}: variable {name!r} has shape {list(got)}, expected "
+                f"{list(shape)} from {source}: the checkpoint and "
+                f"{CORPUS_INFO_FILE} do not belong together, or the "
+                "checkpoint is not an official Transformer-XL."
+            )
+    unknown = sorted(set(checkpoint.shapes) - set(expected))
+    if unknown:
+        raise ValueError(
+            f"{p}: unknown variable(s) {unknown[:5]}"
+            f"{' ...' if len(unknown) > 5 else ''}: not part of the official "
+            "Transformer-XL layout for this configuration (and not an "
+            "optimizer slot or global_step, which are skipped). A model "
+            "from modified code cannot be imported as is."
+        )
+
+
+def official_config(prefix, corpus_info_path, preset=None, **config):
+    """The `TransformerXLConfig` of an official checkpoint (no weights read).
+
+    Args:
+        prefix: str. Checkpoint prefix.
+        corpus_info_path: str. Its `corpus-info.json`.
+        preset: str or None. A paper protocol (`EVAL_PROTOCOLS` key or a
+            paper preset name) for segment/memory/clamp length and
+            same_length.
+        **config: other `TransformerXLConfig` fields (what the checkpoint
+            does not fix).
+
+    Returns:
+        (config, checkpoint): the config and the opened `_Checkpoint`.
+    """
+    from keras_txl.presets import EVAL_PROTOCOLS
+    from keras_txl.presets import eval_protocol
+
+    settings = dict(EVALUATION_SETTINGS)
+    if preset is not None:
+        settings.update(eval_protocol(preset))  # unknown names fail early
+    size, cutoffs, dataset = read_corpus_info(corpus_info_path)
+    checkpoint = _Checkpoint(prefix)
+    checkpoint.corpus_info = corpus_info_path
+    inferred = infer_config(checkpoint, size, cutoffs, corpus_info_path)
+    fixed = {**inferred, **OFFICIAL_SETTINGS}
+    for key, value in config.items():
+        if key in fixed:
+            ok = value == fixed[key] or (
+                key in ("cutoffs", "tie_projections")
+                and value is not None and tuple(value) == fixed[key]
+            )
+            if not ok:
+                raise ValueError(
+                    f"`{key}`={value!r} contradicts the official checkpoint, "
+                    f"which has {key}={fixed[key]!r} (from its variable "
+                    f"shapes, {CORPUS_INFO_FILE} or the official code); "
+                    "leave it out."
+                )
+    if preset is None and dataset in EVAL_PROTOCOLS:
+        logger.info(
+            "%s: dataset %r; no `preset` given, so memory_length, "
+            "clamp_length and same_length are the config defaults unless "
+            "passed (preset=%r applies the paper's evaluation).",
+            corpus_info_path, dataset, dataset,
+        )
+    settings.update(config)
+    settings.update(fixed)
+    return TransformerXLConfig.from_dict(settings), checkpoint
+
+
+# === Weights ===
+
+
+def _assign(variable, value, name):
+    if tuple(variable.shape) != tuple(value.shape):  # a loader bug, not input
+        raise ValueError(
+            f"{name}: cannot assign shape {tuple(value.shape)} to variable "
+            f"{variable.path} of shape {tuple(variable.shape)}."
+        )
+    variable.assign(value)
+
+
+def load_official_weights(model, checkpoint):
+    """Copies the official variables into a `TransformerXLCausalLM`."""
+    cfg = model.txl_config
+    _check_layout(checkpoint, cfg)
+    read = checkpoint.read
+    D, N, H = cfg.hidden_dim, cfg.num_heads, cfg.resolved_head_dim
+    backbone = model.backbone
+    embedding = backbone.token_embedding
+    embed = SCOPE + "adaptive_embed/"
+    if cfg.div_val == 1:
+        names = [(embed + "lookup_table", embed + "proj_W")]
+    else:
+        names = [
+            (embed + f"cutoff_{i}/lookup_table", embed + f"cutoff_{i}/proj_W")
+            for i in range(cfg.num_clusters + 1)
+        ]
+    for (table_name, projection_name), table, projection in zip(
+        names, embedding.tables, embedding.projections
+    ):
+        _assign(table, read(table_name), table_name)
+        if projection is not None:
+            _assign(projection, read(projection_name), projection_name)
+    # u and v: the same shapes here ([N, H] or [L, N, H]).
+    _assign(backbone.content_bias, read(SCOPE + "r_w_bias"), "r_w_bias")
+    _assign(backbone.position_bias, read(SCOPE + "r_r_bias"), "r_r_bias")
+    for layer, block in enumerate(backbone.blocks):
+        a = SCOPE + f"layer_{layer}/rel_attn/"
+        f = SCOPE + f"layer_{layer}/ff/"
+        attention = block.attention
+        # One [D, 3 N H] kernel split q | k | v, each head-major [N, H].
+        _assign(attention.qkv_kernel,
+                read(a + "qkv/kernel").reshape(D, 3, N, H), a + "qkv/kernel")
+        _assign(attention.position_kernel,
+                read(a + "r/kernel").reshape(D, N, H), a + "r/kernel")
+        _assign(attention.output_kernel,
+                read(a + "o/kernel").reshape(N, H, D), a + "o/kernel")
+        for norm, scope in ((block.attention_norm, a),
+                            (block.feedforward_norm, f)):
+            _assign(norm.gamma, read(scope + "LayerNorm/gamma"),
+                    scope + "LayerNorm/gamma")
+            _assign(norm.beta, read(scope + "LayerNorm/beta"),
+                    scope + "LayerNorm/beta")
+        for dense, name in ((block.intermediate_dense, "layer_1"),
+                            (block.output_dense, "layer_2")):
+            _assign(dense.kernel, read(f + name + "/kernel"), f + name)
+            _assign(dense.bias, read(f + name + "/bias"), f + name)
+    softmax = model.softmax
+    s = SCOPE + "adaptive_softmax/"
+    if not cfg.cutoffs:
+        _assign(softmax.bias, read(s + "bias"), s + "bias")
+    else:
+        _assign(softmax.bias, np.concatenate([
+            read(s + f"cutoff_{i}/b") for i in range(cfg.num_clusters + 1)
+        ]), s + "cutoff_*/b")
+        _assign(softmax.cluster_kernel, read(s + "cutoff_0/cluster_W"),
+                s + "cutoff_0/cluster_W")
+        _assign(softmax.cluster_bias, read(s + "cutoff_0/cluster_b"),
+                s + "cutoff_0/cluster_b")
+        for i, projection in enumerate(softmax.own_projections):
+            if projection is not None:
+                _assign(projection, read(s + f"cutoff_{i}/proj"),
+                        s + f"cutoff_{i}/proj")
+
+
+def load_official_checkpoint(
+    path,
+    preset=None,
+    vocabulary_file=None,
+    corpus_info=None,
+    stateful=False,
+    batch_size=None,
+    **config,
+):
+    """Builds a `TransformerXLCausalLM` from an official TF release.
+
+    The architecture is read from the variable shapes and
+    `corpus-info.json`; the official code's fixed choices are applied
+    (LayerNorm epsilon 1e-12, the M+1-key same_length mask, tied output
+    tables) and, for evaluation, dropout 0. The first segment attends to an
+    all-zero memory, as in the official evaluation. Optimizer slots
+    (`/Adam`, `/Adam_1`), Adam's beta powers and `global_step` are skipped.
+
+    Args:
+        path: str. The release's model folder (with its `checkpoint` state
+            file, or one `*.index`), or a prefix such as
+            `.../model.ckpt-0`.
+        preset: str or None. Paper evaluation protocol: "wt103", "enwik8",
+            "text8", "lm1b" (or "wt103_large", ...): sets segment_length,
+            memory_length, clamp_length and same_length as in the official
+            `tf/sota/*.sh`. Keyword arguments override it.
+        vocabulary_file: str or None. One symbol per line (ids in file
+            order); checked against the vocabulary size and kept as
+            `model.vocabulary` (a tuple of str).
+        corpus_info: str or None. Path of `corpus-info.json`; default: the
+            checkpoint's folder, then its parent's `data/` folder (the
+            layout of the releases, `pretrained_xl/tf_wt103/{model,data}`).
+        stateful, batch_size: as for `TransformerXLCausalLM`.
+        **config: `TransformerXLConfig` fields the checkpoint does not fix
+            (memory_length, clamp_length, same_length, segment_length,
+            dropout, ...). Fields it fixes may be repeated, not changed.
+
+    Returns:
+        A `TransformerXLCausalLM`.
+
+    Raises:
+        ValueError: no checkpoint or `corpus-info.json`; a missing variable,
+            an unknown model variable, a shape that contradicts
+            `corpus-info.json` or the other variables (each names the
+            variable and file); a vocabulary file of the wrong size; a
+            keyword argument that contradicts the checkpoint.
+
+    Example:
+    ```python
+    model = keras_txl.load_official_checkpoint(
+        "pretrained_xl/tf_wt103/model", preset="wt103",
+        vocabulary_file="wt103-vocab.txt")
+    out = model.call_with_memory(ids)              # (B, 128) ids
+    out = model.call_with_memory(next_ids, out["memory"])
+    ```
+    """
+    from keras_txl.causal_lm import TransformerXLCausalLM
+
+    prefix, directory = resolve_checkpoint(path)
+    if corpus_info is None:
+        corpus_info = find_corpus_info(directory)
+    cfg, checkpoint = official_config(prefix, corpus_info, preset, **config)
+    symbols = None
+    if vocabulary_file is not None:
+        symbols = read_vocabulary_file(vocabulary_file, cfg.vocabulary_size)
+    model = TransformerXLCausalLM(cfg, stateful=stateful, batch_size=batch_size)
+    load_official_weights(model, checkpoint)
+    if symbols is not None:
+        model.vocabulary = tuple(symbols)
+    logger.info(
+        "Loaded %s: %d model variables, %d optimizer/bookkeeping variables "
+        "skipped.", prefix, len(checkpoint.shapes), len(checkpoint.skipped),
+    )
+    return model

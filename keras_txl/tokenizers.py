@@ -199,6 +199,21 @@ def _append_eos(lines_ids: tf.RaggedTensor, eos_id: int) -> np.ndarray:
     return flat[:-1]  # a newline follows every line but the last
 
 
+def _wrap_lines(lines_ids: tf.RaggedTensor, eos_id: int, ends_with_newline: bool) -> np.ndarray:
+    """Flattens `(lines, None)` ids with `eos_id` before and after every line.
+
+    The official LM1B stream (`add_double_eos`): each line of the file is
+    `<S> words <S>`. The empty piece after a final newline is no line.
+    """
+    if ends_with_newline:
+        lines_ids = lines_ids[:-1]
+    rows = lines_ids.nrows()
+    eos = tf.RaggedTensor.from_tensor(
+        tf.fill(tf.stack([rows, 1]), tf.cast(eos_id, lines_ids.dtype))
+    )
+    return tf.concat([eos, lines_ids, eos], axis=1).flat_values.numpy()
+
+
 def _frequency_order(counts: dict) -> list:
     # `counts` is in order of first appearance; a stable sort by decreasing
     # count keeps that order among ties (like Counter.most_common).
@@ -628,6 +643,8 @@ class WordTokenizer(Tokenizer):
             None (a vocabulary without one, as some official releases
             have) makes `encode` raise on an unknown word.
         eos_token: str. End-of-line token.
+        double_eos: bool. Write every line as `eos words eos` (the official
+            LM1B stream, `add_double_eos`) instead of `words eos`.
 
     Example:
 
@@ -648,13 +665,17 @@ class WordTokenizer(Tokenizer):
         lower_case: bool = False,
         unk_token: str = UNK_TOKEN,
         eos_token: str = EOS_TOKEN,
+        double_eos: bool = False,
     ):
         required = {} if unk_token is None else {"unknown": unk_token}
         if add_eos:
             required["end-of-line"] = eos_token
+        elif double_eos:
+            raise ValueError("`double_eos=True` needs `add_eos=True`.")
         vocabulary = _check_vocabulary(vocabulary, required)
         self._vocabulary = vocabulary
         self._add_eos = bool(add_eos)
+        self._double_eos = bool(double_eos)
         self._lower_case = bool(lower_case)
         self._unk_token = unk_token
         self._eos_token = eos_token
@@ -744,6 +765,7 @@ class WordTokenizer(Tokenizer):
             lower_case=config["lower_case"],
             unk_token=config["unk_token"],
             eos_token=config["eos_token"],
+            double_eos=config.get("double_eos", False),
         )
 
     def _save_files(self, directory):
@@ -774,6 +796,7 @@ class WordTokenizer(Tokenizer):
             "lower_case": self._lower_case,
             "unk_token": self._unk_token,
             "eos_token": self._eos_token,
+            "double_eos": self._double_eos,
         }
 
     def encode(self, text: str) -> np.ndarray:
@@ -789,7 +812,9 @@ class WordTokenizer(Tokenizer):
                         f"word {word.decode('utf-8')!r} is not in the "
                         "vocabulary, which has no unknown token."
                     )
-            if self._add_eos:
+            if self._double_eos:
+                pieces.append(_wrap_lines(ids, self._eos_id, chunk.endswith("\n")))
+            elif self._add_eos:
                 pieces.append(_append_eos(ids, self._eos_id))
             else:
                 pieces.append(ids.flat_values.numpy())
@@ -1303,9 +1328,8 @@ def official_tokenizer(vocabulary, dataset: str) -> Tokenizer:
 
     Returns:
         wt103: a `WordTokenizer` with `<eos>` for newlines and `<unk>`;
-        lm1b: a `WordTokenizer` ending each line with `<S>` and mapping
-        unknown words to `<UNK>` (the official stream also opens every
-        sentence with `<S>`; prepend it when scoring);
+        lm1b: a `WordTokenizer` writing each line as `<S> words <S>` (the
+        official `add_double_eos`) and mapping unknown words to `<UNK>`;
         enwik8 / text8: an `OfficialSymbolTokenizer`.
     """
     vocabulary = list(vocabulary)
@@ -1316,7 +1340,7 @@ def official_tokenizer(vocabulary, dataset: str) -> Tokenizer:
         return WordTokenizer(vocabulary, unk_token=unk, eos_token=EOS_TOKEN)
     if dataset == "lm1b":
         unk = "<UNK>" if "<UNK>" in vocabulary else None
-        return WordTokenizer(vocabulary, unk_token=unk, eos_token="<S>")
+        return WordTokenizer(vocabulary, unk_token=unk, eos_token="<S>", double_eos=True)
     raise ValueError(
         "`dataset` must be one of ('wt103', 'lm1b', 'enwik8', 'text8'), "
         f"received dataset={dataset!r}."

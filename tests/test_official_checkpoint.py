@@ -356,11 +356,11 @@ def test_official_tokenizers_follow_the_official_preprocessing(tmp_path):
     text8 = tokenizers.OfficialSymbolTokenizer.fit("ab a", dataset="text8")
     assert text8.vocabulary == ["a", "b", "_"]
     assert text8.decode(text8.encode("ba ab")) == "ba ab"
-    # wt103: words, <eos> per line; lm1b: <S> ends a line, <UNK>.
+    # wt103: words, <eos> per line; lm1b: <S> words <S> per line, <UNK>.
     wt103 = tokenizers.official_tokenizer(["<eos>", "the", "<unk>", "cat"], "wt103")
     assert wt103.encode("the cat dog\n").tolist() == [1, 3, 2, 0]
     lm1b = tokenizers.official_tokenizer(["<S>", "<UNK>", "the"], "lm1b")
-    assert lm1b.encode("the dog\n").tolist() == [2, 1, 0]
+    assert lm1b.encode("the dog\n").tolist() == [0, 2, 1, 0]
     strict = tokenizers.official_tokenizer(["<eos>", "the"], "wt103")
     with pytest.raises(ValueError, match="word 'cat' is not in the vocabulary"):
         strict.encode("the cat\n")
@@ -608,3 +608,18 @@ def test_documented_commands_parse():
     for command in commands:
         args = parser.parse_args(shlex.split(command)[1:])
         assert args.from_official.startswith("pretrained_xl/tf_")
+
+
+def test_lm1b_tokenizer_wraps_every_sentence_as_the_official_stream():
+    from keras_txl.tokenizers import official_tokenizer
+
+    vocabulary = ["<S>", "<UNK>", "the", "cat", "sat"]
+    tokenizer = official_tokenizer(vocabulary, "lm1b")
+    # vocabulary.py with add_double_eos: ['<S>'] + line.split() + ['<S>'] per line.
+    expected = [0, 2, 3, 0, 0, 4, 1, 0]
+    for text in ("the cat\nsat dog\n", "the cat\nsat dog"):
+        np.testing.assert_array_equal(tokenizer.encode(text), expected)
+    # The chunked encoder of long texts gives the same stream as one piece.
+    long_text = "the cat sat\n" * 50_000
+    ids = tokenizer.encode(long_text)
+    np.testing.assert_array_equal(ids, np.tile([0, 2, 3, 4, 0], 50_000))

@@ -126,3 +126,16 @@ def test_dynamic_batch_saved_model_rejects_batch_0_and_huge_memories(model, tmp_
     memory = loaded["initial_memory"](batch_size=tf.constant(B))["memory"]
     out = loaded["serving_default"](token_ids=tf.ones((B, T), tf.int32), memory=memory)
     assert out["memory"].shape == (B, L, M, D)
+
+
+def test_a_config_takes_numpy_scalars_and_writes_python_numbers():
+    numpy_config = TransformerXLConfig(
+        vocabulary_size=np.int64(V), num_layers=np.int32(L), hidden_dim=D, num_heads=2,
+        intermediate_dim=16, dropout=np.float32(0.25), cutoffs=(np.int64(5),))
+    plain = TransformerXLConfig(vocabulary_size=V, num_layers=L, hidden_dim=D, num_heads=2,
+                                intermediate_dim=16, dropout=0.25, cutoffs=(5,))
+    assert numpy_config == plain and numpy_config.to_json() == plain.to_json()
+    assert type(numpy_config.num_layers) is int and type(numpy_config.cutoffs[0]) is int
+    with pytest.raises(ValueError, match="`num_layers` must be a positive integer, received "
+                       "num_layers=True"):
+        plain.replace(num_layers=True)

@@ -4,6 +4,7 @@ within a second and within 100 MB of extra memory, before anything is built."""
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def _hostile_folders(root, template):
 
     def folder(name):
         target = root / name
-        os.system(f"cp -r '{template}' '{target}'")  # noqa: S605 (test set-up)
+        shutil.copytree(template, target)
         return target
 
     d = folder("huge_hidden_dim")
@@ -162,17 +163,17 @@ def _hostile_folders(root, template):
         p.name for p in FIXTURES.iterdir() if (p / "model.safetensors").exists()
     )[0]
     d = root / "hf_many_layers"
-    os.system(f"cp -r '{hf_template}' '{d}'")  # noqa: S605 (test set-up)
+    shutil.copytree(hf_template, d)
     hf = json.loads((d / "config.json").read_text())
     hf["n_layer"] = 100000
     (d / "config.json").write_text(json.dumps(hf))
     cases["HF n_layer=100000"] = ("hf", d, "num_layers=100000 exceeds")
     d = root / "hf_giant_tensor"
-    os.system(f"cp -r '{hf_template}' '{d}'")  # noqa: S605 (test set-up)
+    shutil.copytree(hf_template, d)
     _with_giant_tensor(d / "model.safetensors")
     cases["HF 3 GB unexpected tensor"] = ("hf", d, "values")
     d = root / "hf_list_layers"
-    os.system(f"cp -r '{hf_template}' '{d}'")  # noqa: S605 (test set-up)
+    shutil.copytree(hf_template, d)
     hf = json.loads((d / "config.json").read_text())
     hf["n_layer"] = [1, 2]
     (d / "config.json").write_text(json.dumps(hf))

@@ -27,12 +27,18 @@ call): prefer gRPC, whose binary tensors are ~4x smaller than JSON text.
 
 from __future__ import annotations
 
+import http.client
 import json
-import urllib.error
-import urllib.request
+import math
+import numbers
+import socket
+import threading
+import time
+import urllib.parse
 
 import numpy as np
 
+from keras_txl import checks
 from keras_txl.export.signatures import BATCH_SIZE
 from keras_txl.export.signatures import INITIAL_MEMORY
 from keras_txl.export.signatures import LOG_PROBS
@@ -68,22 +74,42 @@ def serving_apis(module):
 REST_FORMS = ("inputs", "instances")
 # Matches keras_txl.export.serving.GRPC_OPTIONS (not imported: it pulls in TF).
 _GRPC_MAX_MESSAGE_BYTES = 1 << 30
+# Errors that mean "the request did not get through": retried when asked.
+_CONNECTION_ERRORS = (ConnectionError, http.client.RemoteDisconnected,
+                      socket.gaierror)
 
 
 class ServingError(RuntimeError):
-    """The server rejected or failed a request; `status` is the HTTP status
-    or the gRPC status code name."""
+    """The server rejected, failed or garbled a request, or could not be reached.
+
+    `status` is the HTTP status or the gRPC status code name (None when no
+    answer came); the underlying exception, if any, is `__cause__`.
+    """
 
     def __init__(self, message, status=None):
         super().__init__(message)
         self.status = status
 
 
-def _as_numpy(value):
-    array = np.asarray(value)
+def _as_numpy(value, name="output"):
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as e:  # ragged lists, odd objects
+        raise ServingError(
+            f"The server's `{name}` is not a rectangular numeric array: {e}"
+        ) from e
     if array.dtype.kind == "f":
         return array.astype(np.float32)
+    if array.dtype.kind not in "iub":
+        raise ServingError(
+            f"The server's `{name}` is not numeric (dtype {array.dtype})."
+        )
     return array
+
+
+def _short(text, limit=500):
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
 # --- REST ---------------------------------------------------------------------
@@ -121,45 +147,98 @@ def encode_rest_request(signature_name: str, inputs: dict, form: str = "inputs")
     }
 
 
-def decode_rest_response(body: dict, form: str, output_names=None) -> dict:
+def decode_rest_response(body, form: str, output_names=None) -> dict:
     """A `:predict` JSON response -> `{output: ndarray}` (floats as float32).
 
     TF Serving drops the output name when a signature has one output; pass
     `output_names` to name it.
+
+    Raises:
+        ServingError: an error answer, or a body that is not TF Serving's
+            response shape.
     """
+    if not isinstance(body, dict):
+        raise ServingError(
+            f"The server answered a JSON {type(body).__name__}, expected an "
+            f"object: {_short(json.dumps(body))}"
+        )
     if "error" in body:
-        raise ServingError(body["error"])
+        raise ServingError(_short(body["error"]))
+    key = "outputs" if form == "inputs" else "predictions"
+    if key not in body:
+        raise ServingError(
+            f"The server's answer has no {key!r} (keys {sorted(body)[:10]}): "
+            "not a TF Serving :predict response."
+        )
     if form == "inputs":
         outputs = body["outputs"]
         if not isinstance(outputs, dict):
             outputs = {(output_names or ["outputs"])[0]: outputs}
-        return {k: _as_numpy(v) for k, v in outputs.items()}
+        return {k: _as_numpy(v, k) for k, v in outputs.items()}
     rows = body["predictions"]
+    if not isinstance(rows, list):
+        raise ServingError(
+            f"The server's 'predictions' is a {type(rows).__name__}, expected "
+            "a list of rows."
+        )
     if rows and all(isinstance(r, dict) for r in rows):
-        return {k: _as_numpy([r[k] for r in rows]) for k in rows[0]}
-    return {(output_names or ["predictions"])[0]: _as_numpy(rows)}
+        names = list(rows[0])
+        if any(sorted(r) != sorted(names) for r in rows):
+            raise ServingError("The server's rows do not all have the same outputs.")
+        return {k: _as_numpy([r[k] for r in rows], k) for k in names}
+    name = (output_names or ["predictions"])[0]
+    return {name: _as_numpy(rows, name)}
 
 
 class RestTransport:
     """TF Serving's REST API (port 8501 by default).
+
+    Every failure is a `ServingError` with the cause attached: no answer,
+    a closed connection, an HTTP error, a body that is not JSON or not TF
+    Serving's response shape, or the deadline.
 
     Args:
         url: str. Server root, e.g. "http://localhost:8501".
         model_name: str.
         version: int or None (latest).
         form: "inputs" or "instances".
-        timeout: float. Seconds per request.
+        timeout: float. Seconds for the whole call (connecting, sending,
+            waiting and reading the answer, and any retries): a deadline,
+            not a per-read timeout, so a server that drips bytes cannot
+            hold a call longer.
+        retries: int >= 0. Further attempts after a connection error (no
+            answer: refused, reset, closed); HTTP errors are not retried.
+        backoff: float. Seconds before the first retry, doubled after each.
+        max_response_bytes: int. Larger answers are refused.
     """
 
     def __init__(self, url="http://localhost:8501", model_name="txl", *,
-                 version=None, form="inputs", timeout=60.0):
+                 version=None, form="inputs", timeout=60.0, retries=0,
+                 backoff=0.5, max_response_bytes=_GRPC_MAX_MESSAGE_BYTES):
         if form not in REST_FORMS:
             raise ValueError(f"`form` must be one of {REST_FORMS}, received {form!r}.")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "`url` must be an http:// or https:// server root such as "
+                f"'http://localhost:8501', received {url!r}."
+            )
+        _check_number("timeout", timeout, positive=True)
+        _check_number("backoff", backoff)
+        checks.positive_int("max_response_bytes", max_response_bytes)
+        if (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)
+                or retries < 0):
+            raise ValueError(
+                f"`retries` must be an integer >= 0. Received: retries={retries!r}."
+            )
         self.url = url.rstrip("/")
         self.model_name = model_name
         self.version = version
         self.form = form
-        self.timeout = timeout
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.max_response_bytes = int(max_response_bytes)
 
     @property
     def model_url(self):
@@ -168,24 +247,109 @@ class RestTransport:
             url += f"/versions/{int(self.version)}"
         return url
 
+    def _attempt(self, url, data, deadline):
+        """One HTTP exchange -> (status, body bytes); raises on no answer."""
+        parts = urllib.parse.urlsplit(url)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("deadline reached before sending")
+        connection_class = (http.client.HTTPSConnection
+                            if parts.scheme == "https" else http.client.HTTPConnection)
+        connection = connection_class(parts.hostname, parts.port, timeout=remaining)
+        expired = threading.Event()
+        sockets = []
+
+        def expire():
+            # The socket timeout bounds each read, not the call: at the
+            # deadline, shut the socket down so a blocked read returns.
+            # (HTTPConnection drops its `sock` once the answer says the
+            # connection will close, so the socket is kept here.)
+            expired.set()
+            for sock in sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(remaining, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            connection.connect()  # bounded by the socket timeout (remaining)
+            sockets.append(connection.sock)
+            if expired.is_set():
+                expire()
+            path = parts.path + (f"?{parts.query}" if parts.query else "")
+            connection.request(
+                "GET" if data is None else "POST", path or "/", body=data,
+                headers={"Content-Type": "application/json"},
+            )
+            response = connection.getresponse()
+            payload = response.read(self.max_response_bytes + 1)
+            status = response.status
+        except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise TimeoutError("deadline reached") from e
+            raise
+        finally:
+            timer.cancel()
+            connection.close()
+        if expired.is_set():
+            raise TimeoutError("deadline reached")
+        return status, payload
+
     def _request(self, url, body=None):
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            url, data=data, method="GET" if data is None else "POST",
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            text = e.read().decode(errors="replace")
+        deadline = time.monotonic() + self.timeout
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
             try:
-                message = json.loads(text).get("error", text)
-            except ValueError:
-                message = text
-            raise ServingError(f"HTTP {e.code}: {message}", status=e.code) from None
-        except urllib.error.URLError as e:
-            raise ServingError(f"Cannot reach {url}: {e.reason}") from None
+                status, payload = self._attempt(url, data, deadline)
+                break
+            except TimeoutError as e:
+                raise ServingError(
+                    f"No complete answer from {url} within timeout="
+                    f"{self.timeout:g} s (a deadline for the whole call)."
+                ) from e
+            except (OSError, http.client.HTTPException) as e:
+                retry = (isinstance(e, _CONNECTION_ERRORS)
+                         and attempt < self.retries
+                         and time.monotonic() + delay < deadline)
+                if not retry:
+                    tries = f" after {attempt + 1} attempts" if attempt else ""
+                    raise ServingError(
+                        f"Cannot reach {url}{tries}: {type(e).__name__}: {e}"
+                    ) from e
+                time.sleep(delay)
+                delay *= 2
+        if len(payload) > self.max_response_bytes:
+            raise ServingError(
+                f"The answer from {url} is larger than max_response_bytes="
+                f"{self.max_response_bytes}.", status=status,
+            )
+        text = payload.decode("utf-8", errors="replace")
+        try:
+            parsed = json.loads(text) if text.strip() else None
+            error = None
+        except ValueError as e:
+            parsed, error = None, e
+        if status >= 400:
+            message = text.strip() or "(empty body)"
+            if isinstance(parsed, dict) and "error" in parsed:
+                message = parsed["error"]
+            raise ServingError(f"HTTP {status}: {_short(message)}", status=status) from error
+        if parsed is None:
+            raise ServingError(
+                f"HTTP {status} from {url} with "
+                + (f"a body that is not JSON: {_short(text)!r}" if error else "an empty body"),
+                status=status,
+            ) from error
+        if not isinstance(parsed, dict):
+            raise ServingError(
+                f"HTTP {status} from {url}: expected a JSON object, received a "
+                f"JSON {type(parsed).__name__}: {_short(text)}", status=status,
+            )
+        return parsed
 
     def status(self) -> dict:
         """`GET /v1/models/<name>`: the model version status."""
@@ -201,6 +365,13 @@ class RestTransport:
         pass
 
 
+def _check_number(name, value, positive=False):
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+        expected = "a finite number > 0" if positive else "a finite number >= 0"
+        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}.")
+
+
 # --- gRPC -----------------------------------------------------------------------
 
 
@@ -211,13 +382,27 @@ class GrpcTransport:
         target: str. "host:port".
         model_name: str.
         version: int or None (latest).
-        timeout: float. Seconds per call.
+        timeout: float. Seconds for the whole call, retries included (gRPC
+            deadlines are whole-call deadlines).
         channel: an existing `grpc.Channel` to use instead of `target`.
+        retries: int >= 0. Further attempts when the server is UNAVAILABLE.
+        backoff: float. Seconds before the first retry, doubled after each.
     """
 
     def __init__(self, target="localhost:8500", model_name="txl", *,
-                 version=None, timeout=60.0, channel=None):
+                 version=None, timeout=60.0, channel=None, retries=0,
+                 backoff=0.5):
         import grpc
+
+        _check_number("timeout", timeout, positive=True)
+        _check_number("backoff", backoff)
+        if (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)
+                or retries < 0):
+            raise ValueError(
+                f"`retries` must be an integer >= 0. Received: retries={retries!r}."
+            )
+        self.retries = int(retries)
+        self.backoff = float(backoff)
 
         prediction_service_pb2_grpc = serving_apis("prediction_service_pb2_grpc")
         self.model_name = model_name
@@ -252,13 +437,29 @@ class GrpcTransport:
         import tensorflow as tf
 
         request = self.make_request(signature_name, inputs)
+        deadline = time.monotonic() + self.timeout
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.stub.Predict(
+                    request, timeout=max(deadline - time.monotonic(), 1e-3)
+                )
+                break
+            except grpc.RpcError as e:
+                code = e.code()
+                if (code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries
+                        and time.monotonic() + delay < deadline):
+                    time.sleep(delay)  # no connection yet: retry after a pause
+                    delay *= 2
+                    continue
+                raise ServingError(
+                    f"gRPC {code.name}: {e.details()}", status=code.name
+                ) from e
         try:
-            response = self.stub.Predict(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise ServingError(
-                f"gRPC {e.code().name}: {e.details()}", status=e.code().name
-            ) from None
-        return {k: _as_numpy(tf.make_ndarray(v)) for k, v in response.outputs.items()}
+            return {k: _as_numpy(tf.make_ndarray(v), k)
+                    for k, v in response.outputs.items()}
+        except (TypeError, ValueError) as e:
+            raise ServingError(f"The server's gRPC answer cannot be decoded: {e}") from e
 
     def close(self):
         if self._own_channel:
@@ -294,14 +495,38 @@ class TXLServingClient:
         Always sent in the columnar form (the scalar input has no batch
         dimension, so it has no row form).
         """
-        if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise ValueError(f"`batch_size` must be a positive int, received {batch_size!r}.")
+        batch_size = checks.positive_int("batch_size", batch_size)
         out = self.transport.predict(
             INITIAL_MEMORY, {BATCH_SIZE: np.int32(batch_size)},
             output_names=[MEMORY], form="inputs",
         )
-        self.memory = out[MEMORY]
+        self.memory = self._checked_memory(out, INITIAL_MEMORY, batch_size, None)
         return self.memory
+
+    def _checked_memory(self, out, signature_name, batch, previous):
+        """The server's new memory, checked before it replaces the client's."""
+        where = f"The server's `{signature_name}` answer"
+        if MEMORY not in out:
+            raise ServingError(
+                f"{where} has no `{MEMORY}` output (outputs {sorted(out)}); "
+                "the client's memory is unchanged."
+            )
+        memory = out[MEMORY]
+        expected = ((batch, *previous.shape[1:]) if previous is not None
+                    else f"({batch}, num_layers, memory_length, hidden_dim)")
+        if (memory.dtype.kind != "f" or memory.ndim != 4 or memory.shape[0] != batch
+                or (previous is not None and memory.shape != previous.shape)):
+            raise ServingError(
+                f"{where} has a `{MEMORY}` of shape {memory.shape} and dtype "
+                f"{memory.dtype}, expected float32 of shape {expected}; the "
+                "client's memory is unchanged."
+            )
+        if not np.all(np.isfinite(memory)):
+            raise ServingError(
+                f"{where} has NaN or Inf in `{MEMORY}`; the client's memory is "
+                "unchanged."
+            )
+        return memory.astype(np.float32, copy=False)
 
     def _token_array(self, name, value):
         array = np.asarray(value)
@@ -316,17 +541,31 @@ class TXLServingClient:
         token_ids = inputs[TOKEN_IDS]
         if self.memory is None:
             self.reset(batch_size=token_ids.shape[0])
-        if self.memory.shape[0] != token_ids.shape[0]:
+        batch = self.memory.shape[0]
+        if batch != token_ids.shape[0]:
             raise ValueError(
                 f"`token_ids` has batch size {token_ids.shape[0]} but the memory "
-                f"holds {self.memory.shape[0]} rows; call reset(batch_size=...)."
+                f"holds {batch} rows; call reset(batch_size=...)."
             )
         out = self.transport.predict(
             signature_name, {**inputs, MEMORY: self.memory},
             output_names=[output, MEMORY],
         )
-        self.memory = out[MEMORY]
-        return out[output]
+        if output not in out:
+            raise ServingError(
+                f"The server's `{signature_name}` answer has no `{output}` output "
+                f"(outputs {sorted(out)}); the client's memory is unchanged."
+            )
+        result = out[output]
+        if result.ndim < 1 or result.shape[0] != batch or np.isnan(result).any():
+            raise ServingError(
+                f"The server's `{signature_name}` answer has `{output}` of shape "
+                f"{result.shape}" + (" with NaN" if result.size and np.isnan(result).any() else "")
+                + f", expected finite values with batch size {batch}; the "
+                "client's memory is unchanged."
+            )
+        self.memory = self._checked_memory(out, signature_name, batch, self.memory)
+        return result
 
     def step(self, token_ids) -> np.ndarray:
         """`serving_default`: (B, T, V) log-probs; the memory is carried."""

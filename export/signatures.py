@@ -42,6 +42,8 @@ LOG_PROBS = "log_probs"
 NLL = "nll"
 
 SAVED_MODEL_SIGNATURES = (SERVING_DEFAULT, INITIAL_MEMORY, SCORE, NEXT_TOKEN)
+# The largest memory `initial_memory` allocates for one request (4 GiB).
+MAX_MEMORY_BYTES = 4 << 30
 TFLITE_SIGNATURES = (SERVING_DEFAULT, SCORE, NEXT_TOKEN)
 STATEFUL_TFLITE_SIGNATURES = (SERVING_DEFAULT, SCORE, NEXT_TOKEN, RESET)
 
@@ -142,10 +144,15 @@ def _check_token_ids(token_ids, name, spec, vocabulary_size, checks):
     if checks:
         deps = [
             tf.debugging.assert_positive(
+                tf.shape(token_ids)[0],
+                message=f"`{name}` must hold at least one row (batch size "
+                ">= 1)",
+            ),
+            tf.debugging.assert_positive(
                 tf.shape(token_ids)[1],
                 message=f"`{name}` must hold at least one position per row "
                 "(segment_length >= 1)",
-            )
+            ),
         ]
         if name == TARGETS:
             # Ids are range-checked by the model; targets only go to a gather.
@@ -198,6 +205,7 @@ def signature_functions(
     segment_length: int | None = None,
     checks: bool = True,
     names: tuple = SAVED_MODEL_SIGNATURES,
+    max_memory_bytes: int = MAX_MEMORY_BYTES,
 ) -> dict:
     """Pure functions of the SavedModel / stateless TFLite signatures.
 
@@ -210,6 +218,9 @@ def signature_functions(
             memory, target range, T >= 1). The TFLite converter drops
             assertions, so TFLite exports pass False and check in Python.
         names: which signatures to build.
+        max_memory_bytes: int. `initial_memory` refuses a `batch_size` whose
+            memory is larger (default 4 GiB), so one request cannot
+            allocate hundreds of GB.
 
     Returns:
         `{name: (function, [TensorSpec, ...])}`; each function takes the
@@ -222,6 +233,14 @@ def signature_functions(
     V = config.vocabulary_size
     fixed_batch = batch_size
     out_memory_shape = list(memory_shape(config, batch_size))
+    # initial_memory allocates what the request asks for: bound it.
+    row_bytes = 4 * config.num_layers * config.memory_length * config.hidden_dim
+    max_batch = int(min(max_memory_bytes // max(row_bytes, 1), 2**31 - 1))
+    if max_batch < 1:
+        raise ValueError(
+            f"max_memory_bytes={max_memory_bytes} is smaller than one row of "
+            f"memory ({row_bytes} bytes); raise it."
+        )
 
     def forward(token_ids, memory):
         token_ids = _check_token_ids(
@@ -241,9 +260,15 @@ def signature_functions(
 
     def initial_memory(batch_size):  # the argument is the input's name
         deps = [
-            tf.debugging.assert_non_negative(
-                batch_size, message="`batch_size` must be >= 0"
-            )
+            tf.debugging.assert_positive(
+                batch_size, message="`batch_size` must be >= 1"
+            ),
+            tf.debugging.assert_less_equal(
+                batch_size, tf.constant(max_batch, tf.int32),
+                message=f"`batch_size` must be <= {max_batch}: one row of "
+                f"memory is {row_bytes} bytes and one request may allocate "
+                f"at most max_memory_bytes={max_memory_bytes}",
+            ),
         ]
         if fixed_batch is not None:
             deps.append(

@@ -4,14 +4,21 @@ Shape legend: B batch, T segment, L num_layers, M memory_length,
 D hidden_dim, V vocabulary_size.
 """
 
+import math
+import numbers
+
 import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_txl import checks
 from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.config import TransformerXLConfig
+
+# initial_memory() refuses to allocate more than this by default (4 GiB).
+MAX_INITIAL_MEMORY_BYTES = 4 << 30
 
 
 def _is_concrete(x):
@@ -73,14 +80,15 @@ class TransformerXLCausalLM(keras.Model):
                 "`config` must be a TransformerXLConfig or a dict, received "
                 f"{type(config).__name__}."
             )
-        if stateful and (
-            not isinstance(batch_size, int) or isinstance(batch_size, bool)
-            or batch_size <= 0
-        ):
-            raise ValueError(
-                "A stateful TransformerXLCausalLM needs a fixed positive "
-                f"integer `batch_size`, received batch_size={batch_size!r}."
-            )
+        if stateful:
+            if (isinstance(batch_size, bool)
+                    or not isinstance(batch_size, numbers.Integral)
+                    or batch_size <= 0):
+                raise ValueError(
+                    "A stateful TransformerXLCausalLM needs a fixed positive "
+                    f"integer `batch_size`, received batch_size={batch_size!r}."
+                )
+            batch_size = int(batch_size)
         self.txl_config = config
         self.stateful = stateful
         self.batch_size = batch_size
@@ -112,9 +120,24 @@ class TransformerXLCausalLM(keras.Model):
         cfg = self.txl_config
         return (batch_size, cfg.num_layers, cfg.memory_length, cfg.hidden_dim)
 
-    def initial_memory(self, batch_size):
-        """All-zero memory (B, L, M, D) float32 for the first segment."""
-        return ops.zeros(self.memory_shape(batch_size), dtype="float32")
+    def initial_memory(self, batch_size, max_bytes=MAX_INITIAL_MEMORY_BYTES):
+        """All-zero memory (B, L, M, D) float32 for the first segment.
+
+        Args:
+            batch_size: int >= 1 (NumPy integers too).
+            max_bytes: int. Refuse a memory larger than this (default 4 GiB),
+                so one call cannot allocate hundreds of GB.
+        """
+        batch_size = checks.positive_int("batch_size", batch_size)
+        shape = self.memory_shape(batch_size)
+        size = 4 * math.prod(shape)
+        if size > max_bytes:
+            raise ValueError(
+                f"initial_memory(batch_size={batch_size}) would allocate "
+                f"{size} bytes for a memory of shape {shape}, more than "
+                f"max_bytes={max_bytes}; use a smaller batch or raise max_bytes."
+            )
+        return ops.zeros(shape, dtype="float32")
 
     def reset_memory(self):
         """Zero the stateful memory (start of a new text or epoch)."""
@@ -209,13 +232,12 @@ class TransformerXLCausalLM(keras.Model):
                 f"size {batch}; pass the memory returned for this batch."
             )
         if _is_concrete(memory):
-            values = np.asarray(memory)
-            if not np.all(np.isfinite(values)):
-                raise ValueError(
-                    "`memory` contains NaN or Inf values; pass the memory "
-                    "returned by the previous segment or zeros."
-                )
-            return ops.convert_to_tensor(values.astype("float32"))
+            # Checked after the cast: a float64 1e300 is finite before it.
+            values = checks.finite_float32(
+                "memory", memory,
+                "pass the memory returned by the previous segment or zeros.",
+            )
+            return ops.convert_to_tensor(values)
         memory = ops.cast(memory, "float32")
         if tf.is_tensor(memory) and tf.is_tensor(token_ids) and not isinstance(
             memory, keras.Variable
@@ -316,9 +338,46 @@ class TransformerXLCausalLM(keras.Model):
         embedding = self.backbone.token_embedding
         return self.softmax(hidden, embedding.tables, embedding.projections)
 
+    def _check_full_batch(self, token_ids):
+        """A stateful model's memory has `batch_size` rows: every batch must
+        be full (Keras' predict and fit hand over a short last batch)."""
+        message = (
+            f"A stateful TransformerXLCausalLM built with batch_size="
+            f"{self.batch_size} needs every batch to hold exactly "
+            f"{self.batch_size} rows (its memory has {self.batch_size}); "
+            "drop or pad the short last batch, e.g. pass a number of rows "
+            "that is a multiple of the batch size"
+        )
+        batch = token_ids.shape[0] if hasattr(token_ids, "shape") else None
+        if batch is not None and batch != self.batch_size:
+            raise ValueError(f"{message}; received a batch of {batch}.")
+        if batch is None and tf.is_tensor(token_ids):
+            # Unknown until run time (a traced predict/fit step).
+            with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.shape(token_ids)[0], self.batch_size, message=message,
+            )]):
+                token_ids = tf.identity(token_ids)
+        return token_ids
+
+    def predict(self, x, batch_size=None, *args, **kwargs):
+        if self.stateful and hasattr(x, "shape") and len(x.shape) >= 1:
+            rows = x.shape[0]
+            step = batch_size or self.batch_size
+            if rows is not None and (step != self.batch_size or rows % step):
+                raise ValueError(
+                    f"A stateful TransformerXLCausalLM built with batch_size="
+                    f"{self.batch_size} predicts in batches of exactly "
+                    f"{self.batch_size} rows; received {rows} rows with "
+                    f"batch_size={step}. Pass a multiple of {self.batch_size} "
+                    "rows (drop or pad the last batch)."
+                )
+            batch_size = self.batch_size
+        return super().predict(x, batch_size, *args, **kwargs)
+
     def call(self, token_ids, training=False):
         if not self.stateful:
             return self.call_with_memory(token_ids, None, training)["log_probs"]
+        token_ids = self._check_full_batch(token_ids)
         out = self.call_with_memory(token_ids, self.memory, training)
         self.memory.assign(out["memory"])
         return out["log_probs"]

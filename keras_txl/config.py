@@ -7,10 +7,22 @@ rebuilds its own model.
 
 import dataclasses
 import json
+import numbers
 from typing import Any
 
 SAME_LENGTH_CONVENTIONS = ("official_tf", "pytorch")
 ATTENTION_TYPES = ("relative", "vanilla")
+
+
+def _python_number(value):
+    """NumPy integer/float scalars as `int`/`float`; anything else as is."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +97,16 @@ class TransformerXLConfig:
             object.__setattr__(
                 self, "tie_projections", tuple(self.tie_projections)
             )
+        # NumPy scalars (np.int64(2), np.float32(0.1)) are numbers like
+        # Python's: store them as Python numbers (JSON cannot write them).
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, tuple):
+                object.__setattr__(
+                    self, field.name, tuple(_python_number(v) for v in value)
+                )
+            else:
+                object.__setattr__(self, field.name, _python_number(value))
         self.validate()
 
     # --- derived values -------------------------------------------------

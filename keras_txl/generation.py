@@ -38,10 +38,12 @@ D hidden_dim, V vocabulary_size.
 """
 
 import logging
+import numbers
 
 import numpy as np
 import tensorflow as tf
 
+from keras_txl import checks
 from keras_txl.host_memory import CompiledFunction
 
 logger = logging.getLogger(__name__)
@@ -54,22 +56,28 @@ SCHEDULES = ("token", "segment")
 
 
 def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
-    """Raises ValueError on sampling settings outside their range."""
-    if not isinstance(temperature, (int, float)) or temperature < 0:
+    """The checked `(temperature, top_k, top_p)`; ValueError outside their range.
+
+    NumPy scalars count as numbers; `bool`, NaN and Inf do not.
+    """
+    temperature = checks.finite_number(
+        "temperature", temperature, minimum=0,
+        expected="a finite number >= 0 (0 is greedy)",
+    )
+    try:
+        top_k = checks.non_negative_int("top_k", top_k)
+    except ValueError:
         raise ValueError(
-            f"`temperature` must be a number >= 0 (0 is greedy), received "
-            f"temperature={temperature!r}."
-        )
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-        raise ValueError(
-            f"`top_k` must be an integer >= 0 (0 keeps every token), received "
+            "`top_k` must be an integer >= 0 (0 keeps every token), received "
             f"top_k={top_k!r}."
-        )
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        ) from None
+    if (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
+            or not 0 < top_p <= 1):
         raise ValueError(
             f"`top_p` must be in (0, 1] (1 keeps every token), received "
             f"top_p={top_p!r}."
         )
+    return temperature, top_k, float(top_p)
 
 
 def sample_next(log_probs, rng, temperature=1.0, top_k=0, top_p=1.0):
@@ -86,8 +94,13 @@ def sample_next(log_probs, rng, temperature=1.0, top_k=0, top_p=1.0):
     Returns:
         int.
     """
-    check_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     log_probs = np.asarray(log_probs, dtype=np.float64).reshape(-1)
+    if np.isnan(log_probs).any() or not (log_probs < np.inf).all():
+        raise ValueError(
+            "The model returned NaN or +Inf log-probabilities; check its "
+            "weights and the memory it was given."
+        )
     if temperature == 0:
         return int(np.argmax(log_probs))
     logits = log_probs / temperature
@@ -245,13 +258,37 @@ def _resolve_schedule(backend, schedule, segment_length):
     return schedule, segment_length
 
 
+def _check_initial_memory(backend, memory):
+    """(1, L, M, D) float32 with no NaN/Inf after the cast, or ValueError."""
+    memory = checks.finite_float32(
+        "initial_memory", memory,
+        "pass a memory returned by the model (e.g. after a prompt) or None.",
+    )
+    config = getattr(backend, "config", None)
+    expected = ((1, config.num_layers, config.memory_length, config.hidden_dim)
+                if config is not None else None)
+    if memory.ndim != 4 or memory.shape[0] != 1 or (
+            expected is not None and memory.shape != expected):
+        raise ValueError(
+            "`initial_memory` must have shape (1, num_layers, memory_length, "
+            f"hidden_dim){' = ' + str(expected) if expected else ''} (generate "
+            f"decodes one text), received shape {memory.shape}."
+        )
+    return memory
+
+
 def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
                   top_k=0, top_p=1.0, seed=None, segment_length=None,
                   schedule=None, use_cache=True, initial_memory=None):
     """Yields the new ids one by one (see `generate` for the arguments)."""
     backend = as_backend(model, use_cache=use_cache)
-    check_sampling(temperature, top_k, top_p)
-    prompt = np.asarray(prompt_ids).reshape(-1)
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 1:
+        raise ValueError(
+            "`prompt_ids` must be a 1-D sequence of token ids (one text), "
+            f"received shape {prompt.shape}."
+        )
     if prompt.size == 0:
         raise ValueError("`prompt_ids` must hold at least one token id.")
     if prompt.dtype.kind not in "iu":
@@ -264,12 +301,16 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
             f"`prompt_ids` must be in [0, vocabulary_size={vocabulary_size}), "
             f"received values in [{prompt.min()}, {prompt.max()}]."
         )
-    if (not isinstance(max_new_tokens, (int, np.integer))
+    if (isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, numbers.Integral)
             or max_new_tokens < 0):
         raise ValueError(
             "`max_new_tokens` must be an integer >= 0, received "
             f"max_new_tokens={max_new_tokens!r}."
         )
+    max_new_tokens = int(max_new_tokens)
+    if initial_memory is not None:
+        initial_memory = _check_initial_memory(backend, initial_memory)
     schedule, length = _resolve_schedule(backend, schedule, segment_length)
     prompt = prompt.astype(np.int32)
     rng = np.random.default_rng(seed)

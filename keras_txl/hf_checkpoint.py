@@ -5,20 +5,33 @@ weights are (out, in) and are transposed into Keras layouts; projections
 `[d_model, width]` become our (width, d_model) matrices.
 """
 
-import json
 import logging
+import math
 import os
 
 import numpy as np
 
 from keras_txl.config import TransformerXLConfig
-from keras_txl.weights_file import read_safetensors
+from keras_txl.limits import check_config
+from keras_txl.safe_files import read_json
+from keras_txl.weights_file import read_safetensors_header
 
 logger = logging.getLogger(__name__)
 
 
 def config_from_hf(hf: dict) -> TransformerXLConfig:
     """Maps a Hugging Face `TransfoXLConfig` dict to a `TransformerXLConfig`."""
+    try:
+        return _config_from_hf(hf)
+    except (TypeError, OverflowError, AttributeError) as e:
+        # A value of the wrong JSON type (a list for n_layer, 1e999, ...).
+        raise ValueError(
+            f"config.json has a value of the wrong type for a TransfoXL "
+            f"config: {e}"
+        ) from None
+
+
+def _config_from_hf(hf: dict) -> TransformerXLConfig:
     attn_type = hf.get("attn_type", 0)
     if attn_type != 0:
         raise ValueError(
@@ -82,14 +95,58 @@ class _StateDict:
     def get(self, name, shape):
         if name not in self.tensors:
             raise ValueError(f"{self.path}: missing tensor {name!r}.")
-        value = self.tensors[name]
-        if tuple(value.shape) != tuple(shape):
+        # A lazy file knows the shape from its header: check before reading.
+        shape_of = getattr(self.tensors, "shape_of", None)
+        found = shape_of(name) if shape_of else tuple(self.tensors[name].shape)
+        if tuple(found) != tuple(shape):
             raise ValueError(
-                f"{self.path}: tensor {name!r} has shape {tuple(value.shape)}, "
+                f"{self.path}: tensor {name!r} has shape {tuple(found)}, "
                 f"expected {tuple(shape)} from config.json."
             )
         self.used.add(name)
-        return np.asarray(value, dtype=np.float32)
+        return np.asarray(self.tensors[name], dtype=np.float32)
+
+
+class _LazyTensors:
+    """A safetensors file read one tensor at a time, on demand.
+
+    The loader reads only the tensors the config needs, so an unexpected
+    tensor is reported without ever being read.
+    """
+
+    def __init__(self, path, header):
+        from safetensors import safe_open
+
+        self.header = header
+        self.path = path
+        try:
+            self._file = safe_open(path, framework="numpy")
+        except Exception as e:  # safetensors raises its own error types
+            raise ValueError(
+                f"Could not read {path!r} as safetensors (truncated or "
+                f"corrupted file?): {e}"
+            ) from None
+
+    def __contains__(self, name):
+        return name in self.header
+
+    def __iter__(self):
+        return iter(self.header)
+
+    def __len__(self):
+        return len(self.header)
+
+    def shape_of(self, name):
+        return self.header[name][0]
+
+    def __getitem__(self, name):
+        try:
+            return self._file.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types
+            raise ValueError(
+                f"Could not read tensor {name!r} of {self.path!r} (truncated "
+                f"or corrupted file?): {e}"
+            ) from None
 
 
 def _assign(variable, value, name):
@@ -229,13 +286,16 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
         )
 
 
-def load_hf_checkpoint(directory, stateful=False, batch_size=None, **changes):
+def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
+                       **changes):
     """Builds a `TransformerXLCausalLM` from a Hugging Face TransfoXL folder.
 
     Args:
         directory: str. Folder with `config.json` and `model.safetensors`.
         stateful: bool. Build the stateful variant.
         batch_size: int. Needed when stateful.
+        limits: None, a dict or a `keras_txl.limits.Limits`: bounds on what
+            the folder may ask for (see docs/reliability.md).
         **changes: config overrides (e.g. `memory_length=1600` for a longer
             evaluation memory, `dropout=0.0`).
 
@@ -244,24 +304,41 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, **changes):
 
     Raises:
         ValueError: a missing/invalid `config.json`, a truncated or
-            corrupted `model.safetensors`, or weights that do not match the
-            config.
+            corrupted `model.safetensors`, weights that do not match the
+            config, or a config beyond `limits`.
     """
     from keras_txl.causal_lm import TransformerXLCausalLM
 
     config_path = os.path.join(directory, "config.json")
-    if not os.path.exists(config_path):
+    if not os.path.lexists(config_path):
         raise ValueError(f"No config.json in {directory!r}.")
-    try:
-        with open(config_path) as f:
-            hf = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON: {e}") from None
+    hf = read_json(config_path, limits)
+    if not isinstance(hf, dict):
+        raise ValueError(
+            f"{config_path} must be a JSON object, received "
+            f"{type(hf).__name__}: not a TransfoXL config."
+        )
     config = config_from_hf(hf)
+    check_config(config, limits, source=config_path)
     if changes:
         config = config.replace(**changes)
+        check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")
-    tensors = read_safetensors(weights_path)
+    header = read_safetensors_header(weights_path, limits)
+    # Before building: HF files hold the parameters plus copies of tied
+    # tables, projections and shared biases, so never more than twice the
+    # parameters (plus per-layer bias copies and inv_freq).
+    values = sum(math.prod(shape) for shape, _ in header.values())
+    allowed = (2 * config.num_parameters() + config.hidden_dim
+               + 2 * config.num_layers * config.num_heads
+               * config.resolved_head_dim)
+    if values > allowed:
+        raise ValueError(
+            f"{weights_path}: the tensors hold {values} values, more than "
+            f"the {allowed} a TransfoXL model of this config.json stores: "
+            "weights of another config?"
+        )
+    tensors = _LazyTensors(weights_path, header)
     model = TransformerXLCausalLM(
         config, stateful=stateful, batch_size=batch_size
     )

@@ -7,6 +7,7 @@ temporary name and renamed, so a killed writer never leaves a half file
 under the final name.
 """
 
+import math
 import os
 import shutil
 import tempfile
@@ -14,6 +15,8 @@ import tempfile
 import numpy as np
 
 from keras_txl.config import TransformerXLConfig
+from keras_txl.limits import check_config
+from keras_txl.safe_files import read_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -67,54 +70,70 @@ def save_pretrained(model, directory, tokenizer=None):
     return directory
 
 
-def load_config(directory):
+def load_config(directory, limits=None):
+    """The checked `TransformerXLConfig` of a model folder.
+
+    `config.json` must be a regular file of bounded size and depth, and the
+    config must stay within `limits` (see `keras_txl.limits`).
+    """
     path = os.path.join(directory, CONFIG_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise ValueError(
             f"No {CONFIG_FILE} in {directory!r}: not a keras-txl model folder."
         )
-    return TransformerXLConfig.from_json(path)
+    config = TransformerXLConfig.from_dict(read_json(path, limits))
+    check_config(config, limits, source=path)
+    return config
 
 
-def load_pretrained(directory, stateful=False, batch_size=None, **changes):
+def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
+                    **changes):
     """Rebuilds a `TransformerXLCausalLM` saved by `save_pretrained`.
+
+    Nothing is built or allocated before the config is within `limits` and
+    the weights file's header (names, shapes, dtypes, offsets) matches it.
 
     Args:
         directory: str.
         stateful, batch_size: as for `TransformerXLCausalLM`.
+        limits: None, a dict or a `keras_txl.limits.Limits`: bounds on what
+            the folder may ask for (see docs/reliability.md).
         **changes: config overrides that do not change weight shapes
             (memory_length, clamp_length, same_length, dropout, ...).
 
     Raises:
-        ValueError: missing files, a truncated/corrupted weights file, or
-            weights that do not fit the config.
+        ValueError: missing files, a truncated/corrupted weights file,
+            weights that do not fit the config, or a config beyond limits.
     """
     from keras_txl.causal_lm import TransformerXLCausalLM
+    from keras_txl.weights_file import check_tensor_names
     from keras_txl.weights_file import read_safetensors
+    from keras_txl.weights_file import read_safetensors_header
 
-    config = load_config(directory)
+    config = load_config(directory, limits)
     if changes:
         config = config.replace(**changes)
-    tensors = read_safetensors(os.path.join(directory, WEIGHTS_FILE))
+        check_config(config, limits, source="the overrides")
+    weights_path = os.path.join(directory, WEIGHTS_FILE)
+    header = read_safetensors_header(weights_path, limits)
+    # Before building: the file may hold no more values than the config has
+    # parameters (exact names and shapes need the built model's paths).
+    values = sum(math.prod(shape) for shape, _ in header.values())
+    if values > config.num_parameters():
+        raise ValueError(
+            f"{weights_path}: the tensors hold {values} values, but "
+            f"{CONFIG_FILE} has {config.num_parameters()} parameters: weights "
+            "of another config?"
+        )
     model = TransformerXLCausalLM(config, stateful=stateful, batch_size=batch_size)
     expected = {w.path: w for w in model.model_weights()}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{directory}: weights do not match config.json (missing "
-            f"{missing[:5]}, unexpected {unexpected[:5]}): a checkpoint from "
-            "another config?"
-        )
+    check_tensor_names(
+        f"{directory}", header,
+        {name: tuple(w.shape) for name, w in expected.items()}, CONFIG_FILE,
+    )
+    tensors = read_safetensors(weights_path, limits=limits)
     for name, variable in expected.items():
-        value = tensors[name]
-        if tuple(value.shape) != tuple(variable.shape):
-            raise ValueError(
-                f"{directory}: weight {name!r} has shape {tuple(value.shape)}, "
-                f"the config needs {tuple(variable.shape)}: a checkpoint from "
-                "another config?"
-            )
-        variable.assign(value)
+        variable.assign(tensors.pop(name))
     return model
 
 

@@ -67,6 +67,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl import checks
+from keras_txl import safe_files
+from keras_txl.limits import resolve_limits
 
 try:
     import tensorflow_text as tf_text
@@ -351,11 +353,28 @@ def _write_vocabulary(path: pathlib.Path, vocabulary: list[str]) -> None:
         handle.write("\n".join(vocabulary) + "\n")
 
 
+def _file_in(directory: pathlib.Path, name, key: str) -> pathlib.Path:
+    """`directory/name` for a file name read from tokenizer.json; it must
+    stay inside the folder (symlinks are followed: hub caches use them)."""
+    return pathlib.Path(
+        safe_files.resolve_inside(directory, name, f"`{key}` of tokenizer.json")
+    )
+
+
+def _read_tokenizer_file(path: pathlib.Path, what: str) -> bytes:
+    """A regular file of bounded size (limit max_tokenizer_bytes)."""
+    if not os.path.lexists(path):
+        raise ValueError(f"{what} {path} does not exist.")
+    limit = resolve_limits().max_tokenizer_bytes
+    return safe_files.read_bytes(path, limit, what, "max_tokenizer_bytes")
+
+
 def _read_vocabulary(path: pathlib.Path) -> list[str]:
-    if not path.is_file():
-        raise ValueError(f"vocabulary file {path} does not exist.")
-    with open(path, encoding="utf-8", newline="") as handle:
-        text = handle.read()
+    data = _read_tokenizer_file(path, "vocabulary file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"vocabulary file {path} is not UTF-8: {error}") from None
     if text.endswith("\n"):
         text = text[:-1]
     return text.split("\n") if text else []
@@ -760,7 +779,9 @@ class WordTokenizer(Tokenizer):
     @classmethod
     def _from_directory(cls, directory, config):
         return cls(
-            _read_vocabulary(directory / config["vocabulary_file"]),
+            _read_vocabulary(
+                _file_in(directory, config["vocabulary_file"], "vocabulary_file")
+            ),
             add_eos=config["add_eos"],
             lower_case=config["lower_case"],
             unk_token=config["unk_token"],
@@ -993,10 +1014,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def _from_directory(cls, directory, config):
-        path = directory / config["model_file"]
-        if not path.is_file():
-            raise ValueError(f"SentencePiece model {path} does not exist.")
-        return cls(path.read_bytes())
+        path = _file_in(directory, config["model_file"], "model_file")
+        return cls(_read_tokenizer_file(path, "SentencePiece model"))
 
     def _save_files(self, directory):
         (directory / SENTENCEPIECE_FILE).write_bytes(self._model_proto)
@@ -1152,7 +1171,9 @@ class WordPieceTokenizer(Tokenizer):
     @classmethod
     def _from_directory(cls, directory, config):
         return cls(
-            _read_vocabulary(directory / config["vocabulary_file"]),
+            _read_vocabulary(
+                _file_in(directory, config["vocabulary_file"], "vocabulary_file")
+            ),
             lower_case=config["lower_case"],
             suffix_indicator=config["suffix_indicator"],
             unk_token=config["unk_token"],
@@ -1412,12 +1433,14 @@ def build_tokenizer(kind: str, texts=None, **options) -> Tokenizer:
     return cls.fit(texts, **options)
 
 
-def load_tokenizer(directory) -> Tokenizer:
+def load_tokenizer(directory, limits=None) -> Tokenizer:
     """Reads a tokenizer written by `Tokenizer.save`.
 
     Args:
         directory: str or path-like. Holds `tokenizer.json` (which names the
-            kind) and the kind's vocabulary or model file.
+            kind) and the kind's vocabulary or model file, which must lie
+            inside the folder.
+        limits: bounds on tokenizer.json (see `keras_txl.limits`).
 
     Returns:
         The `Tokenizer`, which encodes exactly like the saved one.
@@ -1427,15 +1450,12 @@ def load_tokenizer(directory) -> Tokenizer:
     """
     directory = pathlib.Path(directory)
     path = directory / TOKENIZER_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ValueError(
             f"no tokenizer in {directory}: {path} does not exist. Save one "
             "with tokenizer.save(directory)."
         )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    config = safe_files.read_json(path, limits)
     if not isinstance(config, dict) or "kind" not in config:
         raise ValueError(f"{path} must be a JSON object with a 'kind' key.")
     version = config.get("format_version")

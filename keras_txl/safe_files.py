@@ -1,0 +1,150 @@
+"""Opening files of an untrusted model folder: regular files, bounded JSON.
+
+- `open_regular_file` refuses FIFOs, devices, sockets and folders before
+  reading (opening a FIFO for reading would block until a writer comes). It
+  opens with `O_NONBLOCK` and checks the open descriptor, so a file swapped
+  for a FIFO between a check and the open cannot block either. Symlinks
+  are followed (hub caches are made of them).
+- `read_json` bounds the size and the nesting depth before `json.loads`,
+  which recurses and raises `RecursionError` at ~1000 levels.
+- `resolve_inside` refuses file names in a config that leave its folder
+  (`../../etc/passwd`, absolute paths). The check is on the name, not on
+  where a symlink points: a hub cache's files are symlinks into `blobs/`.
+"""
+
+import json
+import os
+import stat
+
+import numpy as np
+
+from keras_txl.limits import resolve_limits
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _kind(mode):
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular_file(path, what="file"):
+    """`path` opened for binary reading, or a ValueError if it is no regular file.
+
+    Args:
+        path: str or path-like.
+        what: str. Named in the message ("weights file", "config.json").
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise ValueError(f"No {what} at {path!r}.") from None
+    except IsADirectoryError:
+        raise ValueError(
+            f"The {what} {path!r} is a directory; expected a regular file."
+        ) from None
+    except OSError as e:
+        raise ValueError(f"Cannot open the {what} {path!r}: {e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                f"The {what} {path!r} is {_kind(mode)}; only regular files "
+                "(or symlinks to them) are read."
+            )
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path, max_bytes, what="file", limit_name=None):
+    """The bytes of a regular file of at most `max_bytes`, else a ValueError."""
+    with open_regular_file(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+    if size > max_bytes or len(data) > max_bytes:
+        hint = f" (limit {limit_name})" if limit_name else ""
+        raise ValueError(
+            f"The {what} {os.fspath(path)!r} has {max(size, len(data))} bytes, "
+            f"more than the {max_bytes} allowed{hint}."
+        )
+    return data
+
+
+def json_depth(data, chunk_size=1 << 20):
+    """The deepest nesting of `[`/`{` in JSON bytes (brackets inside strings
+    count too, which can only overestimate).
+
+    A vectorised scan in chunks: `json.loads` recurses once per level and a
+    Python loop over megabytes of text takes seconds.
+    """
+    deepest, depth = 0, 0
+    for start in range(0, len(data), chunk_size):
+        chunk = np.frombuffer(data, np.uint8, min(chunk_size, len(data) - start),
+                              start)
+        steps = ((chunk == 0x5B) | (chunk == 0x7B)).astype(np.int32)
+        steps -= ((chunk == 0x5D) | (chunk == 0x7D)).astype(np.int32)
+        running = np.cumsum(steps, dtype=np.int64) + depth
+        if running.size:
+            deepest = max(deepest, int(running.max()))
+            depth = int(running[-1])
+    return deepest
+
+
+def parse_json(data, source, limits=None):
+    """JSON bytes -> Python, with the depth bounded first; ValueError if invalid."""
+    limits = resolve_limits(limits)
+    depth = json_depth(data)
+    if depth > limits.max_json_depth:
+        raise ValueError(
+            f"{source} is nested {depth} levels deep, more than the "
+            f"{limits.max_json_depth} allowed (limit max_json_depth): not a "
+            "keras-txl file."
+        )
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{source} is not valid JSON: {e}") from None
+
+
+def read_json(path, limits=None, what=None):
+    """A JSON file of a model folder, size and depth bounded; ValueError if bad."""
+    limits = resolve_limits(limits)
+    what = what or os.path.basename(os.fspath(path))
+    data = read_bytes(path, limits.max_json_bytes, what, "max_json_bytes")
+    return parse_json(data, os.fspath(path), limits)
+
+
+def resolve_inside(directory, name, what="file name"):
+    """`directory/name` for a `name` read from a config; it must stay inside.
+
+    Raises:
+        ValueError: `name` is not a non-empty string, is absolute, or has
+            `..` components that leave `directory`.
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ValueError(
+            f"The {what} must be a non-empty file name inside "
+            f"{os.fspath(directory)!r}, received {name!r}."
+        )
+    normal = os.path.normpath(name)
+    if (os.path.isabs(name) or os.path.isabs(normal) or normal == os.pardir
+            or normal.startswith(os.pardir + os.sep)
+            or (os.altsep and normal.startswith(os.pardir + os.altsep))):
+        raise ValueError(
+            f"The {what} {name!r} leaves the folder {os.fspath(directory)!r}; "
+            "only names inside the folder are read."
+        )
+    return os.path.join(os.fspath(directory), normal)

@@ -1,0 +1,325 @@
+"""Untrusted model folders (issue 18, item 4): hostile sizes, FIFOs, devices,
+file names that leave the folder, deep JSON and oversized tensors are refused
+within a second and within 100 MB of extra memory, before anything is built."""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_txl
+from keras_txl.io import load_pretrained
+from keras_txl.io import save_pretrained
+from keras_txl.limits import Limits
+from keras_txl.limits import resolve_limits
+from keras_txl.safe_files import json_depth
+from keras_txl.safe_files import resolve_inside
+from keras_txl.tokenizers import build_tokenizer
+from keras_txl.tokenizers import load_tokenizer
+from keras_txl.weights_file import read_safetensors
+from keras_txl.weights_file import read_safetensors_header
+from tests.conftest import FIXTURES
+from tests.conftest import REPO
+
+TINY = dict(vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
+            intermediate_dim=16, memory_length=4, segment_length=4)
+GIB = 1 << 30
+
+
+def _tiny_folder(directory):
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
+    tokenizer = build_tokenizer("word", ["a b c a b"])
+    save_pretrained(model, str(directory), tokenizer=tokenizer)
+    return model
+
+
+def _header(path):
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(size))
+
+
+def _write_safetensors(path, header, data_size, sparse=True):
+    """A safetensors file with `header` and `data_size` data bytes (a hole:
+    no disk is used for a sparse 3 GB file)."""
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + data_size)
+
+
+def _with_giant_tensor(path, name="unexpected.giant", shape=(3 * GIB // 4,)):
+    """Rewrites `path` (a real safetensors file) with one more 3 GB tensor."""
+    header = _header(path)
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + size)
+        data = f.read()
+    header[name] = {"dtype": "F32", "shape": list(shape),
+                    "data_offsets": [end, end + 4 * int(np.prod(shape))]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + data[:end])
+        f.truncate(8 + len(raw) + end + 4 * int(np.prod(shape)))
+
+
+def _edit_config(directory, **changes):
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def _hostile_folders(root, template):
+    """{case: (loader, folder, expected message part)}."""
+    cases = {}
+
+    def folder(name):
+        target = root / name
+        shutil.copytree(template, target)
+        return target
+
+    d = folder("huge_hidden_dim")
+    _edit_config(d, hidden_dim=10**9, num_heads=2)
+    cases["hidden_dim=10**9"] = ("pretrained", d, "hidden_dim=1000000000 exceeds")
+    d = folder("many_layers")
+    _edit_config(d, num_layers=100000)
+    cases["num_layers=100000"] = ("pretrained", d, "num_layers=100000 exceeds")
+    d = folder("many_parameters")
+    _edit_config(d, vocabulary_size=1 << 24, hidden_dim=65536, num_heads=64,
+                 intermediate_dim=65536)
+    cases["4e12 parameters"] = ("pretrained", d, "max_parameters")
+    d = folder("giant_tensor")
+    _with_giant_tensor(d / "model.safetensors")
+    cases["3 GB unexpected tensor"] = ("pretrained", d, "values")
+    d = folder("giant_expected_name")
+    header = _header(d / "model.safetensors")
+    name = next(k for k in header if k != "__metadata__")
+    del header[name]
+    os.remove(d / "model.safetensors")
+    _with_giant_tensor_from(d / "model.safetensors", header, template, name)
+    cases["3 GB tensor under an expected name"] = ("pretrained", d, "values")
+    d = folder("offsets_past_end")
+    header = _header(d / "model.safetensors")
+    name = next(k for k in header if k != "__metadata__")
+    header[name] = {"dtype": "F32", "shape": [GIB], "data_offsets": [0, 4 * GIB]}
+    _write_safetensors(d / "model.safetensors", header, 64)
+    cases["offsets past the end"] = ("pretrained", d, "outside the")
+    d = folder("huge_header_claim")
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
+    cases["header length 2**60"] = ("pretrained", d, "header claims")
+    d = folder("deep_header")
+    raw = b"[" * 100000 + b"]" * 100000
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    cases["10^5-deep safetensors header"] = ("pretrained", d, "nested")
+    d = folder("fifo_weights")
+    os.remove(d / "model.safetensors")
+    os.mkfifo(d / "model.safetensors")
+    cases["FIFO model.safetensors"] = ("pretrained", d, "FIFO")
+    d = folder("fifo_config")
+    os.remove(d / "config.json")
+    os.mkfifo(d / "config.json")
+    cases["FIFO config.json"] = ("pretrained", d, "FIFO")
+    d = folder("device_weights")
+    os.remove(d / "model.safetensors")
+    os.symlink("/dev/zero", d / "model.safetensors")
+    cases["symlink to /dev/zero"] = ("pretrained", d, "character device")
+    d = folder("deep_config")
+    (d / "config.json").write_text("[" * 100000 + "]" * 100000)
+    cases["10^5-deep config.json"] = ("pretrained", d, "nested")
+    d = folder("big_config")
+    (d / "config.json").write_bytes(b" " * (17 << 20) + b"{}")
+    cases["17 MB config.json"] = ("pretrained", d, "max_json_bytes")
+    d = folder("escaping_vocabulary")
+    tokenizer_json = d / "tokenizer" / "tokenizer.json"
+    config = json.loads(tokenizer_json.read_text())
+    config["vocabulary_file"] = "../../../../../../../etc/passwd"
+    tokenizer_json.write_text(json.dumps(config))
+    cases["vocabulary_file ../../etc/passwd"] = ("tokenizer", d / "tokenizer",
+                                                 "leaves the folder")
+    d = folder("absolute_vocabulary")
+    tokenizer_json = d / "tokenizer" / "tokenizer.json"
+    config["vocabulary_file"] = "/etc/passwd"
+    tokenizer_json.write_text(json.dumps(config))
+    cases["vocabulary_file /etc/passwd"] = ("tokenizer", d / "tokenizer",
+                                            "leaves the folder")
+    d = folder("fifo_vocabulary")
+    os.remove(d / "tokenizer" / "vocab.txt")
+    os.mkfifo(d / "tokenizer" / "vocab.txt")
+    cases["FIFO vocabulary file"] = ("tokenizer", d / "tokenizer", "FIFO")
+    d = folder("deep_tokenizer_json")
+    (d / "tokenizer" / "tokenizer.json").write_text("{\"a\":" * 50000 + "1" + "}" * 50000)
+    cases["deep tokenizer.json"] = ("tokenizer", d / "tokenizer", "nested")
+
+    hf_template = FIXTURES / sorted(
+        p.name for p in FIXTURES.iterdir() if (p / "model.safetensors").exists()
+    )[0]
+    d = root / "hf_many_layers"
+    shutil.copytree(hf_template, d)
+    hf = json.loads((d / "config.json").read_text())
+    hf["n_layer"] = 100000
+    (d / "config.json").write_text(json.dumps(hf))
+    cases["HF n_layer=100000"] = ("hf", d, "num_layers=100000 exceeds")
+    d = root / "hf_giant_tensor"
+    shutil.copytree(hf_template, d)
+    _with_giant_tensor(d / "model.safetensors")
+    cases["HF 3 GB unexpected tensor"] = ("hf", d, "values")
+    d = root / "hf_list_layers"
+    shutil.copytree(hf_template, d)
+    hf = json.loads((d / "config.json").read_text())
+    hf["n_layer"] = [1, 2]
+    (d / "config.json").write_text(json.dumps(hf))
+    cases["HF n_layer a list"] = ("hf", d, "wrong type")
+    return cases
+
+
+def _with_giant_tensor_from(path, header, template, name):
+    """The template's header with tensor `name` moved to the end as 3 GB."""
+    source = template / "model.safetensors"
+    with open(source, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + size)
+        data = f.read()
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    header = dict(header)
+    header[name] = {"dtype": "F32", "shape": [3 * GIB // 4],
+                    "data_offsets": [end, end + 3 * GIB]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + data[:end])
+        f.truncate(8 + len(raw) + end + 3 * GIB)
+
+
+CHILD = r"""
+import json, os, resource, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+from keras_txl import causal_lm  # TensorFlow and Keras: imported before measuring
+from keras_txl.hf_checkpoint import load_hf_checkpoint
+from keras_txl.io import load_pretrained
+from keras_txl.tokenizers import load_tokenizer
+
+LOADERS = {"pretrained": load_pretrained, "hf": load_hf_checkpoint,
+           "tokenizer": load_tokenizer}
+
+def rss_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+for name, (loader, folder) in json.load(sys.stdin).items():
+    try:  # reset the peak (VmHWM) to the current RSS (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = rss_kb("VmRSS")
+    except OSError:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    try:
+        LOADERS[loader](folder)
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    seconds = time.monotonic() - start
+    peak = rss_kb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"case": name, "error": error, "seconds": seconds,
+                      "extra_mb": max(0, peak - before) / 1024}), flush=True)
+"""
+
+
+def test_hostile_folders_fail_fast_with_little_memory(tmp_path):
+    template = tmp_path / "template"
+    _tiny_folder(template)
+    cases = _hostile_folders(tmp_path, template)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop(keras_txl.limits.ENVIRONMENT_VARIABLE, None)
+    request = {name: (loader, str(folder)) for name, (loader, folder, _) in cases.items()}
+    # A blocked read (the FIFOs) would hang the child: the timeout fails the test.
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD], input=json.dumps(request), env=env,
+        capture_output=True, text=True, timeout=240,
+    )
+    rows = {}
+    for line in result.stdout.splitlines():
+        row = json.loads(line)
+        rows[row["case"]] = row
+    assert set(rows) == set(cases), result.stderr[-3000:]
+    for name, (_, _, message) in cases.items():
+        row = rows[name]
+        print(f"{name:40s} {row['seconds'] * 1000:7.1f} ms "
+              f"{row['extra_mb']:6.1f} MB  {row['error']}")
+        assert row["error"] is not None and row["error"].startswith("ValueError"), row
+        assert message in row["error"], row
+        assert row["seconds"] < 1.0, row
+        assert row["extra_mb"] < 100, row
+
+
+def test_a_good_folder_still_loads_also_through_symlinks(tmp_path):
+    model = _tiny_folder(tmp_path / "blobs")
+    # A hub cache: the snapshot's files are symlinks into a blob folder.
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer"):
+        os.symlink(tmp_path / "blobs" / name, snapshot / name)
+    loaded = load_pretrained(str(snapshot))
+    for a, b in zip(model.model_weights(), loaded.model_weights()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    tokenizer = load_tokenizer(snapshot / "tokenizer")
+    assert tokenizer.decode(tokenizer.encode("a b c")) == "a b c"
+
+
+def test_the_header_is_compared_with_the_model_before_reading(tmp_path):
+    _tiny_folder(tmp_path)
+    path = str(tmp_path / "model.safetensors")
+    header = read_safetensors_header(path)
+    assert all(dtype == "F32" for _, dtype in header.values())
+    expected = {name: shape for name, (shape, _) in header.items()}
+    assert set(read_safetensors(path, expected=expected)) == set(expected)
+    name = sorted(expected)[0]
+    wrong = {**expected, name: (99,) + tuple(expected[name])}
+    with pytest.raises(ValueError, match=rf"tensor '{name}' has shape"):
+        read_safetensors(path, expected=wrong)
+    with pytest.raises(ValueError, match=r"unexpected \['extra'\]|missing \['extra'\]"):
+        read_safetensors(path, expected={**expected, "extra": (1,)})
+    with pytest.raises(ValueError, match="has dtype F32, the config needs F16"):
+        read_safetensors(path, expected={**expected, name: (expected[name], "F16")})
+
+
+def test_limits_are_overridable_by_argument_and_environment(tmp_path, monkeypatch):
+    _tiny_folder(tmp_path)
+    with pytest.raises(ValueError, match=r"num_layers=2 exceeds the limit "
+                       r"max_num_layers=1 .*limits=\{'max_num_layers': \.\.\.\}"):
+        load_pretrained(str(tmp_path), limits={"max_num_layers": 1})
+    monkeypatch.setenv("KERAS_TXL_LIMITS", '{"max_num_layers": 1}')
+    assert resolve_limits().max_num_layers == 1
+    with pytest.raises(ValueError, match="max_num_layers=1"):
+        load_pretrained(str(tmp_path))
+    # The argument wins over the environment.
+    load_pretrained(str(tmp_path), limits={"max_num_layers": 2})
+    monkeypatch.setenv("KERAS_TXL_LIMITS", "[1]")
+    with pytest.raises(ValueError, match="KERAS_TXL_LIMITS must be a JSON object"):
+        resolve_limits()
+    monkeypatch.delenv("KERAS_TXL_LIMITS")
+    with pytest.raises(ValueError, match=r"Unknown limit\(s\) \['max_layers'\]"):
+        resolve_limits({"max_layers": 3})
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        Limits(max_num_layers=0)
+    assert resolve_limits() == Limits()
+
+
+def test_names_that_leave_the_folder_and_json_depth(tmp_path):
+    assert resolve_inside(tmp_path, "a/../vocabulary.txt") == str(tmp_path / "vocabulary.txt")
+    for name in ("../x", "a/../../x", "/etc/passwd", "", None, 3):
+        with pytest.raises(ValueError, match="leaves the folder|non-empty file name"):
+            resolve_inside(tmp_path, name)
+    assert json_depth(b'{"a": [1, {"b": []}]}') == 4
+    assert json_depth(b"[" * 5000 + b"]" * 5000, chunk_size=7) == 5000

@@ -24,8 +24,9 @@ import os
 import sys
 import tempfile
 
-# Python loggers that carry TensorFlow's own messages.
+# Python loggers that carry TensorFlow's own messages, and ours.
 TENSORFLOW_LOGGERS = ("tensorflow", "absl")
+OUR_LOGGERS = ("keras_txl", "txl")
 
 
 def configure_logging(verbose: bool = False) -> None:
@@ -36,10 +37,14 @@ def configure_logging(verbose: bool = False) -> None:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # -v: our DEBUG lines and TensorFlow's INFO, not every library's DEBUG
+    # (h5py, matplotlib, ... say a lot there).
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.NOTSET)
     for name in TENSORFLOW_LOGGERS:
         logging.getLogger(name).setLevel(
             logging.NOTSET if verbose else logging.ERROR

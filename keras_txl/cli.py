@@ -231,7 +231,8 @@ def build_parser():
     _add_data_arguments(p, "the first workdir's encoded split, WORKDIR/data/")
     p.add_argument("--workdirs", nargs="+", required=True,
                    metavar="[NAME=]WORKDIR", help="trained runs (a group)")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"],
+                   help="which split the target tokens come from")
     p.add_argument("--r", nargs="+", type=float, default=[0.1, 0.5, 1.0],
                    help="fractions of hardest tokens")
     p.add_argument("--contexts", nargs="+", type=int,

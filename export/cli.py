@@ -131,7 +131,9 @@ def tflite_file_name(name, quantize="none", stateful=False):
     return stem + ("-stateful" if stateful else "") + ".tflite"
 
 
-def _check_arguments(args):
+def check_arguments(args):
+    """Raises ValueError for options that are out of range, or given for a
+    format that is not written."""
     for option in ("batch_size", "segment_length", "saved_model_batch_size",
                    "saved_model_segment_length", "version"):
         value = getattr(args, option)
@@ -172,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         ValueError: bad arguments, no model at the source, an existing
             version without --overwrite, or a failed conversion.
     """
-    _check_arguments(args)
+    check_arguments(args)
     model, tokenizer_dir = _load(args)
     if args.memory_length is not None:
         model = model.with_settings(memory_length=args.memory_length)

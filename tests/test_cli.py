@@ -153,26 +153,29 @@ def test_generate_warns_once_and_prints_what_the_model_received(char_workdir, ca
 # --- txl export: the README's command ----------------------------------------
 
 
+# The README's export command after `--workdir runs/ts` (tests/test_docs.py checks it is).
+README_EXPORT = ["--format", "all", "--out", "exported", "--batch-size", "1", "--segment-length", "32"]
+
+
 @pytest.fixture(scope="module")
 def readme_export(tmp_path_factory):
-    """The README's `txl export --format all --batch-size 1 --segment-length 32`,
-    run as a user would (its own process, no TF_CPP_MIN_LOG_LEVEL)."""
+    """The README's `txl export`, run as a user would: its own process, no
+    TF_CPP_MIN_LOG_LEVEL, in a folder holding the training run."""
     keras.utils.set_random_seed(0)
     tmp = tmp_path_factory.mktemp("readme_export")
     model = keras_txl.TransformerXLCausalLM(tiny_config())
     keras_txl.save_pretrained(model, str(tmp / "run" / "model"))
     result = subprocess.run(
-        [sys.executable, "-m", "keras_txl", "export", "--workdir", str(tmp / "run"),
-         "--format", "all", "--out", str(tmp / "exported"), "--batch-size", "1",
-         "--segment-length", "32"],
-        capture_output=True, text=True, timeout=600, env=quiet_env())
+        [sys.executable, "-m", "keras_txl", "export", "--workdir", "run", *README_EXPORT],
+        capture_output=True, text=True, timeout=600, env=quiet_env(), cwd=tmp)
     return model, tmp / "exported", result
 
 
 def test_export_is_quiet_and_prints_the_paths_written(readme_export):
     _, out, result = readme_export
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == [str(out / "txl" / "1"), str(out / "txl.tflite")]
+    assert result.stdout.splitlines() == [os.path.join("exported", "txl", "1"),
+                                          os.path.join("exported", "txl.tflite")]
     # No TensorFlow start-up lines, converter lines or library log lines.
     assert result.stderr == "", result.stderr[-3000:]
 

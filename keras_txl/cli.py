@@ -320,7 +320,7 @@ def encode_prompt(tokenizer, prompt):
             "%s; %s.", len(unknown), tokenizer.kind,
             " ".join(repr(c) for c in unknown), becomes,
         )
-    elif received != prompt:
+    elif received.split() != prompt.split():  # not just spacing, which words drop
         logger.warning(
             "the %s tokenizer does not keep the prompt exactly; the model "
             "receives %r.", tokenizer.kind, received,

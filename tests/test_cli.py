@@ -236,7 +236,7 @@ def test_export_errors_read_like_the_other_commands(tmp_path, capsys, argv, mess
 # --- the result JSON ---------------------------------------------------------
 
 
-def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys):
+def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys, caplog):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     rng = np.random.default_rng(0)
@@ -257,3 +257,11 @@ def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys):
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(evaluated) == sorted(["split", "loss", "ppl", "bits_per_word", "tokens",
                                         "settings"])
+    # An unknown word reaches the model as <unk>: printed so, and said once.
+    with caplog.at_level("WARNING"):
+        assert main(["generate", "--workdir", str(workdir), "--prompt", "the zebra  sat",
+                     "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the <unk> sat")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["the word tokenizer does not keep the prompt exactly; the model "
+                        "receives 'the <unk> sat'."]

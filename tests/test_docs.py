@@ -289,3 +289,13 @@ def test_readme_export_command_is_the_one_tests_run():
 
     readme = [t for doc, _, t in COMMANDS if doc == "README.md" and t[:2] == ["txl", "export"]]
     assert readme == [["txl", "export", "--workdir", "runs/ts", *README_EXPORT]]
+
+
+def test_export_options_table_is_complete():
+    """docs/export.md's table of `txl export` options: every row exists, every option has a row."""
+    text = (REPO / "docs" / "export.md").read_text(encoding="utf-8")
+    table = text[text.index("| option | meaning |"):]
+    table = table[: table.index("\n\n")]
+    documented = set(re.findall(r"`(--[a-z][\w-]*)", table))
+    known = options_of("export") - {"-h", "--help"}
+    assert documented == known, (sorted(documented - known), sorted(known - documented))

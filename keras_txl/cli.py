@@ -456,7 +456,7 @@ def _demo(args):
         "train", "--data", corpus_dir, "--workdir", args.workdir,
         "--preset", "tiny", "--tokenizer", "byte", "--steps", str(args.steps),
         "--set", "dropout=0.1", "--set", f"learning_rate={args.learning_rate}",
-        "--set", "warmup_steps=100", "--set", "log_every=250",
+        "--set", f"warmup_steps={min(100, args.steps)}", "--set", "log_every=250",
         "--set", "checkpoint_every=1000",
     ]))
     print(f"[demo] trained in {time.time() - start:.0f}s")

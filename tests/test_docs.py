@@ -22,6 +22,8 @@ import io
 import json
 import re
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -299,3 +301,45 @@ def test_export_options_table_is_complete():
     documented = set(re.findall(r"`(--[a-z][\w-]*)", table))
     known = options_of("export") - {"-h", "--help"}
     assert documented == known, (sorted(documented - known), sorted(known - documented))
+
+
+def test_inline_make_targets_and_scripts_exist():
+    makefile = (REPO / "Makefile").read_text()
+    wrong, seen = [], 0
+    for path in DOCS:
+        for span in re.findall(r"`((?:make|python) [^`]+)`", path.read_text(encoding="utf-8")):
+            tokens = span.split()
+            seen += 1
+            if tokens[0] == "make" and not re.search(rf"^{re.escape(tokens[1])}:", makefile, re.M):
+                wrong.append(f"{path.name}: `{span}`: no make target {tokens[1]}")
+            if tokens[0] == "python" and tokens[1].endswith(".py") and not (REPO / tokens[1]).is_file():
+                wrong.append(f"{path.name}: `{span}`: no file {tokens[1]}")
+    assert seen >= 5
+    assert not wrong, "\n".join(wrong)
+
+
+def test_benchmark_commands_take_the_arguments_shown():
+    """`python benchmarks/x.py ...` in blocks and inline code: each flag and
+    stage shown is in the script's own --help (the scripts import TF lazily)."""
+    shown = {}
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        lines = [" ".join(t) for _, _, t in COMMANDS] + re.findall(r"`(python [^`]+)`", text)
+        for line in lines:
+            tokens = line.split()
+            if len(tokens) > 1 and tokens[0] in ("python", "python3") and tokens[1].startswith("benchmarks/"):
+                shown.setdefault(tokens[1], []).append((path.name, tokens[2:]))
+    assert len(shown) >= 4
+    wrong = []
+    for script, uses in shown.items():
+        help_text = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True,
+                                   text=True, timeout=120, cwd=REPO).stdout
+        assert "usage:" in help_text, script
+        for doc, args in uses:
+            for token in args:
+                word = token.split("=")[0]
+                if re.fullmatch(r"--[a-z][\w-]*", word) and not re.search(rf"{word}\b", help_text):
+                    wrong.append(f"{doc}: {script} has no {word}")
+                elif re.fullmatch(r"[a-z]+", word) and args.index(token) == 0 and word not in help_text:
+                    wrong.append(f"{doc}: {script} has no stage {word}")
+    assert not wrong, "\n".join(wrong)

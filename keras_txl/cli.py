@@ -16,13 +16,13 @@ logger = logging.getLogger("txl")
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with `(default: X)`, except where there is
-    no value to show (None, an off switch, an empty list): those options
-    say in their help what happens without them. (argparse's own formatter
-    would print "(default: None)".)"""
+    no value to show (None, "", an empty list, a switch): those options say
+    in their help what happens without them. (argparse's own formatter
+    would print "(default: None)", and "(default: True)" for --no-warmup.)"""
 
     def _get_help_string(self, action):
         default = action.default
-        if default is None or default is False or default == []:
+        if action.nargs == 0 or default is None or default in ("", []):
             return action.help
         if isinstance(default, str) and default != default.strip():
             return action.help + " (default: %(default)r)"  # show the spaces

@@ -49,13 +49,15 @@ def test_every_option_of_every_command_has_help_and_shows_its_default():
     for name, parser in subcommands().choices.items():
         text = " ".join(parser.format_help().split())
         assert parser.description, f"txl {name} --help has no description"
+        for meaningless in ("None", "True", "False", "", "[]"):
+            assert f"(default: {meaningless})" not in text, (name, meaningless)
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, f"txl {name} {action.option_strings}: no help"
             default = action.default
-            if default is None or default is False or default == []:
-                continue  # nothing to show: the help says what happens without it
+            if action.nargs == 0 or default is None or default in ("", []):
+                continue  # a switch, or nothing to show: the help says what happens without it
             shown = repr(default) if isinstance(default, str) and default != default.strip() else default
             line = " ".join(action.help.split()) + f" (default: {shown})"
             assert line in text, f"txl {name} {action.option_strings[0]}: {line!r} not in its help"

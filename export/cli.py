@@ -29,10 +29,7 @@ prints the paths written (one a line, on stdout) and returns 0, or raises
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-
-logger = logging.getLogger(__name__)
 
 FORMATS = ("saved_model", "tflite", "all")
 

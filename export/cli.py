@@ -4,6 +4,13 @@
     txl export --from-hf path/to/transfo-xl --format tflite --out exports \\
         --batch-size 1 --segment-length 32 --quantize float16
 
+The SavedModel takes any batch size and segment length (TF Serving batches
+requests of any shape; a text's last segment is shorter), unless
+`--saved-model-batch-size` / `--saved-model-segment-length` fix them.
+TFLite needs fixed shapes: `--batch-size` (default 1) and
+`--segment-length` (default the model's) are the TFLite model's; with
+`--format saved_model` they are an error, not silently ignored.
+
 Sources: `--workdir DIR` (the training run's latest model folder,
 `DIR/model/`, written by `save_pretrained`), `--from-hf DIR` (a Hugging
 Face TransfoXL folder) or `--from-official DIR` (an official TF release,
@@ -15,17 +22,16 @@ Outputs under `--out`:
     <out>/<name>[-<quantize>]-stateful.tflite   with --stateful
     <out>/config.json                beside the TFLite files
 
-`add_arguments(parser)` fills an argparse (sub)parser; `run(args)` returns
-the exit code (0 ok, 2 bad input). The `txl` entry point wires them in.
+`add_arguments(parser)` fills an argparse (sub)parser; `run(args)` writes,
+prints the paths written (one a line, on stdout) and returns 0, or raises
+`ValueError` for bad input, which `txl` reports as `txl export: error: ...`
+(exit code 2), like its other commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-
-logger = logging.getLogger(__name__)
 
 FORMATS = ("saved_model", "tflite", "all")
 
@@ -53,26 +59,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--format", choices=FORMATS, default="saved_model",
-        help="what to write (default: saved_model)",
+        help="what to write",
     )
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument(
         "--name", default="txl",
-        help="model name: SavedModel base folder and TFLite file stem "
-        "(default: txl)",
+        help="model name: SavedModel base folder and TFLite file stem",
     )
     parser.add_argument(
         "--version", type=int, default=1,
-        help="SavedModel version folder (default: 1)",
+        help="SavedModel version folder",
     )
     parser.add_argument(
         "--batch-size", dest="batch_size", type=int, default=None,
-        help="fixed batch size; SavedModel default dynamic, TFLite default 1",
+        help="the TFLite model's fixed batch size (default: 1)",
     )
     parser.add_argument(
         "--segment-length", dest="segment_length", type=int, default=None,
-        help="fixed segment length; SavedModel default dynamic, TFLite "
-        "default the model's segment_length",
+        help="the TFLite model's fixed segment length (default: the "
+        "model's segment_length)",
+    )
+    parser.add_argument(
+        "--saved-model-batch-size", dest="saved_model_batch_size", type=int,
+        default=None, help="fix the SavedModel's batch size (default: any)",
+    )
+    parser.add_argument(
+        "--saved-model-segment-length", dest="saved_model_segment_length",
+        type=int, default=None,
+        help="fix the SavedModel's segment length (default: any)",
     )
     parser.add_argument(
         "--memory-length", dest="memory_length", type=int, default=None,
@@ -81,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--quantize", choices=("none", "float16", "dynamic_int8"),
-        default="none", help="TFLite weight quantization (default: none)",
+        default="none", help="TFLite weight quantization",
     )
     parser.add_argument(
         "--stateful", action="store_true",
@@ -97,11 +111,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="replace an existing SavedModel version folder",
     )
     return parser
-
-
-def _fail(message):
-    logger.error("txl export: %s", message)
-    return 2
 
 
 def _load(args):
@@ -158,68 +167,84 @@ def tflite_file_name(name, quantize="none", stateful=False):
     return stem + ("-stateful" if stateful else "") + ".tflite"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs `txl export`; returns the process exit code."""
-    for option in ("batch_size", "segment_length", "version"):
+def check_arguments(args):
+    """Raises ValueError for options that are out of range, or given for a
+    format that is not written."""
+    for option in ("batch_size", "segment_length", "saved_model_batch_size",
+                   "saved_model_segment_length", "version"):
         value = getattr(args, option)
         if value is not None and value <= 0:
-            return _fail(f"--{option.replace('_', '-')} must be positive, "
-                         f"received {value}.")
+            raise ValueError(f"--{option.replace('_', '-')} must be positive, "
+                             f"received {value}.")
     if args.memory_length is not None and args.memory_length < 0:
-        return _fail(f"--memory-length must be >= 0, received {args.memory_length}.")
+        raise ValueError(
+            f"--memory-length must be >= 0, received {args.memory_length}.")
+    # Shapes meant for one format and given with the other are refused, not
+    # dropped: the user expected them to fix something.
+    if args.format == "saved_model":
+        given = [f"--{o.replace('_', '-')}" for o in ("batch_size", "segment_length")
+                 if getattr(args, o) is not None]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)} {'fixes' if len(given) == 1 else 'fix'} "
+                "the TFLite model's shapes, and "
+                "--format saved_model writes none. The SavedModel takes any "
+                "batch and segment length; to fix them, pass "
+                "--saved-model-batch-size / --saved-model-segment-length.")
+    if args.format == "tflite":
+        given = [f"--{o.replace('_', '-')}"
+                 for o in ("saved_model_batch_size", "saved_model_segment_length")
+                 if getattr(args, o) is not None]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)} "
+                f"{'applies' if len(given) == 1 else 'apply'} to the SavedModel, and "
+                "--format tflite writes none; the TFLite shapes are "
+                "--batch-size and --segment-length.")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `txl export` and prints the paths written; returns 0.
+
+    Raises:
+        ValueError: bad arguments, no model at the source, an existing
+            version without --overwrite, or a failed conversion.
+    """
+    check_arguments(args)
     try:
         return _run(args)
     finally:
-        if getattr(args, "temporary_dir", None):
+        if getattr(args, "temporary_dir", None):  # --from-official's tokenizer
             import shutil
 
             shutil.rmtree(args.temporary_dir, ignore_errors=True)
 
 
 def _run(args):
-    try:
-        model, tokenizer_dir = _load(args)
-    except ValueError as e:
-        return _fail(str(e))
+    model, tokenizer_dir = _load(args)
     if args.memory_length is not None:
         model = model.with_settings(memory_length=args.memory_length)
-    written = []
-    try:
-        if args.format in ("saved_model", "all"):
-            from keras_txl.export.saved_model import export_saved_model
+    if args.format in ("saved_model", "all"):
+        from keras_txl.export.saved_model import export_saved_model
 
-            written.append(export_saved_model(
-                model, args.out, name=args.name, version=args.version,
-                batch_size=args.batch_size, segment_length=args.segment_length,
-                tokenizer_dir=tokenizer_dir, warmup=args.warmup,
-                overwrite=args.overwrite,
-            ))
-        if args.format in ("tflite", "all"):
-            from keras_txl.export.tflite import export_tflite
+        print(export_saved_model(
+            model, args.out, name=args.name, version=args.version,
+            batch_size=args.saved_model_batch_size,
+            segment_length=args.saved_model_segment_length,
+            tokenizer_dir=tokenizer_dir, warmup=args.warmup,
+            overwrite=args.overwrite,
+        ), flush=True)
+    if args.format in ("tflite", "all"):
+        from keras_txl.export.tflite import export_tflite
 
-            path = os.path.join(
-                args.out, tflite_file_name(args.name, args.quantize, args.stateful)
-            )
-            written.append(export_tflite(
-                model, path, batch_size=args.batch_size or 1,
-                segment_length=args.segment_length
-                or model.txl_config.segment_length,
-                quantize=args.quantize, stateful=args.stateful,
-                tokenizer_dir=tokenizer_dir,
-            ))
-    except ValueError as e:
-        return _fail(str(e))
-    for path in written:
-        logger.info("txl export: wrote %s", path)
+        path = os.path.join(
+            args.out, tflite_file_name(args.name, args.quantize, args.stateful)
+        )
+        print(export_tflite(
+            model, path, batch_size=args.batch_size or 1,
+            segment_length=args.segment_length
+            or model.txl_config.segment_length,
+            quantize=args.quantize, stateful=args.stateful,
+            tokenizer_dir=tokenizer_dir,
+        ), flush=True)
     return 0
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry point: `python -m keras_txl.export.cli ...`."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = add_arguments(argparse.ArgumentParser(prog="txl export"))
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

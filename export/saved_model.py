@@ -232,7 +232,7 @@ def export_saved_model(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("SavedModel written to %s", final)
+    logger.debug("SavedModel written to %s", final)  # `txl export` prints it
     return final
 
 

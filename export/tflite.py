@@ -227,9 +227,10 @@ def export_tflite_variants(
         with open(os.path.join(directory, f"{stem}.json"), "w") as f:
             json.dump(info, f, indent=2, sort_keys=True)
             f.write("\n")
-        logger.info(
-            "TFLite (%s%s) written to %s: %d bytes", quantize,
-            ", stateful" if stateful else "", path, len(contents[quantize]),
+        # DEBUG: a library call returns its paths; `txl export` prints them.
+        logger.debug(
+            "TFLite model written to %s: %d bytes, quantize=%s, stateful=%s",
+            path, len(contents[quantize]), quantize, stateful,
         )
     return out_paths
 

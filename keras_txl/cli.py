@@ -1,7 +1,9 @@
-"""The `txl` command: train, eval, export, generate, demo.
+"""The `txl` command: train, eval, export, generate, attention, demo, recl.
 
 Each subcommand imports `training/` or `export/` lazily, so `txl --help`
-is fast and the model package does not depend on them.
+is fast and the model package does not depend on them. Runs are quiet by
+default: our own progress on stderr, results on stdout, TensorFlow's logs
+only with `txl -v` (see `keras_txl/console.py`).
 """
 
 import argparse
@@ -9,61 +11,130 @@ import logging
 import os
 import sys
 
+logger = logging.getLogger("txl")
 
-def _add_data_arguments(p):
-    p.add_argument("--data", help="corpus folder, text file, or tfds:NAME[:CONFIG]")
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with `(default: X)`, except where there is
+    no value to show (None, "", an empty list, a switch): those options say
+    in their help what happens without them. (argparse's own formatter
+    would print "(default: None)", and "(default: True)" for --no-warmup.)"""
+
+    def _get_help_string(self, action):
+        default = action.default
+        if action.nargs == 0 or default is None or default in ("", []):
+            return action.help
+        if isinstance(default, str) and default != default.strip():
+            return action.help + " (default: %(default)r)"  # show the spaces
+        return super()._get_help_string(action)
+
+
+def _add_data_arguments(p, without):
+    p.add_argument("--data", default=None,
+                   help="corpus: a folder, a text file, or tfds:NAME[:CONFIG] "
+                   f"(default: {without})")
     p.add_argument("--data-dir", dest="data_dir", default=None,
-                   help="TFDS data_dir (where prepared datasets live)")
+                   help="TFDS data_dir, where prepared datasets live (default: "
+                   "TFDS's own, ~/tensorflow_datasets)")
     p.add_argument("--download", action="store_true",
                    help="TFDS: download and prepare if missing (needs internet)")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="txl", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="txl", description=__doc__.split("\n")[0],
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and TensorFlow's own logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train a model in a workdir (resumes if present)")
-    _add_data_arguments(p)
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--preset", default=None, help="model/training preset name")
-    p.add_argument("--config", default=None, help="JSON config file")
+    def add_command(name, help, description=None):
+        return sub.add_parser(name, help=help, description=description or help,
+                              formatter_class=_HelpFormatter)
+
+    p = add_command("train", "train a model in a workdir (resumes if present)")
+    _add_data_arguments(p, "a resumed run's encoded splits, WORKDIR/data/")
+    p.add_argument("--workdir", required=True,
+                   help="run folder: config, tokenizer, checkpoints, model/")
+    p.add_argument("--preset", default=None,
+                   help="model/training preset name (keras_txl/presets.py); "
+                   "this or --config is required")
+    p.add_argument("--config", default=None,
+                   help="JSON config file: a model dict, or "
+                   '{"model": ..., "train": ..., "eval": ...}')
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value (repeatable); prefix model./train./eval.")
-    p.add_argument("--steps", type=int, default=None)
+                   help="override a config value (repeatable); prefix "
+                   "model./train./eval.")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps (default: from --preset/--config)")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=None,
-                   help="global batch (all replicas)")
-    p.add_argument("--segment-length", dest="segment_length", type=int, default=None)
-    p.add_argument("--memory-length", dest="memory_length", type=int, default=None)
+                   help="global batch, all replicas (default: from --preset/--config)")
+    p.add_argument("--segment-length", dest="segment_length", type=int,
+                   default=None, help="tokens per segment (default: from --preset/--config)")
+    p.add_argument("--memory-length", dest="memory_length", type=int,
+                   default=None, help="memory per layer (default: from --preset/--config)")
     p.add_argument("--tokenizer", default=None,
-                   choices=["char", "byte", "word", "sentencepiece", "wordpiece"])
+                   choices=["char", "byte", "word", "sentencepiece", "wordpiece"],
+                   help="default: the corpus's own, as in the reference code: "
+                   "byte for raw enwik8; char for text8, other single text "
+                   "files, wiki.*.raw and tfds:tiny_shakespeare; word for "
+                   "wiki.*.tokens, train/valid/test.txt folders, other tfds: "
+                   "data and symbol files. Results name bits per token by "
+                   "what a token is: bpc (char, byte, symbol files), "
+                   "bits_per_word, bits_per_token (subwords)")
     p.add_argument("--strategy", default=None,
-                   choices=["default", "mirrored", "multi_worker", "tpu"])
+                   choices=["default", "mirrored", "multi_worker", "tpu"],
+                   help="distribution strategy (default: the config's, "
+                   "else default)")
     p.add_argument("--tpu", default="", help="TPU name or address (strategy tpu)")
-    p.add_argument("--loop", default=None, choices=["custom", "fit"])
-    p.add_argument("--jit-compile", dest="jit_compile", action="store_true")
-    p.add_argument("--precision", default=None, choices=["float32", "mixed_bfloat16"])
+    p.add_argument("--loop", default=None, choices=["custom", "fit"],
+                   help="custom: tf.function step under strategy.run; fit: "
+                   "Keras fit with the stateful model (default: the config's, "
+                   "else custom)")
+    p.add_argument("--jit-compile", dest="jit_compile", action="store_true",
+                   help="compile the training step with XLA")
+    p.add_argument("--precision", default=None,
+                   choices=["float32", "mixed_bfloat16"],
+                   help="default: the config's, else float32; the memory "
+                   "stays float32")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
 
-    p = sub.add_parser("eval", help="evaluate a trained model (ppl / bpc)")
-    _add_data_arguments(p)
+    p = add_command("eval", "evaluate a trained model: loss, ppl and bits per "
+                    "token (bpc for char/byte models)")
+    _add_data_arguments(p, "the split the run encoded, WORKDIR/data/")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workdir")
+    source.add_argument("--workdir", help="training run; its model is WORKDIR/model/")
     _add_official_arguments(p, source)
     p.add_argument("--protocol", default=None,
                    choices=("paper", *_PROTOCOLS),
                    help="the paper's evaluation settings (segment, memory, "
                    "clamp length, same_length) of a dataset; 'paper': the "
                    "dataset of --from-official's corpus-info.json")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=1)
-    p.add_argument("--segment-length", dest="segment_length", type=int, default=None)
-    p.add_argument("--memory-length", dest="memory_length", type=int, default=None)
-    p.add_argument("--clamp-length", dest="clamp_length", type=int, default=None)
-    p.add_argument("--same-length", dest="same_length", action="store_true")
-    p.add_argument("--max-segments", dest="max_segments", type=int, default=0)
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"],
+                   help="which split")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=1,
+                   help="parallel streams the split is cut into")
+    p.add_argument("--segment-length", dest="segment_length", type=int,
+                   default=None, help="default: the model's")
+    p.add_argument("--memory-length", dest="memory_length", type=int,
+                   default=None, help="test-time memory (default: the model's)")
+    p.add_argument("--clamp-length", dest="clamp_length", type=int, default=None,
+                   help="largest relative distance encoded (default: the "
+                   "model's; -1: none)")
+    p.add_argument("--same-length", dest="same_length", action="store_true",
+                   help="every position attends to the same number of keys "
+                   "(default: the model's setting)")
+    p.add_argument("--max-segments", dest="max_segments", type=int, default=0,
+                   help="stop after this many segments (0: the whole split)")
 
-    p = sub.add_parser("export", help="export SavedModel / TFLite")
+    p = add_command(
+        "export", "export SavedModel (TF Serving) and/or TFLite",
+        description="Exports a trained model. The SavedModel takes any batch "
+        "and segment length (unless --saved-model-batch-size/"
+        "--saved-model-segment-length fix them); the TFLite model has fixed "
+        "shapes (--batch-size, --segment-length). Prints the paths written.",
+    )
     try:
         from keras_txl.export import cli as export_cli
 
@@ -71,10 +142,12 @@ def build_parser():
     except ImportError:  # pragma: no cover - export/ is part of the package
         export_cli = None
 
-    p = sub.add_parser(
-        "generate", help="sample text (or ids) with the memory, streamed",
+    p = add_command(
+        "generate", "sample text (or ids) with the memory, streamed",
         description="Feeds the prompt in segments to fill the memory, then "
-        "samples one token at a time and prints each as it comes.",
+        "samples one token at a time and prints each as it comes. The prompt "
+        "is printed as the model received it (characters the tokenizer does "
+        "not know are named in a warning).",
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", default=None,
@@ -93,15 +166,16 @@ def build_parser():
     prompt.add_argument("--prompt-ids", dest="prompt_ids", default=None,
                         metavar="IDS", help="comma-separated prompt ids; the "
                         "output is then ids too")
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=200)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   default=200, help="tokens to sample")
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="0 is greedy decoding (default 1.0)")
+                   help="0 is greedy decoding")
     p.add_argument("--top-k", dest="top_k", type=int, default=0,
                    help="sample among the k most likely (0: all)")
     p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
                    help="nucleus sampling threshold (1: all)")
     p.add_argument("--seed", type=int, default=None,
-                   help="same seed, same output")
+                   help="same seed, same output (default: a random one)")
     p.add_argument("--no-cache", dest="use_cache", action="store_false",
                    help="Keras sources: recompute the memory keys/values at "
                    "every step (the reference path; same output, slower)")
@@ -113,8 +187,8 @@ def build_parser():
                    "as in training, re-running the current segment (the "
                    "only choice for a TFLite model exported with T > 1)")
 
-    p = sub.add_parser(
-        "attention", help="attention heatmaps, score terms and loss by "
+    p = add_command(
+        "attention", "attention heatmaps, score terms and loss by "
         "position (PNG)",
         description="Runs a text through a trained model and draws, for the "
         "chosen layers/heads, the attention over memory + segment, the "
@@ -126,37 +200,48 @@ def build_parser():
     p.add_argument("--text", required=True, metavar="FILE", help="a text file")
     p.add_argument("--out", required=True, help="output folder for the PNGs")
     p.add_argument("--layers", default="0", help="comma-separated layers "
-                   "(default 0; 'all' for every layer)")
+                   "('all' for every layer)")
     p.add_argument("--heads", default="0", help="comma-separated heads "
-                   "(default 0; 'all' for every head)")
+                   "('all' for every head)")
     p.add_argument("--segment", type=int, default=None,
                    help="which segment to picture (default: the first one "
                    "with a full memory)")
     p.add_argument("--max-segments", dest="max_segments", type=int, default=64,
                    help="segments used for the loss-by-position plot")
 
-    p = sub.add_parser("demo", help="the README's first command: train, eval, "
-                       "export and generate on an offline corpus")
-    p.add_argument("--workdir", default="runs/demo")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--learning-rate", dest="learning_rate", type=float, default=2e-3)
-    p.add_argument("--max-chars", dest="max_chars", type=int, default=3_000_000)
-    p.add_argument("--prompt", default="Return the ")
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=200)
+    p = add_command(
+        "demo", "the README's first command: train, eval, export and "
+        "generate on an offline corpus",
+        description="Writes a corpus of the Python standard library's "
+        "docstrings (offline), trains the byte-level `tiny` preset on it, "
+        "evaluates the test split with a memory 3x the training one, "
+        "exports a SavedModel and a TFLite model into WORKDIR/export/ and "
+        "samples text.",
+    )
+    p.add_argument("--workdir", default="runs/demo", help="run folder")
+    p.add_argument("--steps", type=int, default=3000, help="training steps")
+    p.add_argument("--learning-rate", dest="learning_rate", type=float,
+                   default=2e-3, help="peak learning rate")
+    p.add_argument("--max-chars", dest="max_chars", type=int, default=3_000_000,
+                   help="size of the docstring corpus, in characters")
+    p.add_argument("--prompt", default="Return the ", help="text to continue")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   default=200, help="bytes to sample")
 
-    p = sub.add_parser(
-        "recl", help="relative effective context length of a group of "
+    p = add_command(
+        "recl", "relative effective context length of a group of "
         "trained models (the paper's Appendix C)",
         description="Scores every model on the same target tokens with "
         "only c tokens of context, for each c of --contexts, and reports "
         "RECL per model for each r (training/recl.py).",
     )
-    _add_data_arguments(p)
+    _add_data_arguments(p, "the first workdir's encoded split, WORKDIR/data/")
     p.add_argument("--workdirs", nargs="+", required=True,
                    metavar="[NAME=]WORKDIR", help="trained runs (a group)")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"],
+                   help="which split the target tokens come from")
     p.add_argument("--r", nargs="+", type=float, default=[0.1, 0.5, 1.0],
-                   help="fractions of hardest tokens (default 0.1 0.5 1.0)")
+                   help="fractions of hardest tokens")
     p.add_argument("--contexts", nargs="+", type=int,
                    default=[16, 32, 64, 96, 128, 160, 192, 256, 320, 384],
                    help="context lengths c, walked in increasing order")
@@ -170,14 +255,18 @@ def build_parser():
     p.add_argument("--max-window", dest="max_window", type=int, default=None,
                    help="longest window a model without memory reads "
                    "(default: its segment length)")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
-    p.add_argument("--threshold", type=float, default=0.01)
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64,
+                   help="windows scored at once")
+    p.add_argument("--threshold", type=float, default=0.01,
+                   help="relative gain below which a longer context no "
+                   "longer counts")
     p.add_argument("--hard-set", dest="hard_set", default="current",
                    choices=["current", "initial"],
                    help="top-r tokens at each step's short context (paper) "
                    "or fixed at the shortest one")
     p.add_argument("--out", default=None, help="write the full result JSON "
-                   "(and the loss tables as NAME_losses.npz)")
+                   "(and the loss tables as NAME_losses.npz); default: only "
+                   "the summary on stdout")
     return parser
 
 
@@ -249,6 +338,7 @@ def _eval(args):
 
     from keras_txl.training.corpora import load_corpus
     from keras_txl.training.loop import evaluate
+    from keras_txl.training.run import bits_named
 
     model, tokenizer = _official_model(args)
     if not args.data or tokenizer is None:
@@ -267,7 +357,7 @@ def _eval(args):
                       **kwargs)
     settings = {k: getattr(model.txl_config, k) for k in (
         "segment_length", "memory_length", "clamp_length", "same_length")}
-    print(json.dumps({"split": args.split, **result,
+    print(json.dumps({"split": args.split, **bits_named(result, tokenizer),
                       "settings": {**settings, **kwargs}}))
     return 0
 
@@ -315,6 +405,31 @@ def _generation_source(args):
     return backend, backend.tokenizer_dir
 
 
+def encode_prompt(tokenizer, prompt):
+    """(ids, the text the model receives) for a prompt, with one warning
+    that names the characters the tokenizer does not know (they would
+    otherwise become `<unk>`, or U+FFFD for bytes, in silence)."""
+    unknown = tokenizer.unknown_characters(prompt)
+    ids = tokenizer.encode(prompt)
+    received = tokenizer.decode(ids)
+    if unknown:
+        if tokenizer.unk_id is not None:
+            becomes = f"the model receives {tokenizer.decode([tokenizer.unk_id])} for each"
+        else:  # bytes: the raw bytes of text that was not UTF-8
+            becomes = "the model receives their raw bytes, shown as U+FFFD"
+        logger.warning(
+            "the prompt has %d character(s) the %s tokenizer does not know: "
+            "%s; %s.", len(unknown), tokenizer.kind,
+            " ".join(repr(c) for c in unknown), becomes,
+        )
+    elif received.split() != prompt.split():  # not just spacing, which words drop
+        logger.warning(
+            "the %s tokenizer does not keep the prompt exactly; the model "
+            "receives %r.", tokenizer.kind, received,
+        )
+    return ids, received
+
+
 def _generate(args):
     import time
 
@@ -337,7 +452,7 @@ def _generate(args):
         else:
             tokenizer = tokenizer_dir  # --from-official: built in memory
         tokenizer.check_model_vocabulary(backend.vocabulary_size)
-        prompt_ids = tokenizer.encode(args.prompt)
+        prompt_ids, received = encode_prompt(tokenizer, args.prompt)
         if len(prompt_ids) == 0:
             raise ValueError("--prompt encodes to no tokens; give some text.")
     else:
@@ -351,7 +466,7 @@ def _generate(args):
     start, count = time.perf_counter(), 0
     if tokenizer is not None:
         stream = TextStream(tokenizer, prompt_ids)
-        out.write(args.prompt)
+        out.write(received)  # what the model reads, not what was typed
         out.flush()
         for token in tokens:
             out.write(stream.add(token))
@@ -423,6 +538,7 @@ def _demo(args):
     export and generate: the README's first command."""
     import time
 
+    from keras_txl.presets import PRESETS
     from keras_txl.training.corpora import prepare_stdlib_docs
     from keras_txl.training.run import eval_main
     from keras_txl.training.run import train_main
@@ -432,26 +548,32 @@ def _demo(args):
     prepare_stdlib_docs(corpus_dir, max_chars=args.max_chars)
     print(f"[demo] corpus: Python standard library docstrings -> {corpus_dir}")
 
-    class TrainArgs:
-        pass
-
-    t = TrainArgs()
-    t.preset, t.config, t.data = "tiny", None, corpus_dir
-    t.set = ["dropout=0.1", f"learning_rate={args.learning_rate}", "warmup_steps=100",
-             "log_every=250", "checkpoint_every=1000"]
-    t.workdir, t.tokenizer, t.data_dir, t.download = args.workdir, "byte", None, False
-    t.segment_length, t.memory_length = None, None
-    t.batch_size, t.steps, t.strategy, t.loop = None, args.steps, None, None
-    t.jit_compile, t.precision, t.progress = False, None, False
-    train_main(t)
+    # The commands are built by the `txl` parser itself, so they are exactly
+    # what `txl train` / `txl eval` would run.
+    parser = build_parser()
+    train_memory = PRESETS["tiny"]["model"]["memory_length"]
+    evaluation = PRESETS["tiny"]["eval"]
+    print(f"[demo] training; at the end, validation twice: the 'eval step' log "
+          f"line with the training settings (memory {train_memory}), the JSON "
+          f"line with the preset's evaluation settings (memory "
+          f"{evaluation['memory_length']}, same_length "
+          f"{evaluation['same_length']}), as in its 'settings'.")
+    train_main(parser.parse_args([
+        "train", "--data", corpus_dir, "--workdir", args.workdir,
+        "--preset", "tiny", "--tokenizer", "byte", "--steps", str(args.steps),
+        "--set", "dropout=0.1", "--set", f"learning_rate={args.learning_rate}",
+        "--set", f"warmup_steps={min(100, args.steps)}", "--set", "log_every=250",
+        "--set", "checkpoint_every=1000",
+    ]))
     print(f"[demo] trained in {time.time() - start:.0f}s")
 
-    e = TrainArgs()
-    e.workdir, e.data, e.split, e.data_dir, e.download = args.workdir, None, "test", None, False
-    e.batch_size, e.segment_length, e.clamp_length = 1, None, None
-    e.memory_length, e.same_length, e.max_segments = 96, False, 0
-    print("[demo] test set, memory 96 (3x the training memory):")
-    eval_main(e)
+    print(f"[demo] test set, with the same evaluation settings (memory "
+          f"{evaluation['memory_length']}: {evaluation['memory_length'] // train_memory}x "
+          "the training memory):")
+    eval_argv = ["eval", "--workdir", args.workdir, "--split", "test",
+                 "--memory-length", str(evaluation["memory_length"])]
+    eval_main(parser.parse_args(
+        eval_argv + (["--same-length"] if evaluation["same_length"] else [])))
 
     from keras_txl.export.saved_model import export_saved_model
     from keras_txl.export.tflite import export_tflite
@@ -460,19 +582,25 @@ def _demo(args):
     model = load_pretrained(os.path.join(args.workdir, "model"))
     out = os.path.join(args.workdir, "export")
     path = export_saved_model(model, out, tokenizer_dir=os.path.join(
-        args.workdir, "model", "tokenizer"))
-    print(f"[demo] SavedModel: {path}")
+        args.workdir, "model", "tokenizer"), overwrite=True)
+    print(f"[demo] SavedModel (any batch and segment length): {path}")
+    T = model.txl_config.segment_length
     tfl = export_tflite(model, os.path.join(out, "txl.tflite"), batch_size=1,
-                        segment_length=model.txl_config.segment_length)
-    print(f"[demo] TFLite: {tfl}")
+                        segment_length=T)
+    print(f"[demo] TFLite (batch 1, segment length {T}): {tfl}")
 
     from keras_txl.generation import generate_text
+    from keras_txl.io import tokenizer_directory
+    from keras_txl.tokenizers import load_tokenizer
 
-    text = generate_text(os.path.join(args.workdir, "model"), args.prompt,
+    model_dir = os.path.join(args.workdir, "model")
+    _, received = encode_prompt(
+        load_tokenizer(tokenizer_directory(model_dir)), args.prompt)
+    text = generate_text(model_dir, args.prompt,
                          max_new_tokens=args.max_new_tokens, temperature=0.8, top_k=20,
                          seed=0)
     print("[demo] sample:")
-    print(text)
+    print(received + text[len(args.prompt):])
     print(f"[demo] done in {time.time() - start:.0f}s")
     return 0
 
@@ -480,15 +608,16 @@ def _demo(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from keras_txl import console
+
+    console.configure_logging(args.verbose)
     from keras_txl import require_tensorflow
 
-    require_tensorflow()  # every command runs a model: say which wheel is missing
+    # Every command runs a model: say which wheel is missing. Loading
+    # TensorFlow prints C++ lines before its logging is set up, past
+    # TF_CPP_MIN_LOG_LEVEL: hidden unless -v (shown if the import fails).
+    with console.native_stderr_hidden(not args.verbose):
+        require_tensorflow()
     try:
         if args.command == "train":
             from keras_txl.training.run import train_main

@@ -416,6 +416,28 @@ class Tokenizer:
         """int or None. Id of `<unk>`, if the kind has one."""
         return None
 
+    @property
+    def unit(self) -> str:
+        """str. What one token stands for, to name bits per token in
+        reports: `"character"` (bpc; a byte counts as one, as for enwik8),
+        `"word"` or `"token"` (subwords)."""
+        return "token"
+
+    @property
+    def bits_metric(self) -> str:
+        """str. The name of the mean NLL in bits for this kind: `"bpc"`
+        only when a token is a character (or byte), else
+        `"bits_per_word"` or `"bits_per_token"`."""
+        return "bpc" if self.unit == "character" else f"bits_per_{self.unit}"
+
+    def unknown_characters(self, text: str) -> list[str]:
+        """The distinct characters of `text` that do not reach a model as
+        themselves (they become `<unk>` or U+FFFD), in order of first
+        appearance. Empty for kinds whose unknown pieces are words or
+        subwords (compare `decode(encode(text))` with `text` for those)."""
+        _check_text(text)
+        return []
+
     def get_config(self) -> dict:
         """JSON-serializable settings: `kind` and the kind's options."""
         return {"kind": self.kind}
@@ -506,6 +528,19 @@ class ByteTokenizer(Tokenizer):
     def vocabulary_size(self) -> int:
         return BYTE_VOCABULARY_SIZE
 
+    @property
+    def unit(self) -> str:
+        return "character"
+
+    def unknown_characters(self, text: str) -> list[str]:
+        # Every character is bytes here, except the lone surrogates that
+        # stand for bytes which are not UTF-8 (text read with
+        # `surrogateescape`, e.g. a prompt typed in a Latin-1 terminal):
+        # the model gets those bytes, and they decode as U+FFFD.
+        return list(dict.fromkeys(
+            c for c in _check_text(text) if "\ud800" <= c <= "\udfff"
+        ))
+
     def encode(self, text: str) -> np.ndarray:
         data = _check_text(text).encode("utf-8", "surrogateescape")
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
@@ -549,6 +584,7 @@ class CharTokenizer(Tokenizer):
         self._unk_token = unk_token
         self._unk_id = vocabulary.index(unk_token)
         self._id_to_token = np.array(vocabulary, dtype=object)
+        self._known = frozenset(vocabulary) - {unk_token}
         chars = [
             (ord(token), index)
             for index, token in enumerate(vocabulary)
@@ -617,6 +653,19 @@ class CharTokenizer(Tokenizer):
     @property
     def unk_id(self) -> int:
         return self._unk_id
+
+    @property
+    def unit(self) -> str:
+        return "character"
+
+    def unknown_characters(self, text: str) -> list[str]:
+        # Characters not in the vocabulary become <unk>; a lone surrogate
+        # is never itself in it (it is encoded as "?", see `_utf8`).
+        known = self._known
+        return list(dict.fromkeys(
+            c for c in _check_text(text)
+            if c not in known or "\ud800" <= c <= "\udfff"
+        ))
 
     def get_config(self) -> dict:
         # The characters may include "\n", so they live in the JSON file.
@@ -809,6 +858,12 @@ class WordTokenizer(Tokenizer):
     @property
     def unk_id(self) -> int | None:
         return self._unk_id
+
+    @property
+    def unit(self) -> str:
+        # Without <eos> this is the reference's setting for the enwik8/text8
+        # symbol files, where a "word" is one character (or byte).
+        return "word" if self._add_eos else "character"
 
     def get_config(self) -> dict:
         return {
@@ -1256,6 +1311,8 @@ class OfficialSymbolTokenizer(Tokenizer):
     """
 
     kind = "official_symbols"
+    # enwik8's symbols are bytes, text8's characters: bits per character.
+    unit = "character"
     DATASETS = ("enwik8", "text8")
 
     def __init__(self, vocabulary, dataset: str):

@@ -8,7 +8,6 @@ only TensorFlow (not keras_txl) and chained over three segments, memory out
 
 import argparse
 import json
-import logging
 import os
 import re
 import subprocess
@@ -324,7 +323,7 @@ def test_dynamic_batch_and_segment_length(exported, loaded):
 def test_fixed_batch_segment_and_memory_length(exported, tmp_path):
     assert run_cli(
         "--workdir", exported.tmp / "run", "--out", tmp_path, "--name", "lm",
-        "--version", 3, "--batch-size", B, "--segment-length", T,
+        "--version", 3, "--saved-model-batch-size", B, "--saved-model-segment-length", T,
         "--memory-length", 9, "--no-warmup",
     ) == 0
     version_dir = str(tmp_path / "lm" / "3")
@@ -366,21 +365,16 @@ def test_export_arguments_are_checked(exported, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_cli_reports_missing_model_and_existing_version(exported, tmp_path, caplog):
+def test_cli_reports_missing_model_and_existing_version(exported, tmp_path):
     workdir = tmp_path / "run"
-    with caplog.at_level(logging.ERROR):
-        assert run_cli("--workdir", workdir, "--out", tmp_path / "x") == 2
-    assert f"No model in {workdir}/model/" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.ERROR):
-        assert run_cli("--workdir", exported.tmp / "run", "--out",
-                       exported.tmp / "out") == 2
-    assert "already exists" in caplog.text
-    with caplog.at_level(logging.ERROR):
-        assert run_cli("--from-hf", tmp_path / "nothing", "--out", tmp_path) == 2
-        assert run_cli("--workdir", workdir, "--out", tmp_path, "--batch-size", 0) == 2
-    assert "is not a folder" in caplog.text
-    assert "--batch-size must be positive" in caplog.text
+    with pytest.raises(ValueError, match=re.escape(f"No model in {workdir}/model/")):
+        run_cli("--workdir", workdir, "--out", tmp_path / "x")
+    with pytest.raises(ValueError, match="already exists"):
+        run_cli("--workdir", exported.tmp / "run", "--out", exported.tmp / "out")
+    with pytest.raises(ValueError, match="is not a folder"):
+        run_cli("--from-hf", tmp_path / "nothing", "--out", tmp_path)
+    with pytest.raises(ValueError, match="--batch-size must be positive"):
+        run_cli("--workdir", workdir, "--out", tmp_path, "--format", "tflite", "--batch-size", 0)
     with pytest.raises(SystemExit):  # argparse: exactly one source
         run_cli("--out", tmp_path)
     assert not (tmp_path / "x").exists()

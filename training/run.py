@@ -201,7 +201,7 @@ def train_main(args):
         trainer.restore()
         trainer.train(splits["train"], splits["valid"], eval_settings=None)
         result = evaluate(trainer.model, splits["valid"], **eval_kwargs)
-    result = {"split": "valid", **result, "eval_settings": eval_kwargs}
+    result = {"split": "valid", **bits_named(result, tokenizer), "settings": eval_kwargs}
     print(json.dumps(result))
     return 0
 
@@ -245,5 +245,16 @@ def eval_main(args):
     if args.same_length:
         kwargs["same_length"] = True
     result = evaluate(model, tokens, max_segments=args.max_segments or 0, **kwargs)
+    has_tokenizer = os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json"))
+    result = bits_named(result, load_tokenizer(tokenizer_dir) if has_tokenizer else None)
     print(json.dumps({"split": args.split, **result, "settings": kwargs}))
     return 0
+
+
+def bits_named(result, tokenizer):
+    """`result` with its "bpc" renamed after what a token is (the
+    tokenizer's `bits_metric`): "bpc" only for characters and bytes,
+    "bits_per_word" for a word-level run, "bits_per_token" for subwords
+    (and when the tokenizer is unknown: None)."""
+    name = "bits_per_token" if tokenizer is None else tokenizer.bits_metric
+    return {(name if key == "bpc" else key): value for key, value in result.items()}

@@ -1,0 +1,269 @@
+"""The `txl` command's surface: help, quiet output, errors, export defaults,
+what a prompt becomes, and the names in the result JSON."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_txl
+from keras_txl.cli import build_parser
+from keras_txl.cli import main
+from keras_txl.tokenizers import ByteTokenizer
+from keras_txl.tokenizers import CharTokenizer
+from keras_txl.tokenizers import Tokenizer
+from keras_txl.tokenizers import WordTokenizer
+from tests.conftest import REPO
+
+
+def subcommands(parser=None):
+    parser = parser or build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action
+
+
+def tiny_config(**changes):
+    values = dict(vocabulary_size=11, num_layers=2, hidden_dim=16, num_heads=2,
+                  intermediate_dim=32, segment_length=32, memory_length=8)
+    values.update(changes)
+    return keras_txl.TransformerXLConfig(**values)
+
+
+def quiet_env():
+    """The environment of a user's shell: no TF_CPP_MIN_LOG_LEVEL (the tests' conftest sets it)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return {**env, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+
+
+# --- help --------------------------------------------------------------------
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    for name, parser in subcommands().choices.items():
+        text = " ".join(parser.format_help().split())
+        assert parser.description, f"txl {name} --help has no description"
+        for meaningless in ("None", "True", "False", "", "[]"):
+            assert f"(default: {meaningless})" not in text, (name, meaningless)
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"txl {name} {action.option_strings}: no help"
+            default = action.default
+            if action.nargs == 0 or default is None or default in ("", []):
+                continue  # a switch, or nothing to show: the help says what happens without it
+            shown = repr(default) if isinstance(default, str) and default != default.strip() else default
+            line = " ".join(action.help.split()) + f" (default: {shown})"
+            assert line in text, f"txl {name} {action.option_strings[0]}: {line!r} not in its help"
+
+
+def test_top_level_help_lists_every_command():
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())
+    sub = subcommands(parser)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert set(helps) == set(sub.choices) == {
+        "train", "eval", "export", "generate", "attention", "demo", "recl"}
+    for name, help_text in helps.items():
+        assert help_text and f"{name} {' '.join(help_text.split())}" in text, name
+        assert name in parser.description
+
+
+def test_tokenizer_default_and_word_level_bits_are_explained():
+    train = subcommands().choices["train"]
+    text = " ".join(train.format_help().split())
+    assert "default: the corpus's own" in text
+    assert "bits_per_word" in text
+
+
+def test_help_of_every_command_loads_no_tensorflow():
+    code = textwrap.dedent("""
+        import sys, time
+        from keras_txl.cli import build_parser, main
+        start = time.perf_counter()
+        for argv in [["--help"]] + [[c, "--help"] for c in build_parser()._subparsers._group_actions[0].choices]:
+            try:
+                main(argv)
+            except SystemExit as e:
+                assert e.code == 0, (argv, e.code)
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))
+        print("HEAVY", heavy, "SECONDS", round(time.perf_counter() - start, 3))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=quiet_env())
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout, result.stdout[-2000:]
+    assert "usage: txl export" in result.stdout and "usage: txl demo" in result.stdout
+
+
+# --- tokenizers: unknown characters and the name of the bits --------------
+
+
+def test_unknown_characters_and_bits_metric_of_each_tokenizer():
+    char = CharTokenizer.fit(["abc abc\n"])
+    assert char.unknown_characters("abéXa😀é") == ["é", "X", "😀"]
+    assert char.unknown_characters("cab \n") == []
+    assert char.bits_metric == "bpc"
+    byte = ByteTokenizer()
+    assert byte.unknown_characters("é😀") == []  # UTF-8: every byte reaches the model
+    assert byte.unknown_characters("a\udce9b\udce9") == ["\udce9"]  # a Latin-1 byte, not UTF-8
+    assert byte.bits_metric == "bpc"
+    assert WordTokenizer.fit("a b\n").bits_metric == "bits_per_word"
+    assert WordTokenizer.fit("1 2\n", add_eos=False).bits_metric == "bpc"  # symbol files
+    assert Tokenizer().bits_metric == "bits_per_token"
+    with pytest.raises(ValueError, match="`text` must be a str"):
+        char.unknown_characters(b"abc")
+
+
+@pytest.fixture(scope="module")
+def char_workdir(tmp_path_factory):
+    """A training-run folder with a char tokenizer that knows a, b, c, space."""
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("char_run")
+    tokenizer = CharTokenizer.fit(["abc cab bca\n"])
+    tokenizer.save(tmp / "tokenizer")
+    model = keras_txl.TransformerXLCausalLM(
+        tiny_config(vocabulary_size=tokenizer.vocabulary_size, segment_length=4, memory_length=4))
+    keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tmp / "tokenizer"))
+    return tmp / "run"
+
+
+def test_generate_warns_once_and_prints_what_the_model_received(char_workdir, capsys, caplog):
+    argv = ["generate", "--workdir", str(char_workdir), "--prompt", "abé c😀é",
+            "--max-new-tokens", "3", "--temperature", "0"]
+    with caplog.at_level("WARNING"):
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ab<unk> c<unk><unk>"), out
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "2 character(s) the char tokenizer does not know: 'é' '😀'" in warnings[0]
+    assert "receives <unk> for each" in warnings[0]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert main(argv[:4] + ["cab", "--max-new-tokens", "2"]) == 0
+    assert capsys.readouterr().out.startswith("cab")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+# --- txl export: the README's command ----------------------------------------
+
+
+# The README's export command after `--workdir runs/ts` (tests/test_docs.py checks it is).
+README_EXPORT = ["--format", "all", "--out", "exported", "--batch-size", "1", "--segment-length", "32"]
+
+
+@pytest.fixture(scope="module")
+def readme_export(tmp_path_factory):
+    """The README's `txl export`, run as a user would: its own process, no
+    TF_CPP_MIN_LOG_LEVEL, in a folder holding the training run."""
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("readme_export")
+    model = keras_txl.TransformerXLCausalLM(tiny_config())
+    keras_txl.save_pretrained(model, str(tmp / "run" / "model"))
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_txl", "export", "--workdir", "run", *README_EXPORT],
+        capture_output=True, text=True, timeout=600, env=quiet_env(), cwd=tmp)
+    return model, tmp / "exported", result
+
+
+def test_export_is_quiet_and_prints_the_paths_written(readme_export):
+    _, out, result = readme_export
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [os.path.join("exported", "txl", "1"),
+                                          os.path.join("exported", "txl.tflite")]
+    # No TensorFlow start-up lines, converter lines or library log lines.
+    assert result.stderr == "", result.stderr[-3000:]
+
+
+def test_default_saved_model_takes_any_batch_and_segment_length(readme_export):
+    model, out, result = readme_export
+    assert result.returncode == 0, result.stderr[-3000:]
+    serve = tf.saved_model.load(str(out / "txl" / "1")).signatures["serving_default"]
+    rng = np.random.default_rng(0)
+    for batch in (1, 3):
+        ids = rng.integers(0, 11, (batch, 32 + 17)).astype(np.int32)
+        memory = np.zeros((batch, 2, 8, 16), np.float32)
+        reference_memory = None
+        for segment in (ids[:, :32], ids[:, 32:]):  # 32, then a shorter last segment of 17
+            got = serve(token_ids=tf.constant(segment), memory=tf.constant(memory))
+            reference = model.call_with_memory(segment, reference_memory)
+            assert got["log_probs"].shape == (batch, segment.shape[1], 11)
+            np.testing.assert_allclose(got["log_probs"], reference["log_probs"], atol=1e-5)
+            np.testing.assert_allclose(got["memory"], reference["memory"], atol=1e-5)
+            memory, reference_memory = got["memory"].numpy(), reference["memory"]
+    info = json.loads((out / "txl" / "1" / "assets.extra" / "export.json").read_text())
+    assert info["batch_size"] is None and info["segment_length"] is None
+    tflite = json.loads((out / "txl.json").read_text())  # the TFLite model is fixed
+    assert tflite["batch_size"] == 1 and tflite["segment_length"] == 32
+
+
+def test_export_verbose_shows_tensorflow_logs(readme_export, tmp_path):
+    _, _, _ = readme_export
+    run = readme_export[1].parent / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_txl", "-v", "export", "--workdir", str(run),
+         "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, env=quiet_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "INFO tensorflow: Assets written to" in result.stderr  # TensorFlow's own log
+    assert "DEBUG keras_txl.export.saved_model: SavedModel written to" in result.stderr
+    assert "DEBUG h5py" not in result.stderr  # -v is not every library's DEBUG
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workdir", "{missing}", "--out", "{tmp}"], "No model in {missing}/model/"),
+    (["--workdir", "{missing}", "--out", "{tmp}", "--batch-size", "1"],
+     "--batch-size fixes the TFLite model's shapes, and --format saved_model writes none"),
+    (["--workdir", "{missing}", "--out", "{tmp}", "--format", "tflite",
+      "--saved-model-segment-length", "8"], "--saved-model-segment-length applies to the SavedModel"),
+    (["--workdir", "{missing}", "--out", "{tmp}", "--format", "all", "--segment-length", "0"],
+     "--segment-length must be positive, received 0."),
+])
+def test_export_errors_read_like_the_other_commands(tmp_path, capsys, argv, message):
+    names = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path / "out")}
+    argv = [a.format(**names) for a in argv]
+    assert main(["export", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("txl export: error: "), err
+    assert message.format(**names) in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- the result JSON ---------------------------------------------------------
+
+
+def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys, caplog):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat and then it ran off".split()
+    for split, lines in (("train", 300), ("valid", 40), ("test", 40)):
+        (corpus / f"{split}.txt").write_text(
+            "\n".join(" ".join(rng.choice(words, 8)) for _ in range(lines)) + "\n")
+    workdir = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--workdir", str(workdir), "--preset", "tiny",
+                 "--steps", "2", "--batch-size", "2", "--segment-length", "8",
+                 "--memory-length", "8", "--set", "warmup_steps=1"]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert json.loads((workdir / "tokenizer" / "tokenizer.json").read_text())["kind"] == "word"
+    assert "bpc" not in trained and "eval_settings" not in trained
+    assert trained["bits_per_word"] == pytest.approx(trained["loss"] / np.log(2))
+    assert trained["settings"]["memory_length"] == 96  # the tiny preset's evaluation memory
+    assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(evaluated) == sorted(["split", "loss", "ppl", "bits_per_word", "tokens",
+                                        "settings"])
+    # An unknown word reaches the model as <unk>: printed so, and said once.
+    with caplog.at_level("WARNING"):
+        assert main(["generate", "--workdir", str(workdir), "--prompt", "the zebra  sat",
+                     "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the <unk> sat")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["the word tokenizer does not keep the prompt exactly; the model "
+                        "receives 'the <unk> sat'."]

@@ -1,0 +1,347 @@
+"""The README and docs/ are true for every command they show.
+
+Every ```bash block of README.md and docs/*.md is read command by command:
+`txl ...` (and `python -m keras_txl ...`) is parsed by the real parser (flags,
+choices, types, and `txl export`'s own checks), `make X` must be a Makefile
+target, `python -m M` an importable module, `python path.py` a file,
+`python -c CODE` code whose imports work, `pip install` a file or extra that
+exists. Usage synopses and `txl ...` in inline code use flags that exist.
+Every ```python block's `keras_txl` imports, attributes and keyword arguments
+exist. The cheap commands run for real: the README's Python quick start, and
+its `txl eval` / `txl generate` on a tiny trained run.
+"""
+
+import argparse
+import ast
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import io
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_txl
+from keras_txl.cli import build_parser
+from keras_txl.cli import main
+from keras_txl.export import cli as export_cli
+from tests.conftest import REPO
+
+DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+SHELL = ("bash", "sh", "shell")
+# Commands a doc may show that this test cannot check (outside the project).
+EXTERNAL = {"docker", "saved_model_cli"}
+
+
+def blocks(path, languages):
+    text = path.read_text(encoding="utf-8")
+    return [m.group(2) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+            if m.group(1) in languages]
+
+
+def shell_commands():
+    """(doc, line, tokens) of every command in the shell blocks."""
+    out = []
+    for path in DOCS:
+        for body in blocks(path, SHELL):
+            for line in body.replace("\\\n", " ").splitlines():
+                tokens = shlex.split(line, comments=True)
+                if tokens:
+                    out.append((path.name, line.strip(), tokens))
+    return out
+
+
+COMMANDS = shell_commands()
+
+
+def txl_argv(tokens):
+    """The `txl` arguments of a command, or None if it is not one."""
+    if tokens[0] == "txl":
+        return tokens[1:]
+    if tokens[:3] in (["python", "-m", "keras_txl"], ["python3", "-m", "keras_txl"]):
+        return tokens[3:]
+    return None
+
+
+def parse_txl(argv):
+    """Parses like `txl` would; returns (args, error text)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            return build_parser().parse_args(argv), ""
+        except SystemExit:
+            return None, err.getvalue()
+
+
+def options_of(command):
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {s for a in sub.choices[command]._actions for s in a.option_strings}
+
+
+def test_the_docs_show_commands():
+    docs = {doc for doc, _, _ in COMMANDS}
+    assert {"README.md", "export.md", "training.md", "generation.md"} <= docs
+    assert sum(txl_argv(t) is not None for _, _, t in COMMANDS) >= 10
+
+
+@pytest.mark.parametrize("doc, line, tokens", [c for c in COMMANDS if txl_argv(c[2]) is not None],
+                         ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+def test_txl_commands_parse(doc, line, tokens):
+    args, error = parse_txl(txl_argv(tokens))
+    assert args is not None, f"{doc}: `{line}` does not parse: {error}"
+    if args.command == "export":
+        export_cli.check_arguments(args)  # its rules beyond argparse's
+
+
+def test_other_commands_exist():
+    makefile = (REPO / "Makefile").read_text()
+    extras = importlib.metadata.metadata("keras-txl").get_all("Provides-Extra")
+    wrong = []
+    for doc, line, tokens in COMMANDS:
+        if txl_argv(tokens) is not None or tokens[0] in EXTERNAL:
+            continue
+        if tokens[0] == "make":
+            wrong += [f"{doc}: `{line}`: no target {t}" for t in tokens[1:]
+                      if not re.search(rf"^{re.escape(t)}:", makefile, re.M)]
+        elif tokens[0] in ("python", "python3") and tokens[1] == "-m":
+            if importlib.util.find_spec(tokens[2]) is None:
+                wrong.append(f"{doc}: `{line}`: no module {tokens[2]}")
+        elif tokens[0] in ("python", "python3") and tokens[1] == "-c":
+            wrong += [f"{doc}: `{line}`: {e}" for e in python_problems(tokens[2])]
+        elif tokens[0] in ("python", "python3"):
+            if not (REPO / tokens[1]).is_file():
+                wrong.append(f"{doc}: `{line}`: no file {tokens[1]}")
+        elif tokens[0] == "pip":
+            for i, token in enumerate(tokens):
+                if tokens[i - 1] == "-r" and not (REPO / token).is_file():
+                    wrong.append(f"{doc}: `{line}`: no file {token}")
+                extra = re.fullmatch(r"\.\[([\w,-]+)\]|'?keras-txl\[([\w,-]+)\]'?", token)
+                if extra:
+                    names = (extra.group(1) or extra.group(2)).split(",")
+                    wrong += [f"{doc}: `{line}`: no extra {n}" for n in names if n not in extras]
+        else:
+            wrong.append(f"{doc}: `{line}`: not a command this test knows (output in a bash block?)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_flags_in_synopses_and_inline_code_exist():
+    """`txl CMD ... --flag` in usage blocks and in inline code spans."""
+    wrong, seen = [], 0
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        spans = re.findall(r"`(txl [^`]+)`", text)
+        for body in blocks(path, ("", "text")):
+            spans += re.findall(r"^txl .*(?:\n\s+[\[(-].*)*", body, re.M)
+        for span in spans:
+            command = span.split()[1]
+            if not re.fullmatch(r"[a-z]+", command):
+                continue  # `txl -v ...`, or an error message such as `txl train: error: ...`
+            seen += 1
+            known = options_of(command) if command in build_parser()._subparsers._group_actions[0].choices else None
+            if known is None:
+                wrong.append(f"{path.name}: `{span}`: no command {command}")
+                continue
+            wrong += [f"{path.name}: `{span[:60]}`: txl {command} has no {flag}"
+                      for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", span) if flag not in known]
+    assert seen >= 5
+    assert not wrong, "\n".join(wrong)
+
+
+# --- Python blocks -------------------------------------------------------------
+
+
+def resolve(dotted):
+    """The object at `a.b.c`, importing submodules as needed; raises if none."""
+    parts = dotted.split(".")
+    value = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 1):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            value = importlib.import_module(".".join(parts[: i + 1]))
+    return value
+
+
+def python_problems(code):
+    """Wrong imports, attributes and keyword arguments of keras_txl in `code`."""
+    problems, names = [], {}
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if importlib.util.find_spec(alias.name.split(".")[0]) is None:
+                    problems.append(f"cannot import {alias.name}")
+                elif alias.name.startswith("keras_txl"):
+                    try:
+                        resolve(alias.name)
+                    except (ImportError, AttributeError) as e:
+                        problems.append(f"import {alias.name}: {e}")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if importlib.util.find_spec(node.module.split(".")[0]) is None:
+                problems.append(f"cannot import {node.module}")
+                continue
+            for alias in node.names:
+                try:
+                    names[alias.asname or alias.name] = resolve(f"{node.module}.{alias.name}")
+                except (ImportError, AttributeError) as e:
+                    problems.append(f"from {node.module} import {alias.name}: {e}")
+
+    def dotted(node):
+        if isinstance(node, ast.Attribute):
+            base = dotted(node.value)
+            return base and f"{base}.{node.attr}"
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (dotted(node) or "").startswith("keras_txl."):
+            try:
+                resolve(dotted(node))
+            except (ImportError, AttributeError) as e:
+                problems.append(f"{dotted(node)}: {e}")
+        if not isinstance(node, ast.Call):
+            continue
+        name = dotted(node.func)
+        target = names.get(name) if name in names else None
+        if target is None and name and name.startswith("keras_txl."):
+            with contextlib.suppress(ImportError, AttributeError):
+                target = resolve(name)
+        if target is None or not callable(target):
+            continue
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):
+            continue
+        if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            continue
+        problems += [f"{name}() has no argument {k.arg!r}" for k in node.keywords
+                     if k.arg is not None and k.arg not in signature.parameters]
+    return problems
+
+
+def test_python_blocks_use_names_that_exist():
+    wrong, checked = [], 0
+    for path in DOCS:
+        for body in blocks(path, ("python",)):
+            checked += 1
+            wrong += [f"{path.name}: {p}" for p in python_problems(body)]
+    assert checked >= 5
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_catches_stale_names():
+    assert python_problems("from keras_txl.export.saved_model import export_saved_model\n"
+                           "export_saved_model(m, 'x', fixed_shapes=True)") == [
+        "export_saved_model() has no argument 'fixed_shapes'"]
+    assert python_problems("import keras_txl\nkeras_txl.load_everything('x')")
+    args, error = parse_txl(["export", "--workdir", "w", "--out", "o", "--fixed"])
+    assert args is None and "unrecognized arguments: --fixed" in error
+
+
+# --- run for real ----------------------------------------------------------------
+
+
+def test_readme_python_quick_start_runs(tmp_path, monkeypatch):
+    code = blocks(REPO / "README.md", ("python",))[0]
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert tuple(scope["out"]["log_probs"].shape) == (2, 32, scope["config"].vocabulary_size)
+    assert (tmp_path / "my_model" / "model.safetensors").is_file()
+
+
+def test_readme_eval_and_generate_run(tmp_path, monkeypatch, capsys):
+    """The README's `txl eval` and `txl generate`, as written, on a tiny byte-level run
+    in `runs/ts` (what its `txl train` lines would leave there)."""
+    from keras_txl.tokenizers import ByteTokenizer
+
+    readme = [t for doc, _, t in COMMANDS if doc == "README.md" and txl_argv(t)]
+    # (The official-release `txl eval --from-official` needs a release: its flags are
+    # checked with every other command's.)
+    runs = [t[1:] for t in readme if t[1] in ("eval", "generate") and "--workdir" in t]
+    assert [argv[0] for argv in runs] == ["eval", "generate"]
+    workdir = tmp_path / "runs" / "ts"
+    ByteTokenizer().save(tmp_path / "tokenizer")
+    config = keras_txl.TransformerXLConfig(
+        vocabulary_size=256, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=32,
+        segment_length=16, memory_length=16)
+    keras_txl.save_pretrained(keras_txl.TransformerXLCausalLM(config), str(workdir / "model"),
+                              tokenizer=str(tmp_path / "tokenizer"))
+    (workdir / "data").mkdir()
+    np.save(workdir / "data" / "test.npy", ByteTokenizer().encode("ROMEO: a test text. " * 5))
+    monkeypatch.chdir(tmp_path)
+    assert main(runs[0]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["settings"] == {"batch_size": 1, "memory_length": 512, "clamp_length": 400,
+                                  "same_length": True}
+    assert result["bpc"] == pytest.approx(result["loss"] / np.log(2))
+    assert main(runs[1]) == 0
+    out = capsys.readouterr().out
+    # 200 new bytes are at least 50 characters (UTF-8 takes up to 4 bytes for one).
+    assert out.startswith("ROMEO:") and len(out.rstrip("\n")) >= len("ROMEO:") + 50
+
+
+def test_readme_export_command_is_the_one_tests_run():
+    from tests.test_cli import README_EXPORT
+
+    readme = [t for doc, _, t in COMMANDS if doc == "README.md" and t[:2] == ["txl", "export"]]
+    assert readme == [["txl", "export", "--workdir", "runs/ts", *README_EXPORT]]
+
+
+def test_export_options_table_is_complete():
+    """docs/export.md's table of `txl export` options: every row exists, every option has a row."""
+    text = (REPO / "docs" / "export.md").read_text(encoding="utf-8")
+    table = text[text.index("| option | meaning |"):]
+    table = table[: table.index("\n\n")]
+    documented = set(re.findall(r"`(--[a-z][\w-]*)", table))
+    known = options_of("export") - {"-h", "--help"}
+    assert documented == known, (sorted(documented - known), sorted(known - documented))
+
+
+def test_inline_make_targets_and_scripts_exist():
+    makefile = (REPO / "Makefile").read_text()
+    wrong, seen = [], 0
+    for path in DOCS:
+        for span in re.findall(r"`((?:make|python) [^`]+)`", path.read_text(encoding="utf-8")):
+            tokens = span.split()
+            seen += 1
+            if tokens[0] == "make" and not re.search(rf"^{re.escape(tokens[1])}:", makefile, re.M):
+                wrong.append(f"{path.name}: `{span}`: no make target {tokens[1]}")
+            if tokens[0] == "python" and tokens[1].endswith(".py") and not (REPO / tokens[1]).is_file():
+                wrong.append(f"{path.name}: `{span}`: no file {tokens[1]}")
+    assert seen >= 5
+    assert not wrong, "\n".join(wrong)
+
+
+def test_benchmark_commands_take_the_arguments_shown():
+    """`python benchmarks/x.py ...` in blocks and inline code: each flag and
+    stage shown is in the script's own --help (the scripts import TF lazily)."""
+    shown = {}
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        lines = [" ".join(t) for _, _, t in COMMANDS] + re.findall(r"`(python [^`]+)`", text)
+        for line in lines:
+            tokens = line.split()
+            if len(tokens) > 1 and tokens[0] in ("python", "python3") and tokens[1].startswith("benchmarks/"):
+                shown.setdefault(tokens[1], []).append((path.name, tokens[2:]))
+    assert len(shown) >= 4
+    wrong = []
+    for script, uses in shown.items():
+        help_text = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True,
+                                   text=True, timeout=120, cwd=REPO).stdout
+        assert "usage:" in help_text, script
+        for doc, args in uses:
+            for token in args:
+                word = token.split("=")[0]
+                if re.fullmatch(r"--[a-z][\w-]*", word) and not re.search(rf"{word}\b", help_text):
+                    wrong.append(f"{doc}: {script} has no {word}")
+                elif re.fullmatch(r"[a-z]+", word) and args.index(token) == 0 and word not in help_text:
+                    wrong.append(f"{doc}: {script} has no stage {word}")
+    assert not wrong, "\n".join(wrong)

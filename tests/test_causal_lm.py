@@ -5,11 +5,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import mirrored_strategy
 
 import keras_txl
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
-from tests.conftest import mirrored_strategy
 
 B, T, M, V = 2, 4, 4, 11
 

@@ -19,13 +19,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import FIXTURES
 
 import keras_txl
 from keras_txl.export import cli
 from keras_txl.export import saved_model
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
-from tests.conftest import FIXTURES
 
 HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3

@@ -16,13 +16,13 @@ import types
 import keras
 import numpy as np
 import pytest
+from testing import FIXTURES
+from testing import REPO
 
 import keras_txl
 from keras_txl.export import cli
 from keras_txl.export import signatures as sig
 from keras_txl.export import tflite
-from tests.conftest import FIXTURES
-from tests.conftest import REPO
 
 HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3

@@ -8,13 +8,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import FIXTURES
 
 from keras_txl import TransformerXLCausalLM
 from keras_txl import TransformerXLConfig
 from keras_txl import generation
 from keras_txl.cli import main
 from keras_txl.export import generation as export_generation
-from tests.conftest import FIXTURES
 
 V, T, M, B = 11, 4, 3, 2
 

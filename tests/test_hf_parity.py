@@ -13,9 +13,9 @@ import os
 
 import numpy as np
 import pytest
+from testing import FIXTURES
 
 import keras_txl
-from tests.conftest import FIXTURES
 
 SHARED = FIXTURES / "hf_transfo_xl_tiny"
 

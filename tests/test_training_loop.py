@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import mirrored_strategy
 
 import keras_txl
 from keras_txl.training.checkpoint import CheckpointManager
@@ -15,7 +16,6 @@ from keras_txl.training.fit import train_with_fit
 from keras_txl.training.loop import Trainer
 from keras_txl.training.loop import evaluate
 from keras_txl.training.schedules import WarmupCosine
-from tests.conftest import mirrored_strategy
 
 V = 40
 

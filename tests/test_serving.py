@@ -224,10 +224,17 @@ def test_warmup_records_replay(deployed):
     grpc_.close()
 
 
-def test_docker_command():
-    command = serving.docker_run_command("/srv/exports/txl")
-    assert command == (
-        "docker run -p 8501:8501 -p 8500:8500 --mount type=bind,"
-        "source=/srv/exports/txl,target=/models/txl -e MODEL_NAME=txl "
-        "-t tensorflow/serving"
-    )
+def test_docker_command_serves_the_given_folder(tmp_path, monkeypatch):
+    # Read back the way a shell reads it: the folder is bound (made absolute)
+    # at the model name TF Serving serves, whatever the folder is called.
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    for folder, name in (("exports/txl", "txl"), ("my exports/lm's", "lm")):
+        argv = shlex.split(serving.docker_run_command(folder, model_name=name))
+        assert argv[:2] == ["docker", "run"] and argv[-1] == "tensorflow/serving"
+        assert {"8501:8501", "8500:8500"} <= {argv[i + 1] for i, a in enumerate(argv) if a == "-p"}
+        mount = dict(part.split("=", 1) for part in argv[argv.index("--mount") + 1].split(","))
+        assert mount == {"type": "bind", "source": str(tmp_path / folder),
+                         "target": f"/models/{name}"}
+        assert argv[argv.index("-e") + 1] == f"MODEL_NAME={name}"

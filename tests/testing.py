@@ -64,7 +64,7 @@ def tiny_config(adaptive=False, **overrides):
     if adaptive:
         base.update(ADAPTIVE)
     base.update(overrides)
-    return TransformerXLConfig(**base)
+    return TransformerXLConfig.from_dict(base)  # names an unknown key
 
 
 def random_ids(shape, vocabulary_size=TINY["vocabulary_size"], seed=0):
@@ -269,12 +269,13 @@ def run_layer_test(
         f"output shapes {_shapes(output)}, expected {expected_output_shape}"
     )
 
-    assert len(layer.trainable_weights) == expected_num_trainable_weights, (
-        [w.path for w in layer.trainable_weights]
-    )
-    assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights, (
-        [w.path for w in layer.non_trainable_weights]
-    )
+    for kind, weights, expected in (
+        ("trainable", layer.trainable_weights, expected_num_trainable_weights),
+        ("non-trainable", layer.non_trainable_weights, expected_num_non_trainable_weights),
+    ):
+        assert len(weights) == expected, (
+            f"{len(weights)} {kind} weights {[w.path for w in weights]}, expected {expected}"
+        )
     assert layer.count_params() == expected_num_parameters, (
         f"{layer.count_params()} parameters, expected {expected_num_parameters}"
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 
 import numpy as np
 import tensorflow as tf
@@ -43,11 +44,13 @@ def docker_run_command(
     `<out_dir>/<name>` of `export_saved_model`.
     """
     source = os.path.abspath(model_base_path)
-    return (
-        "docker run -p 8501:8501 -p 8500:8500 "
-        f"--mount type=bind,source={source},target=/models/{model_name} "
-        f"-e MODEL_NAME={model_name} -t {image}"
-    )
+    # Quoted for the shell where needed (a folder with a space or a quote);
+    # a plain path comes out as typed.
+    return shlex.join([
+        "docker", "run", "-p", "8501:8501", "-p", "8500:8500",
+        "--mount", f"type=bind,source={source},target=/models/{model_name}",
+        "-e", f"MODEL_NAME={model_name}", "-t", image,
+    ])
 
 
 # --- warm-up ---------------------------------------------------------------

@@ -5,9 +5,10 @@ Read from the source with `ast`, every import counted (lazy ones inside function
 """
 
 import ast
-import pathlib
+import importlib.util
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from testing import REPO
+
 # Repository folder -> installed package (pyproject.toml's package-dir).
 PACKAGES = {"keras_txl": "keras_txl", "training": "keras_txl.training", "export": "keras_txl.export"}
 CLI = {"keras_txl.cli", "keras_txl.__main__"}
@@ -62,9 +63,13 @@ def layer(name):
 
 
 def test_the_repository_folders_map_to_modules():
-    names = set(modules())
+    # The checks below see every module, under the name it is imported by:
+    # Python finds each one at the file the checker read.
+    found = modules()
     assert {"keras_txl.causal_lm", "keras_txl.tokenizers", "keras_txl.training.loop",
-            "keras_txl.export.saved_model", "keras_txl.export.generation", "keras_txl.cli"} <= names
+            "keras_txl.export.saved_model", "keras_txl.export.generation", "keras_txl.cli"} <= set(found)
+    for name, path in found.items():
+        assert importlib.util.find_spec(name).origin == str(path), name
 
 
 def test_imports_run_one_way():

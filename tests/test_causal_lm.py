@@ -1,40 +1,32 @@
 """TransformerXLCausalLM: pure vs stateful, gradients, errors, saving, XLA,
 mixed precision, distribution."""
 
+from functools import partial
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import chain_segments
+from testing import mirrored_strategy
+from testing import random_ids
+from testing import run_model_saving_test
+from testing import tiny_config
 
 import keras_txl
 from keras_txl import TransformerXLCausalLM
-from keras_txl import TransformerXLConfig
-from tests.conftest import mirrored_strategy
 
 B, T, M, V = 2, 4, 4, 11
 
 
-def tiny(**changes):
-    base = dict(vocabulary_size=V, num_layers=2, hidden_dim=8, num_heads=2,
-                intermediate_dim=16, segment_length=T, memory_length=M,
-                dropout=0.0, cutoffs=(5,), div_val=2, init_std=0.3,
-                projection_init_std=0.3)
-    base.update(changes)
-    return TransformerXLConfig(**base)
+# The toolkit's tiny model (V 11, 2 layers, D 8, T = M = 4) with adaptive
+# input and softmax.
+tiny = partial(tiny_config, adaptive=True)
 
 
-def segments(n=3, batch=B, length=T, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, V, size=(batch, length)).astype("int32") for _ in range(n)]
-
-
-def chained(model, segs, memory=None):
-    outs = []
-    for seg in segs:
-        out = model.call_with_memory(seg, memory)
-        memory = out["memory"]
-        outs.append(out)
-    return outs
+def segments(n=3, seed=0):
+    """n segments (B, T) of one random text."""
+    return np.split(random_ids((B, n * T), V, seed), n, axis=1)
 
 
 CONFIG_VARIANTS = {
@@ -56,12 +48,11 @@ def test_stateful_model_equals_chained_pure_calls(variant):
     stateful = TransformerXLCausalLM(config, stateful=True, batch_size=B)
     stateful.assign_weights_from(pure)
     segs = segments()
-    for seg, out in zip(segs, chained(pure, segs)):
-        np.testing.assert_allclose(stateful(seg).numpy(), out["log_probs"].numpy(),
-                                   atol=1e-6)
-        np.testing.assert_allclose(stateful.memory.numpy(), out["memory"].numpy(),
-                                   atol=1e-6)
-    log_probs = out["log_probs"].numpy()
+    chain = chain_segments(pure, np.concatenate(segs, 1), T)
+    for seg, out in zip(segs, chain.outputs):
+        np.testing.assert_allclose(stateful(seg).numpy(), out["log_probs"], atol=1e-6)
+        np.testing.assert_allclose(stateful.memory.numpy(), out["memory"], atol=1e-6)
+    log_probs = out["log_probs"]
     np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
     stateful.reset_memory()
     assert not np.any(stateful.memory.numpy())
@@ -177,35 +168,27 @@ def test_stateful_needs_a_batch_size_and_pure_model_has_no_reset():
 
 
 @pytest.mark.parametrize("stateful", [False, True])
-def test_keras_save_and_load_round_trip(tmp_path, stateful):
+def test_keras_save_and_load_round_trip(stateful):
+    # .keras (safe mode) and save_pretrained: same class, config and weights,
+    # the same log-probs and memory over the chained segments; a stateful
+    # model's non-zero memory is saved and restored by .keras too.
     model = TransformerXLCausalLM(tiny(), stateful=stateful, batch_size=B)
     segs = segments()
     if stateful:
-        model(segs[0])  # non-zero memory is saved and restored too
-    path = str(tmp_path / "model.keras")
-    model.save(path)
-    loaded = keras.models.load_model(path)  # safe_mode stays on
-    assert isinstance(loaded, TransformerXLCausalLM)
-    assert loaded.txl_config == model.txl_config
-    for seg in segs[1:]:
-        np.testing.assert_array_equal(loaded(seg).numpy(), model(seg).numpy())
-    a = model.call_with_memory(segs[0])
-    b = loaded.call_with_memory(segs[0])
-    np.testing.assert_array_equal(a["memory"].numpy(), b["memory"].numpy())
+        model(segs[0])
+    run_model_saving_test(model, np.concatenate(segs[1:], 1))
 
 
 def test_xla_compiled_forward_matches_eager():
     model = TransformerXLCausalLM(tiny(same_length=True))
     fn = tf.function(lambda ids, mem: model.call_with_memory(ids, mem), jit_compile=True)
-    memory = model.initial_memory(B)
-    eager_memory = None
-    for seg in segments():
-        compiled = fn(tf.constant(seg), memory)
-        eager = model.call_with_memory(seg, eager_memory)
-        np.testing.assert_allclose(compiled["log_probs"].numpy(),
-                                   eager["log_probs"].numpy(), atol=1e-5)
-        memory, eager_memory = compiled["memory"], eager["memory"]
-        np.testing.assert_allclose(memory.numpy(), eager_memory.numpy(), atol=1e-5)
+    ids = np.concatenate(segments(), 1)
+    compiled = chain_segments(lambda seg, mem: fn(tf.constant(seg), mem), ids, T,
+                              memory=model.initial_memory(B))
+    eager = chain_segments(model, ids, T)
+    for got, expected in zip(compiled.outputs, eager.outputs):
+        np.testing.assert_allclose(got["log_probs"], expected["log_probs"], atol=1e-5)
+        np.testing.assert_allclose(got["memory"], expected["memory"], atol=1e-5)
 
 
 def test_mixed_bfloat16_keeps_log_probs_and_memory_in_float32():
@@ -217,16 +200,16 @@ def test_mixed_bfloat16_keeps_log_probs_and_memory_in_float32():
         keras.mixed_precision.set_global_policy("float32")
     model.assign_weights_from(reference)
     assert model.backbone.blocks[0].attention.compute_dtype == "bfloat16"
-    segs = segments()
-    outs, ref_outs = chained(model, segs), chained(reference, segs)
+    ids = np.concatenate(segments(), 1)
+    outs = chain_segments(model, ids, T).outputs
+    ref_outs = chain_segments(reference, ids, T).outputs
     for out, ref in zip(outs, ref_outs):
-        assert out["log_probs"].dtype == tf.float32
-        assert out["memory"].dtype == tf.float32
-        np.testing.assert_allclose(np.exp(out["log_probs"].numpy()).sum(-1), 1.0, atol=1e-4)
+        assert out["log_probs"].dtype == np.float32
+        assert out["memory"].dtype == np.float32
+        np.testing.assert_allclose(np.exp(out["log_probs"]).sum(-1), 1.0, atol=1e-4)
         # bf16 has 8 bits of mantissa: close, not equal.
-        np.testing.assert_allclose(out["log_probs"].numpy(), ref["log_probs"].numpy(),
-                                   atol=0.15)
-        assert np.abs(out["log_probs"].numpy() - ref["log_probs"].numpy()).max() > 0
+        np.testing.assert_allclose(out["log_probs"], ref["log_probs"], atol=0.15)
+        assert np.abs(out["log_probs"] - ref["log_probs"]).max() > 0
 
 
 def test_with_settings_keeps_weights_and_changes_memory_length():
@@ -258,13 +241,12 @@ def test_each_replica_keeps_its_own_memory_under_mirrored_strategy():
     # Rows in order; each global batch (B, T) is split by rows over replicas.
     dataset = tf.data.Dataset.from_tensor_slices(np.concatenate(segs)).batch(B)
     dist = iter(strategy.experimental_distribute_dataset(dataset))
-    memory = None
-    for seg in segs:
+    expected = chain_segments(reference, np.concatenate(segs, 1), T)
+    for out in expected.outputs:
         result = step(next(dist))
-        expected = reference.call_with_memory(seg, memory)
-        memory = expected["memory"]
         got = np.concatenate([r.numpy() for r in strategy.experimental_local_results(result)])
-        np.testing.assert_allclose(got, expected["log_probs"].numpy(), atol=1e-5)
+        np.testing.assert_allclose(got, out["log_probs"], atol=1e-5)
+    memory = expected.memory
     def replica_copies():
         return [v.numpy() for v in strategy.experimental_local_results(model.memory.value)]
 

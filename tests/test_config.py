@@ -3,18 +3,15 @@
 import json
 
 import pytest
+from testing import tiny_config
 
 import keras_txl
 from keras_txl import TransformerXLConfig
 from keras_txl.presets import PRESETS
 
-TINY = dict(vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
-            intermediate_dim=16, segment_length=4, memory_length=4)
-
 
 def test_json_round_trip(tmp_path):
-    config = TransformerXLConfig(**TINY, cutoffs=[5, 8], div_val=2,
-                                 tie_projections=[False, True, False])
+    config = tiny_config(cutoffs=[5, 8], div_val=2, tie_projections=[False, True, False])
     path = tmp_path / "config.json"
     config.to_json(str(path))
     assert TransformerXLConfig.from_json(str(path)) == config
@@ -24,13 +21,13 @@ def test_json_round_trip(tmp_path):
 
 def test_unknown_keys_are_named():
     with pytest.raises(ValueError, match=r"Unknown config key\(s\) \['d_model'\]"):
-        TransformerXLConfig.from_dict({**TINY, "d_model": 8})
+        TransformerXLConfig.from_dict({**tiny_config().to_dict(), "d_model": 8})
     with pytest.raises(ValueError, match="Unknown config key"):
-        TransformerXLConfig(**TINY).replace(mem_len=3)
+        tiny_config().replace(mem_len=3)
 
 
 def test_missing_keys_are_named():
-    data = dict(TINY)
+    data = tiny_config().to_dict()
     del data["num_heads"]
     with pytest.raises(ValueError, match=r"Missing required config key\(s\) \['num_heads'\]"):
         TransformerXLConfig.from_dict(data)
@@ -55,7 +52,7 @@ def test_missing_keys_are_named():
 ])
 def test_bad_values_name_the_field(changes, message):
     with pytest.raises(ValueError, match=message):
-        TransformerXLConfig(**{**TINY, **changes})
+        tiny_config(**changes)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -93,6 +90,6 @@ def test_unknown_preset():
     {"cutoffs": [5, 8], "div_val": 2, "project_same_dim": False},
 ])
 def test_parameter_count_matches_the_built_model(changes):
-    config = TransformerXLConfig(**{**TINY, **changes})
+    config = tiny_config(**changes)
     model = keras_txl.TransformerXLCausalLM(config)
     assert model.count_params() == config.num_parameters()

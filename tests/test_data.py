@@ -5,6 +5,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import mirrored_strategy
 
 from keras_txl.training import data
 
@@ -110,9 +111,10 @@ def test_repeat_wraps_to_segment_zero_and_start_is_taken_modulo():
 
 
 def test_mirrored_strategy_gives_each_replica_its_row_block_every_step():
-    devices = tf.config.list_logical_devices("CPU")
-    assert len(devices) >= 2, "conftest.py sets up two logical CPUs"
-    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]])
+    # The session's one MirroredStrategy (a second one can abort the first's
+    # all-reduces): two logical CPUs, set up by conftest.py.
+    strategy = mirrored_strategy()
+    assert strategy.num_replicas_in_sync == 2
     batch_size, segment_length = 8, 5
     layout = data.LMBatches(2000, batch_size, segment_length, num_replicas=2)
     tokens = np.arange(2000)

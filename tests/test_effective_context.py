@@ -10,19 +10,19 @@ closed form, exactly (beyond the bound nothing changes, bit for bit).
 
 import numpy as np
 import pytest
+from testing import tiny_config
 
 from keras_txl import TransformerXLCausalLM
-from keras_txl import TransformerXLConfig
 from keras_txl.training.recl import perturbation_reach
 from keras_txl.training.recl import recurrence_reach
 
 
 def model_for(layers, memory, segment, same_length=False, convention="official_tf"):
-    config = TransformerXLConfig(
-        vocabulary_size=16, num_layers=layers, hidden_dim=16, num_heads=2,
+    config = tiny_config(
+        vocabulary_size=16, num_layers=layers, hidden_dim=16,
         intermediate_dim=32, segment_length=segment, memory_length=memory,
         same_length=same_length, same_length_convention=convention,
-        dropout=0.0, init_std=0.5,
+        init_std=0.5,
     )
     return TransformerXLCausalLM(config)
 

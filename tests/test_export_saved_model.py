@@ -18,13 +18,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import FIXTURES
+from testing import signature_reference
+from testing import tiny_config
 
 import keras_txl
 from keras_txl.export import cli
 from keras_txl.export import saved_model
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
-from tests.conftest import FIXTURES
 
 HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3
@@ -63,29 +65,6 @@ print("REPORT " + json.dumps(report))
 """
 
 
-def tiny_config():
-    # M > T, so each memory mixes two segments.
-    return keras_txl.TransformerXLConfig(
-        vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
-        intermediate_dim=16, segment_length=T, memory_length=6,
-    )
-
-
-def keras_chain(model, ids, segment_length):
-    """Per segment: log_probs, memory, nll of the next token, next_token."""
-    targets = np.roll(ids, -1, axis=1)
-    memory, results = None, []
-    for s in range(ids.shape[1] // segment_length):
-        cut = slice(s * segment_length, (s + 1) * segment_length)
-        out = model.call_with_memory(ids[:, cut], memory)
-        log_probs = out["log_probs"].numpy()
-        nll = -np.take_along_axis(log_probs, targets[:, cut, None], -1)[..., 0]
-        memory = out["memory"]
-        results.append(dict(log_probs=log_probs, memory=memory.numpy(),
-                            nll=nll, next=log_probs[:, -1]))
-    return results
-
-
 def run_fresh(jobs, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
@@ -107,7 +86,8 @@ def exported(tmp_path_factory):
     """A training-run folder exported with `txl export --workdir`."""
     keras.utils.set_random_seed(0)
     tmp = tmp_path_factory.mktemp("saved_model")
-    model = keras_txl.TransformerXLCausalLM(tiny_config())
+    # M > T, so each memory mixes two segments.
+    model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=6))
     tokenizer = tmp / "tokenizer_src"
     tokenizer.mkdir()
     (tokenizer / "vocab.txt").write_text("a\nb\n")
@@ -118,7 +98,7 @@ def exported(tmp_path_factory):
     ).astype(np.int32)
     return types.SimpleNamespace(
         model=model, version_dir=str(tmp / "out" / "txl" / "1"), ids=ids,
-        tmp=tmp, reference=keras_chain(model, ids, T),
+        tmp=tmp, reference=signature_reference(model, ids, T),
     )
 
 

@@ -16,13 +16,15 @@ import types
 import keras
 import numpy as np
 import pytest
+from testing import FIXTURES
+from testing import REPO
+from testing import signature_reference
+from testing import tiny_config
 
 import keras_txl
 from keras_txl.export import cli
 from keras_txl.export import signatures as sig
 from keras_txl.export import tflite
-from tests.conftest import FIXTURES
-from tests.conftest import REPO
 
 HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3
@@ -60,30 +62,6 @@ print("REPORT " + json.dumps({"tensorflow_imported": "tensorflow" in sys.modules
 """
 
 
-def small_config():
-    # Weights of >= 1024 elements, so dynamic-range int8 really quantizes
-    # (the converter leaves smaller tensors in float).
-    return keras_txl.TransformerXLConfig(
-        vocabulary_size=64, num_layers=2, hidden_dim=32, num_heads=2,
-        intermediate_dim=64, segment_length=T, memory_length=6,
-    )
-
-
-def keras_chain(model, ids, segment_length):
-    targets = np.roll(ids, -1, axis=1)
-    memory, results = None, []
-    for s in range(ids.shape[1] // segment_length):
-        cut = slice(s * segment_length, (s + 1) * segment_length)
-        out = model.call_with_memory(ids[:, cut], memory)
-        log_probs = out["log_probs"].numpy()
-        memory = out["memory"]
-        results.append(dict(
-            log_probs=log_probs, memory=memory.numpy(), next=log_probs[:, -1],
-            nll=-np.take_along_axis(log_probs, targets[:, cut, None], -1)[..., 0],
-        ))
-    return results
-
-
 def _umask():
     mask = os.umask(0)
     os.umask(mask)
@@ -109,7 +87,12 @@ def tensor_types(path):
 def artifacts(tmp_path_factory):
     keras.utils.set_random_seed(0)
     tmp = tmp_path_factory.mktemp("tflite")
-    model = keras_txl.TransformerXLCausalLM(small_config())
+    # Weights of >= 1024 elements, so dynamic-range int8 really quantizes
+    # (the converter leaves smaller tensors in float). The library's
+    # initial scale: the quantization error bounds below are for it.
+    model = keras_txl.TransformerXLCausalLM(tiny_config(
+        vocabulary_size=64, hidden_dim=32, intermediate_dim=64, memory_length=6,
+        init_std=0.02))
     # float32 through `txl export --workdir ... --format tflite`.
     keras_txl.save_pretrained(model, str(tmp / "run" / "model"))
     parser = cli.add_arguments(argparse.ArgumentParser())
@@ -149,7 +132,7 @@ def artifacts(tmp_path_factory):
     return types.SimpleNamespace(
         model=model, ids=ids, paths=paths, tmp=tmp, report=report,
         fresh={name: np.load(tmp / f"{name}.npz") for name in paths},
-        reference=keras_chain(model, ids, T),
+        reference=signature_reference(model, ids, T),
     )
 
 

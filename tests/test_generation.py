@@ -3,33 +3,28 @@ is deterministic; greedy decoding is identical on Keras, SavedModel and
 TFLite; `txl generate` streams the same text from every source."""
 
 import os
+from functools import partial
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import FIXTURES
+from testing import chain_segments
+from testing import random_ids
+from testing import tiny_config
 
 from keras_txl import TransformerXLCausalLM
-from keras_txl import TransformerXLConfig
 from keras_txl import generation
 from keras_txl.cli import main
 from keras_txl.export import generation as export_generation
-from tests.conftest import FIXTURES
 
 V, T, M, B = 11, 4, 3, 2
 
 
-def tiny(**changes):
-    base = dict(vocabulary_size=V, num_layers=2, hidden_dim=8, num_heads=2,
-                intermediate_dim=16, segment_length=T, memory_length=M,
-                dropout=0.0, cutoffs=(5,), div_val=2, init_std=0.3,
-                projection_init_std=0.3)
-    base.update(changes)
-    return TransformerXLConfig(**base)
-
-
-def ids(shape, seed=0):
-    return np.random.default_rng(seed).integers(0, V, size=shape).astype("int32")
+# The toolkit's tiny model (V 11, 2 layers, D 8, T 4) with adaptive input and
+# softmax, and a memory shorter than the segment.
+tiny = partial(tiny_config, adaptive=True, memory_length=M)
 
 
 # === The memory key/value cache ===
@@ -54,23 +49,24 @@ CACHE_VARIANTS = {
 def test_cache_equals_uncached_at_every_step(variant):
     model = TransformerXLCausalLM(tiny(**CACHE_VARIANTS[variant]))
     memory_length = model.txl_config.memory_length
-    memory = model.call_with_memory(ids((B, T)))["memory"]
+    memory = model.call_with_memory(random_ids((B, T)))["memory"]
     cache = model.build_cache(memory)
     # Enough steps for the memory window to wrap around 3 times and more.
     steps = 3 * max(memory_length, 1) + 3
-    for step in range(steps):
-        token = ids((B, 1), seed=100 + step)
-        plain = model.call_with_memory(token, memory)
-        cached = model.call_with_cache(token, cache)
+    tokens = np.concatenate([random_ids((B, 1), seed=100 + step) for step in range(steps)], 1)
+    plain = chain_segments(model, tokens, 1, memory=memory)
+    for step, expected in enumerate(plain.outputs):
+        cached = model.call_with_cache(tokens[:, step:step + 1], cache)
         np.testing.assert_allclose(
-            cached["log_probs"].numpy(), plain["log_probs"].numpy(),
+            cached["log_probs"].numpy(), expected["log_probs"],
             atol=1e-5, err_msg=f"log-probs differ at step {step}",
         )
         np.testing.assert_allclose(
-            cached["memory"].numpy(), plain["memory"].numpy(), atol=1e-5,
+            cached["memory"].numpy(), expected["memory"], atol=1e-5,
             err_msg=f"memory differs at step {step}",
         )
-        memory, cache = plain["memory"], cached["cache"]
+        cache = cached["cache"]
+    memory = plain.memory
     # The slid windows are the memory and the projections of the memory.
     rebuilt = model.build_cache(memory)
     for name in ("memory", "keys", "values"):
@@ -82,17 +78,17 @@ def test_cache_equals_uncached_at_every_step(variant):
 @pytest.mark.parametrize("variant", ["post_ln", "pre_ln_same_length_pt_memory_1"])
 def test_cache_with_whole_segments_equals_call_with_memory(variant):
     model = TransformerXLCausalLM(tiny(**CACHE_VARIANTS[variant]))
-    memory = model.initial_memory(B)
-    cache = model.build_cache(memory, segment_length=T)
-    for s, length in enumerate([T, T, 3, T]):  # 3: positions re-projected
-        segment = ids((B, length), seed=s)
-        plain = model.call_with_memory(segment, memory)
+    lengths = [T, T, 3, T]  # 3: positions re-projected
+    tokens = np.concatenate([random_ids((B, n), seed=s) for s, n in enumerate(lengths)], 1)
+    plain = chain_segments(model, tokens, lengths, memory=model.initial_memory(B))
+    cache = model.build_cache(model.initial_memory(B), segment_length=T)
+    for segment, expected in zip(plain.segments, plain.outputs):
         cached = model.call_with_cache(segment, cache)
         np.testing.assert_allclose(cached["log_probs"].numpy(),
-                                   plain["log_probs"].numpy(), atol=1e-5)
+                                   expected["log_probs"], atol=1e-5)
         np.testing.assert_allclose(cached["memory"].numpy(),
-                                   plain["memory"].numpy(), atol=1e-5)
-        memory, cache = plain["memory"], cached["cache"]
+                                   expected["memory"], atol=1e-5)
+        cache = cached["cache"]
 
 
 # === Sampling ===
@@ -128,7 +124,7 @@ def test_generate_is_deterministic_streams_and_cache_changes_nothing():
     model = TransformerXLCausalLM(tiny())
     cached = generation.KerasBackend(model)
     uncached = generation.KerasBackend(model, use_cache=False)
-    prompt = ids(6)
+    prompt = random_ids(6)
     streamed = []
     kwargs = dict(temperature=1.0, top_k=6, top_p=0.95, seed=7)
     first = generation.generate(cached, prompt, 15, on_token=streamed.append,

@@ -13,9 +13,10 @@ import os
 
 import numpy as np
 import pytest
+from testing import FIXTURES
+from testing import chain_segments
 
 import keras_txl
-from tests.conftest import FIXTURES
 
 SHARED = FIXTURES / "hf_transfo_xl_tiny"
 
@@ -27,16 +28,12 @@ def _fixture_dirs():
 
 
 def _run_segments(model, directory):
+    """[(segment ids, outputs)] of the fixture's inputs, memory carried, in
+    segments as wide as the reference's."""
     ids = np.load(os.path.join(directory, "inputs.npy"))
-    first = np.load(os.path.join(directory, "expected_logprobs_seg0.npy"))
-    width = first.shape[1]
-    memory, results = None, []
-    for s in range(ids.shape[1] // width):
-        segment = ids[:, s * width : (s + 1) * width]
-        out = model.call_with_memory(segment, memory, return_hidden=True)
-        results.append((segment, out))
-        memory = out["memory"]
-    return results
+    width = np.load(os.path.join(directory, "expected_logprobs_seg0.npy")).shape[1]
+    chain = chain_segments(model, ids, width, return_hidden=True)
+    return list(zip(chain.segments, chain.outputs))
 
 
 @pytest.mark.parametrize("directory", _fixture_dirs())
@@ -49,16 +46,16 @@ def test_matches_reference_over_three_segments(directory):
     for s, (segment, out) in enumerate(results):
         expected = np.load(os.path.join(directory, f"expected_logprobs_seg{s}.npy"))
         np.testing.assert_allclose(
-            out["log_probs"].numpy(), expected, atol=1e-4, rtol=1e-5,
+            out["log_probs"], expected, atol=1e-4, rtol=1e-5,
             err_msg=f"log-probs of segment {s}",
         )
         hidden_path = os.path.join(directory, f"expected_hidden_seg{s}.npy")
         if os.path.exists(hidden_path):
             np.testing.assert_allclose(
-                out["hidden"].numpy(), np.load(hidden_path), atol=5e-5, rtol=1e-5,
+                out["hidden"], np.load(hidden_path), atol=5e-5, rtol=1e-5,
                 err_msg=f"hidden of segment {s}",
             )
-        memory = out["memory"].numpy()
+        memory = out["memory"]
         assert memory.shape[2] == mem_len
         mems_path = os.path.join(directory, f"expected_mems_seg{s}.npz")
         if mem_len:
@@ -75,7 +72,7 @@ def test_matches_reference_over_three_segments(directory):
 def test_per_token_losses_match_reference():
     model = keras_txl.load_hf_checkpoint(str(SHARED))
     for s, (segment, out) in enumerate(_run_segments(model, str(SHARED))):
-        log_probs = out["log_probs"].numpy()
+        log_probs = out["log_probs"]
         # NLL of token t+1 predicted at position t, within the segment.
         nll = -np.take_along_axis(
             log_probs[:, :-1], segment[:, 1:, None], axis=-1

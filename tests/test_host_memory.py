@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import tiny_config
 
 import keras_txl
 from keras_txl import host_memory
@@ -74,9 +75,7 @@ def test_compiled_function_passes_tf_function_arguments(monkeypatch):
 
 def test_training_and_evaluation_release_after_compiling_only(monkeypatch):
     calls = counting_release(monkeypatch)
-    config = keras_txl.TransformerXLConfig(
-        vocabulary_size=16, num_layers=1, hidden_dim=8, num_heads=2, head_dim=4,
-        intermediate_dim=16, segment_length=4, memory_length=4, dropout=0.0)
+    config = tiny_config(vocabulary_size=16, num_layers=1)
     trainer = Trainer(config, TrainConfig(batch_size=2, steps=5, warmup_steps=0),
                       tf.distribute.get_strategy(), verbose=False)
     tokens = np.random.default_rng(0).integers(0, 16, 400)
@@ -94,9 +93,7 @@ def test_keras_fit_releases_once_per_compiled_function(monkeypatch):
     from keras_txl.training.fit import train_with_fit
 
     calls = counting_release(monkeypatch)
-    config = keras_txl.TransformerXLConfig(
-        vocabulary_size=16, num_layers=1, hidden_dim=8, num_heads=2, head_dim=4,
-        intermediate_dim=16, segment_length=4, memory_length=4, dropout=0.0)
+    config = tiny_config(vocabulary_size=16, num_layers=1)
     # 33 tokens: 2 streams of 15 targets, 3 segments of 4 an epoch; 12 steps
     # are 4 epochs, each followed by a validation pass. The train and the
     # test function are each compiled once: two releases in all.

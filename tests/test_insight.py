@@ -3,25 +3,21 @@ the numbers behind them are right on small hand-checked cases."""
 
 import json
 import struct
+from functools import partial
 
 import numpy as np
 import pytest
+from testing import tiny_config
 
 from keras_txl import TransformerXLCausalLM
-from keras_txl import TransformerXLConfig
 from keras_txl import insight
 from keras_txl.cli import main
 
 TEXT = "the cat sat on the mat. " * 6
 
 
-def tiny(**changes):
-    base = dict(vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
-                intermediate_dim=16, segment_length=8, memory_length=8,
-                dropout=0.0, cutoffs=(5,), div_val=2, init_std=0.3,
-                projection_init_std=0.3)
-    base.update(changes)
-    return TransformerXLConfig(**base)
+# The toolkit's tiny model with adaptive input and softmax, T = M = 8.
+tiny = partial(tiny_config, adaptive=True, segment_length=8, memory_length=8)
 
 
 def png_size(path):

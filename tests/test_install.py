@@ -11,8 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import tomllib
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testing import REPO
 
 
 def run_without(module, code):
@@ -80,16 +79,26 @@ def test_metadata_leaves_the_tensorflow_wheel_to_the_extras():
     assert "matplotlib" not in runtime
     assert extras["plots"] == ["matplotlib>=3.8,<4"]
     assert "matplotlib>=3.8,<4" in extras["tests"]
-    assert project["scripts"] == {"txl": "keras_txl.cli:main"}
 
 
-def test_only_keras_txl_is_installed_at_the_top_level():
-    tool = project_metadata()["tool"]["setuptools"]
-    assert {p.split(".")[0] for p in tool["packages"]} == {"keras_txl"}
-    # The repository's folders are mapped under keras_txl.
-    assert tool["package-dir"] == {"keras_txl": "keras_txl",
-                                   "keras_txl.training": "training",
-                                   "keras_txl.export": "export"}
+def test_the_installed_distribution_has_one_top_level_package_and_the_txl_command():
+    # What the install made of pyproject.toml (this environment's install):
+    # only keras_txl at the top level, the repository's training/ and export/
+    # folders imported as keras_txl.training and keras_txl.export, and a
+    # `txl` script that runs the CLI.
+    from importlib import metadata
+    from importlib.util import find_spec
+
+    import keras_txl.cli
+
+    distribution = metadata.distribution("keras-txl")
+    assert distribution.read_text("top_level.txt").split() == ["keras_txl"]
+    for package, folder in (("keras_txl.training", "training"), ("keras_txl.export", "export")):
+        (location,) = find_spec(package).submodule_search_locations
+        modules = sorted(p.name for p in pathlib.Path(location).glob("*.py"))
+        assert modules and modules == sorted(p.name for p in pathlib.Path(REPO, folder).glob("*.py"))
+    (script,) = distribution.entry_points.select(group="console_scripts", name="txl")
+    assert script.load() is keras_txl.cli.main
 
 
 def test_attention_pictures_without_matplotlib_say_how_to_install_it(monkeypatch):

@@ -1,10 +1,12 @@
 """Hand-computed checks of the building blocks, one at a time."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 from keras import ops
+from testing import tiny_config
 
-import keras_txl
 from keras_txl.adaptive import AdaptiveEmbedding
 from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.memory import attention_mask
@@ -227,12 +229,9 @@ def test_attention_dropout_is_recomputed_with_the_same_mask():
     assert not np.allclose(no_dropout.numpy(), out_a)
 
 
-def _config(**changes):
-    base = dict(vocabulary_size=20, num_layers=1, hidden_dim=8, num_heads=2,
-                intermediate_dim=8, cutoffs=(5, 12), div_val=2, embedding_dim=8,
-                memory_length=2, segment_length=3)
-    base.update(changes)
-    return keras_txl.TransformerXLConfig(**base)
+# The toolkit's tiny model with three clusters (ids 0-4, 5-11, 12-19) of
+# widths 8, 4 and 2.
+_config = partial(tiny_config, vocabulary_size=20, cutoffs=(5, 12), div_val=2)
 
 
 def test_adaptive_embedding_looks_up_the_right_cluster():

@@ -4,10 +4,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import mirrored_strategy
 
 from keras_txl.training.optimizers import FusedAdam
 from keras_txl.training.schedules import WarmupCosine
-from tests.conftest import mirrored_strategy
 
 
 def _run(optimizer_cls, strategy, steps=5):

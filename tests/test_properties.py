@@ -5,8 +5,9 @@ from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+from testing import chain_segments
+from testing import tiny_config
 
-import keras_txl
 from keras_txl import TransformerXLCausalLM
 
 V = 13
@@ -16,10 +17,9 @@ V = 13
 def configs(draw):
     cutoffs = draw(st.sampled_from([(), (4,), (3, 9)]))
     div_val = draw(st.sampled_from([1, 2])) if cutoffs else 1
-    config = keras_txl.TransformerXLConfig(
+    config = tiny_config(
         vocabulary_size=V,
         num_layers=draw(st.integers(1, 2)),
-        hidden_dim=8,
         num_heads=draw(st.sampled_from([1, 2])),
         head_dim=draw(st.sampled_from([2, 4])),
         intermediate_dim=8,
@@ -33,7 +33,6 @@ def configs(draw):
         untie_relative_bias=draw(st.booleans()),
         attention_type=draw(st.sampled_from(["relative", "relative", "vanilla"])),
         clamp_length=draw(st.sampled_from([-1, 1, 3])),
-        dropout=0.0,
         init_std=0.5,
         projection_init_std=0.5,
     )
@@ -57,15 +56,14 @@ def test_chained_segments_equal_the_stateful_model_and_are_distributions(case):
     pure = TransformerXLCausalLM(config)
     stateful = TransformerXLCausalLM(config, stateful=True, batch_size=batch)
     stateful.assign_weights_from(pure)
-    memory = None
-    for _ in range(3):
-        ids = rng.integers(0, V, size=(batch, segment)).astype("int32")
-        out = pure.call_with_memory(ids, memory)
-        memory = out["memory"]
-        log_probs = out["log_probs"].numpy()
-        np.testing.assert_allclose(stateful(ids).numpy(), log_probs, atol=1e-5)
+    ids = np.concatenate(
+        [rng.integers(0, V, size=(batch, segment)).astype("int32") for _ in range(3)], 1)
+    chain = chain_segments(pure, ids, segment)
+    for segment_ids, out in zip(chain.segments, chain.outputs):
+        log_probs = out["log_probs"]
+        np.testing.assert_allclose(stateful(segment_ids).numpy(), log_probs, atol=1e-5)
         np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
-        assert memory.shape == (batch, config.num_layers, config.memory_length, 8)
+        assert out["memory"].shape == (batch, config.num_layers, config.memory_length, 8)
 
 
 @PROPERTY_SETTINGS

@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from testing import chain_segments
+from testing import tiny_config
 
 from keras_txl import TransformerXLCausalLM
-from keras_txl import TransformerXLConfig
 from keras_txl.io import save_pretrained
 from keras_txl.training.recl import context_losses
 from keras_txl.training.recl import context_segments
@@ -148,13 +149,11 @@ def test_context_segments_and_targets():
 
 # --- context-truncated losses on tiny random models ----------------------
 def tiny(memory_length, attention_type="relative", layers=2, segment=4):
-    config = TransformerXLConfig(
-        vocabulary_size=11, num_layers=layers, hidden_dim=16, num_heads=2,
-        intermediate_dim=32, segment_length=segment,
-        memory_length=memory_length, dropout=0.0, init_std=0.3,
+    return TransformerXLCausalLM(tiny_config(
+        hidden_dim=16, intermediate_dim=32, num_layers=layers,
+        segment_length=segment, memory_length=memory_length,
         attention_type=attention_type,
-    )
-    return TransformerXLCausalLM(config)
+    ))
 
 
 TOKENS = np.random.default_rng(3).integers(0, 11, size=80).astype(np.int32)
@@ -167,11 +166,8 @@ def test_context_losses_match_manual_segment_reading():
     got = context_losses(model, TOKENS, targets, context)
     for k, t in enumerate(targets):
         window = TOKENS[t - context:t][None, :]
-        memory = None
-        for start, stop in ((0, 2), (2, 6), (6, 10)):
-            out = model.call_with_memory(window[:, start:stop], memory)
-            memory = out["memory"]
-        expected = -float(out["log_probs"][0, -1, TOKENS[t]])
+        log_probs = chain_segments(model, window, [2, 4, 4]).log_probs
+        expected = -float(log_probs[0, -1, TOKENS[t]])
         assert got[k] == pytest.approx(expected, abs=1e-5)
 
 

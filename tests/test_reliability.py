@@ -14,10 +14,10 @@ import time
 import keras
 import numpy as np
 import pytest
+from testing import REPO
 
 import keras_txl
 from keras_txl.training.checkpoint import CheckpointManager
-from tests.conftest import REPO
 
 WRITER = r"""
 import os, sys

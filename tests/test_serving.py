@@ -1,9 +1,9 @@
 """TF Serving client: REST (both forms) and gRPC against loopback stand-ins.
 
 No `tensorflow_model_server` binary exists on these machines, so the
-client's requests go to `keras_txl.export.serving_doubles.StandInServer` (127.0.0.1, free
-ports), which decodes them as TF Serving does and calls the exported
-SavedModel. Every result is compared with the direct signature call and
+client's requests go to the test double `serving_doubles.StandInServer`
+(127.0.0.1, free ports), which decodes them as TF Serving does and calls
+the exported SavedModel. Every result is compared with the direct signature call and
 with `call_with_memory`. The warm-up records are replayed against the
 SavedModel and sent as-is through the gRPC stub.
 """
@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import serving_doubles
 import tensorflow as tf
+from testing import chain_segments
+from testing import tiny_config
 
 import keras_txl
 from keras_txl.export import saved_model
@@ -37,17 +39,15 @@ L, M, D, V = 2, 6, 8, 11
 def deployed(tmp_path_factory):
     keras.utils.set_random_seed(0)
     tmp = tmp_path_factory.mktemp("serving")
-    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(
-        vocabulary_size=V, num_layers=L, hidden_dim=D, num_heads=2,
-        intermediate_dim=16, segment_length=T, memory_length=M,
-    ))
+    model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=M))
+    assert model.memory_shape(B) == (B, L, M, D)
     version_dir = saved_model.export_saved_model(model, str(tmp / "models"))
     ids = np.random.default_rng(1).integers(0, V, (B, SEGMENTS * T)).astype(np.int32)
     server = serving_doubles.StandInServer(str(tmp / "models" / "txl")).start()
     # Direct signature calls: the numbers every transport must reproduce.
     signatures = server.predictor.signatures
     memory = tf.zeros((B, L, M, D))
-    direct, keras_memory, keras_out = [], None, []
+    direct = []
     targets = np.roll(ids, -1, axis=1)
     for s in range(SEGMENTS):
         cut = slice(s * T, (s + 1) * T)
@@ -60,9 +60,7 @@ def deployed(tmp_path_factory):
             token_ids=tf.constant(ids[:, cut]), memory=memory)["log_probs"].numpy()
         direct.append(step)
         memory = tf.constant(step["memory"])
-        out = model.call_with_memory(ids[:, cut], keras_memory)
-        keras_memory = out["memory"]
-        keras_out.append(out["log_probs"].numpy())
+    keras_out = [out["log_probs"] for out in chain_segments(model, ids, T).outputs]
     yield types.SimpleNamespace(
         model=model, version_dir=version_dir, ids=ids, targets=targets,
         server=server, direct=direct, keras=keras_out,
@@ -226,10 +224,17 @@ def test_warmup_records_replay(deployed):
     grpc_.close()
 
 
-def test_docker_command():
-    command = serving.docker_run_command("/srv/exports/txl")
-    assert command == (
-        "docker run -p 8501:8501 -p 8500:8500 --mount type=bind,"
-        "source=/srv/exports/txl,target=/models/txl -e MODEL_NAME=txl "
-        "-t tensorflow/serving"
-    )
+def test_docker_command_serves_the_given_folder(tmp_path, monkeypatch):
+    # Read back the way a shell reads it: the folder is bound (made absolute)
+    # at the model name TF Serving serves, whatever the folder is called.
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    for folder, name in (("exports/txl", "txl"), ("my exports/lm's", "lm")):
+        argv = shlex.split(serving.docker_run_command(folder, model_name=name))
+        assert argv[:2] == ["docker", "run"] and argv[-1] == "tensorflow/serving"
+        assert {"8501:8501", "8500:8500"} <= {argv[i + 1] for i, a in enumerate(argv) if a == "-p"}
+        mount = dict(part.split("=", 1) for part in argv[argv.index("--mount") + 1].split(","))
+        assert mount == {"type": "bind", "source": str(tmp_path / folder),
+                         "target": f"/models/{name}"}
+        assert argv[argv.index("-e") + 1] == f"MODEL_NAME={name}"

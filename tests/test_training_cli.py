@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
+from testing import REPO
 
 from keras_txl.cli import main
-from tests.conftest import REPO
 
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of "

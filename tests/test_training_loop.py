@@ -2,10 +2,14 @@
 
 import math
 import os
+from functools import partial
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import chain_segments
+from testing import mirrored_strategy
+from testing import tiny_config
 
 import keras_txl
 from keras_txl.training.checkpoint import CheckpointManager
@@ -15,17 +19,14 @@ from keras_txl.training.fit import train_with_fit
 from keras_txl.training.loop import Trainer
 from keras_txl.training.loop import evaluate
 from keras_txl.training.schedules import WarmupCosine
-from tests.conftest import mirrored_strategy
 
 V = 40
 
 
-def model_config(**changes):
-    base = dict(vocabulary_size=V, num_layers=2, hidden_dim=16, num_heads=2,
-                intermediate_dim=32, segment_length=8, memory_length=8,
-                dropout=0.1)
-    base.update(changes)
-    return keras_txl.TransformerXLConfig(**base)
+# The toolkit's tiny model, wider and with the library's dropout and
+# initial scale for training.
+model_config = partial(tiny_config, vocabulary_size=V, hidden_dim=16, intermediate_dim=32,
+                       segment_length=8, memory_length=8, dropout=0.1, init_std=0.02)
 
 
 def train_config(**changes):
@@ -199,17 +200,10 @@ def test_evaluate_with_a_longer_memory_and_other_settings():
 def _evaluate_by_recomputing_the_memory(model, tokens, batch_size, T, reset=False):
     # The plain way: call_with_memory on every segment, memory carried.
     streams = batchify(tokens, batch_size)
-    length = streams.shape[1] - 1
-    memory, total, count = None, 0.0, 0
-    for start in range(0, length, T):
-        end = min(start + T, length)
-        out = model.call_with_memory(streams[:, start:end], None if reset else memory)
-        y = streams[:, start + 1:end + 1]
-        log_probs = out["log_probs"].numpy()
-        total -= np.take_along_axis(log_probs, y[..., None], -1).sum()
-        count += y.size
-        memory = out["memory"]
-    return total / count, count
+    chain = chain_segments(model, streams[:, :-1], T, carry_memory=not reset)
+    y = streams[:, 1:]
+    nll = -np.take_along_axis(chain.log_probs, y[..., None], -1)
+    return nll.sum(dtype=np.float64) / y.size, y.size
 
 
 @pytest.mark.parametrize("attention_type,pre_ln,reset", [

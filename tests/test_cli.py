@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from testing import REPO
 
 import keras_txl
 from keras_txl.cli import build_parser
@@ -20,7 +21,6 @@ from keras_txl.tokenizers import ByteTokenizer
 from keras_txl.tokenizers import CharTokenizer
 from keras_txl.tokenizers import Tokenizer
 from keras_txl.tokenizers import WordTokenizer
-from tests.conftest import REPO
 
 
 def subcommands(parser=None):

@@ -27,12 +27,12 @@ import sys
 
 import numpy as np
 import pytest
+from testing import REPO
 
 import keras_txl
 from keras_txl.cli import build_parser
 from keras_txl.cli import main
 from keras_txl.export import cli as export_cli
-from tests.conftest import REPO
 
 DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 SHELL = ("bash", "sh", "shell")
@@ -289,7 +289,7 @@ def test_readme_eval_and_generate_run(tmp_path, monkeypatch, capsys):
 
 
 def test_readme_export_command_is_the_one_tests_run():
-    from tests.test_cli import README_EXPORT
+    from test_cli import README_EXPORT
 
     readme = [t for doc, _, t in COMMANDS if doc == "README.md" and t[:2] == ["txl", "export"]]
     assert readme == [["txl", "export", "--workdir", "runs/ts", *README_EXPORT]]

@@ -516,7 +516,7 @@ def test_cli_generate_and_export_from_official(tmp_path, capsys):
 
 
 def _doc_snippet():
-    from tests.conftest import REPO
+    from testing import REPO
 
     text = (REPO / "docs" / "official_checkpoints.md").read_text(encoding="utf-8")
     block = text.split("<!-- vocabulary-snippet -->", 1)[1]
@@ -593,8 +593,9 @@ def test_documented_commands_parse():
     import re
     import shlex
 
+    from testing import REPO
+
     from keras_txl.cli import build_parser
-    from tests.conftest import REPO
 
     commands = []
     for name in ("docs/official_checkpoints.md", "README.md", "docs/export.md"):

@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 import pytest
+from testing import REPO
 
 from keras_txl.export.serving_client import RestTransport
 from keras_txl.export.serving_client import ServingError
 from keras_txl.export.serving_client import TXLServingClient
-from tests.conftest import REPO
 
 L, M, D, V = 1, 2, 2, 3
 

@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+from testing import FIXTURES
+from testing import REPO
 
 import keras_txl
 from keras_txl.io import load_pretrained
@@ -23,8 +25,6 @@ from keras_txl.tokenizers import build_tokenizer
 from keras_txl.tokenizers import load_tokenizer
 from keras_txl.weights_file import read_safetensors
 from keras_txl.weights_file import read_safetensors_header
-from tests.conftest import FIXTURES
-from tests.conftest import REPO
 
 TINY = dict(vocabulary_size=11, num_layers=2, hidden_dim=8, num_heads=2,
             intermediate_dim=16, memory_length=4, segment_length=4)

@@ -7,7 +7,8 @@ host and piling up) would show as RSS growing with N.
 
     python benchmarks/eval_memory.py [--segments 50 500] [--memory-length 512]
 
-Prints one JSON line and a table.
+Prints one JSON line (with the `host` block of `benchmarks/hostinfo.py`, measured in a
+process of its own) and a table.
 """
 
 import argparse

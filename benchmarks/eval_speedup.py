@@ -14,7 +14,8 @@ enwik8 evaluates with T = 128, M = 3,800) and prints the ratio of counted matmul
 
 Each of `--runs` runs times the vanilla window (median of `--repeats` passes) and then the XL
 segment (median of `--xl-repeats`); the reported ratio is the median of the runs' ratios.
-Prints one JSON line (`speedup`: attention length -> measured ratio) and a table;
+Prints one JSON line (`speedup`: attention length -> measured ratio; `host`: the CPU, its ISA
+and TensorFlow's matmul peak, `benchmarks/hostinfo.py`) and a table;
 `--plot PATH` draws measured, FLOP-predicted and the paper's ratios.
 
     python benchmarks/eval_speedup.py [--lengths 800 1800 2800 3800] [--segment 128]

@@ -10,7 +10,7 @@ first). Per-token times are taken between consecutive tokens and averaged
 over windows of 100 tokens: with Transformer-XL's fixed-size memory the
 cost per token must stay flat as the text grows (100 -> N tokens).
 
-Prints one JSON line and a table.
+Prints one JSON line (with the `host` block of `benchmarks/hostinfo.py`) and a table.
 
     python benchmarks/generation_speed.py [--tokens 1000] [--memory 256,512]
         [--jit] [--threads 2]

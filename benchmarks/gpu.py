@@ -499,14 +499,17 @@ def main(argv=None):
           f"{cfg['memory_length']}, {args.precision}; medians of {args.rounds} rounds",
           file=sys.stderr)
     header = ("run", "train tok/s", "eval tok/s", "train MFU", "eval MFU", "train MB", "eval MB",
-              "compile s")
+              "warm-up extra s (compile)")
+    def mb(value):
+        return "-" if value is None else f"{value:,.0f}"
+
     print("| " + " | ".join(header) + " |", file=sys.stderr)
     print("|---" * len(header) + "|", file=sys.stderr)
     for framework, m in medians.items():
         compile_s = (m["train_compile_s"] or 0) + (m["eval_compile_s"] or 0)
         cells = [framework, f"{m['train_tokens_per_s']:,.0f}", f"{m['eval_tokens_per_s']:,.0f}",
                  str(m.get("train_mfu", "-")), str(m.get("eval_mfu", "-")),
-                 f"{m['train_peak_memory_mb'] or 0:,.0f}", f"{m['eval_peak_memory_mb'] or 0:,.0f}",
+                 mb(m["train_peak_memory_mb"]), mb(m["eval_peak_memory_mb"]),
                  f"{compile_s:.1f}"]
         print("| " + " | ".join(cells) + " |", file=sys.stderr)
     return 0

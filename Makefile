@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Each sets up .venv first.
-# `make bench` runs the side-by-side benchmark beside the reference (docs/benchmarks.md).
+# `make bench` runs the side-by-side benchmark beside the reference (docs/benchmarks.md);
+# `make bench-avx2` the same capped at AVX2.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export KERAS_BACKEND := tensorflow
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench bench-avx2 clean
 
 setup: $(VENV)/.installed
 
@@ -44,9 +45,17 @@ $(PEER_VENV)/.installed:
 	$(PEER_VENV)/bin/python -m pip install $(PIP_FLAGS) torch==2.13.0 transformers==4.37.2 safetensors numpy
 	touch $@
 
+# Ours (fp32, bf16) against the reference eager and under torch.compile, 5 alternating
+# rounds; `bench-avx2` the same with both frameworks capped at AVX2 (docs/benchmarks.md,
+# "How to reproduce on both ISA levels"). Inductor needs gcc/g++ on the PATH.
+BENCH_ARGS := --peer-python $(PEER_VENV)/bin/python --rounds 5 \
+	--ours "" --ours "--precision mixed_bfloat16"
+
 bench: $(BENCH_VENV)/.installed $(PEER_VENV)/.installed
-	$(BENCH_VENV)/bin/python benchmarks/compare_peer.py --peer-python $(PEER_VENV)/bin/python \
-		--rounds 5 --ours "" --ours "--precision mixed_bfloat16"
+	$(BENCH_VENV)/bin/python benchmarks/compare_peer.py $(BENCH_ARGS) --isa native
+
+bench-avx2: $(BENCH_VENV)/.installed $(PEER_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/compare_peer.py $(BENCH_ARGS) --isa avx2
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache

@@ -7,7 +7,8 @@ host and piling up) would show as RSS growing with N.
 
     python benchmarks/eval_memory.py [--segments 50 500] [--memory-length 512]
 
-Prints one JSON line and a table.
+Prints one JSON line (with the `host` block of `benchmarks/hostinfo.py`, measured in a
+process of its own) and a table.
 """
 
 import argparse
@@ -18,6 +19,10 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hostinfo import host_block_in  # noqa: E402
+from hostinfo import host_line  # noqa: E402
 
 
 def child(segments, memory_length, segment_length):
@@ -48,6 +53,7 @@ def main(argv=None):
     parser.add_argument("--segments", type=int, nargs="+", default=[50, 500])
     parser.add_argument("--memory-length", dest="memory_length", type=int, default=512)
     parser.add_argument("--segment-length", dest="segment_length", type=int, default=128)
+    parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -61,9 +67,12 @@ def main(argv=None):
             check=True, capture_output=True, text=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     growth = runs[-1]["peak_rss_mb"] / runs[0]["peak_rss_mb"]
+    # The host, with TensorFlow's matmul peak, measured in a process of its own.
+    host = host_block_in(sys.executable, "tensorflow", peak=not args.no_peak)
     print(json.dumps({"bench": "eval_peak_rss", "memory_length": args.memory_length,
                       "segment_length": args.segment_length, "runs": runs,
-                      "rss_ratio_last_to_first": round(growth, 3)}))
+                      "rss_ratio_last_to_first": round(growth, 3), "host": host}))
+    print(host_line(host), file=sys.stderr)
     for r in runs:
         print(f"{r['segments']:>6} segments  {r['tokens']:>8} tokens  "
               f"peak RSS {r['peak_rss_mb']:>8.1f} MB  {r['seconds']:>7.1f} s", file=sys.stderr)

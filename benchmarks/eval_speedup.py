@@ -14,7 +14,8 @@ enwik8 evaluates with T = 128, M = 3,800) and prints the ratio of counted matmul
 
 Each of `--runs` runs times the vanilla window (median of `--repeats` passes) and then the XL
 segment (median of `--xl-repeats`); the reported ratio is the median of the runs' ratios.
-Prints one JSON line (`speedup`: attention length -> measured ratio) and a table;
+Prints one JSON line (`speedup`: attention length -> measured ratio; `host`: the CPU, its ISA
+and TensorFlow's matmul peak, `benchmarks/hostinfo.py`) and a table;
 `--plot PATH` draws measured, FLOP-predicted and the paper's ratios.
 
     python benchmarks/eval_speedup.py [--lengths 800 1800 2800 3800] [--segment 128]
@@ -31,6 +32,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hostinfo import host_block  # noqa: E402
+from hostinfo import host_line  # noqa: E402
 
 PAPER = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
 MODEL = dict(vocabulary_size=256, num_layers=4, hidden_dim=256, num_heads=8, head_dim=32,
@@ -84,6 +89,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--jit", action="store_true", help="XLA-compile both forwards")
     parser.add_argument("--plot", default=None, help="write a PNG here")
+    parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -157,6 +163,7 @@ def main(argv=None):
               f"{row['xl_ms_per_token']:.3f} ms/token -> {row['speedup']:.0f}x "
               f"(runs {row['speedup_runs']})", file=sys.stderr, flush=True)
 
+    host = host_block(tf, peak=not args.no_peak)
     result = {
         "bench": "eval_speedup",
         "speedup": {str(r["attention_length"]): round(r["speedup"], 1) for r in rows},
@@ -175,8 +182,10 @@ def main(argv=None):
         "runs": args.runs,
         "machine": platform.processor() or platform.machine(),
         "tensorflow": tf.__version__,
+        "host": host,
     }
     print(json.dumps(result))
+    print(f"\n{host_line(host)}")
     print(f"\n| attention length A | vanilla ms/token | XL ms/token (M = A - {T}) | speed-up "
           f"| speed-up, M = A | FLOP ratio | paper |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

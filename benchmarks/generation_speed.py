@@ -10,7 +10,7 @@ first). Per-token times are taken between consecutive tokens and averaged
 over windows of 100 tokens: with Transformer-XL's fixed-size memory the
 cost per token must stay flat as the text grows (100 -> N tokens).
 
-Prints one JSON line and a table.
+Prints one JSON line (with the `host` block of `benchmarks/hostinfo.py`) and a table.
 
     python benchmarks/generation_speed.py [--tokens 1000] [--memory 256,512]
         [--jit] [--threads 2]
@@ -19,13 +19,16 @@ Prints one JSON line and a table.
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hostinfo import host_block  # noqa: E402
+from hostinfo import host_line  # noqa: E402
 
 PROMPT = 128
 WINDOW = 100
@@ -33,17 +36,6 @@ CONFIG = dict(
     vocabulary_size=256, num_layers=4, hidden_dim=256, num_heads=4,
     head_dim=64, intermediate_dim=1024, segment_length=PROMPT, dropout=0.0,
 )
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def timed_generation(backend, prompt, tokens):
@@ -66,6 +58,7 @@ def main(argv=None):
     parser.add_argument("--memory", default="256,512")
     parser.add_argument("--jit", action="store_true", help="XLA-compile steps")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -115,21 +108,24 @@ def main(argv=None):
                 if r["memory_length"] == memory_length}
         pair[True]["speedup"] = (pair[True]["tokens_per_second"]
                                  / pair[False]["tokens_per_second"])
+    host = host_block(tf, peak=not args.no_peak)
     report = {
         "benchmark": "generation_speed",
         "model": CONFIG,
         "prompt_tokens": PROMPT,
         "jit_compile": args.jit,
         "threads": args.threads,
-        "cpu": cpu_name(),
+        "cpu": host["cpu"],
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "results": results,
+        "host": host,
     }
     print(json.dumps(report))
     print()
+    print(host_line(host))
     print(f"{'memory':>6} {'cache':>5} {'tok/s':>8} {'ms/tok':>7} "
           f"{'median':>7} {'speedup':>7} {'same':>5}  ms/token per 100-token "
           "window (1st .. last)")

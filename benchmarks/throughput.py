@@ -6,7 +6,8 @@ dropout 0.1, Adam lr 2.5e-4, 2 threads, 3 warm-up + 10 timed steps, memory carri
 steps. Training is the library's own training step (`keras_txl.training.loop.Trainer`, the memory kept
 as loop state on the device); evaluation is the library's evaluation step
 (`keras_txl.training.loop.make_eval_step`: per-token NLL of the targets, the memory carried as its
-key/value cache). Also measures this machine's fp32 matmul peak and reports MFU against it.
+key/value cache). Also measures this machine's fp32 matmul peak (`benchmarks/hostinfo.py`) and reports MFU against
+it; the JSON line's `host` block names the CPU, its ISA (and any `ONEDNN_MAX_CPU_ISA` cap) and cores.
 
 Prints one JSON line (the reference's keys plus `mfu`, `matmul_peak_gflops` ...) and a table.
 
@@ -23,6 +24,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hostinfo import host_block  # noqa: E402
+from hostinfo import host_line  # noqa: E402
 
 BATCH, SEGMENT, MEMORY = 8, 128, 128
 WARMUP, TIMED = 3, 10
@@ -36,23 +41,6 @@ CONFIG = dict(
 
 def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def matmul_peak_gflops(tf, n=2048, repeats=11):
-    """fp32 matmul throughput of this machine (the MFU denominator)."""
-    a = tf.random.normal([n, n])
-    b = tf.random.normal([n, n])
-    f = tf.function(lambda x, y: tf.matmul(x, y))
-    for _ in range(3):
-        f(a, b).numpy()
-    best = 0.0
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            c = f(a, b)
-        c.numpy()
-        best = max(best, 2 * n**3 * repeats / (time.perf_counter() - t0) / 1e9)
-    return best
 
 
 def forward_flops_per_token(cfg):
@@ -75,10 +63,18 @@ def forward_flops_per_token(cfg):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jit", action="store_true", help="XLA-compile the steps")
-    parser.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
+    parser.add_argument("--precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "auto"],
+                        help="auto: keras_txl.host.auto_precision() (bf16 only where the "
+                             "effective ISA has AVX512_BF16 or AMX)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     args = parser.parse_args(argv)
+    requested = args.precision
+    if args.precision == "auto":
+        from keras_txl.host import auto_precision
+
+        args.precision = auto_precision()
 
     import numpy as np
     import tensorflow as tf
@@ -133,7 +129,9 @@ def main(argv=None):
         if k >= WARMUP:
             eval_times.append(dt)
 
-    peak = None if args.no_peak else matmul_peak_gflops(tf)
+    peak_rss = peak_rss_mb()  # before the matmul peak's own tensors
+    host = host_block(tf, peak=not args.no_peak)
+    peak = None if args.no_peak else host["matmul_peak_gflops"]["float32"]
     flops = forward_flops_per_token(CONFIG)
     train_tps = tokens_per_step * TIMED / sum(train_times)
     eval_tps = tokens_per_step * TIMED / sum(eval_times)
@@ -142,7 +140,7 @@ def main(argv=None):
         bench="keras_txl_cpu",
         train_tokens_per_s=round(train_tps, 1),
         eval_tokens_per_s=round(eval_tps, 1),
-        peak_rss_mb=round(peak_rss_mb(), 1),
+        peak_rss_mb=round(peak_rss, 1),
         peak_rss_mb_after_train=round(rss_after_train, 1),
         rss_mb_after_import=round(rss_after_import, 1),
         train_tokens_per_s_from_median_step=round(tokens_per_step / median(train_times), 1),
@@ -155,9 +153,11 @@ def main(argv=None):
         eval_step_s=[round(t, 4) for t in eval_times],
         train_loss_first_last=[round(losses[0], 4), round(losses[-1], 4)],
         tokens_per_step=tokens_per_step, warmup_steps=WARMUP, timed_steps=TIMED,
-        jit_compile=args.jit, precision=args.precision, threads=args.threads,
+        jit_compile=args.jit, precision=args.precision, precision_requested=requested,
+        threads=args.threads,
         n_params=model.count_params(), config=CONFIG, tensorflow=tf.__version__,
         python=sys.version.split()[0], cpu_count=os.cpu_count(), machine=platform.machine(),
+        host=host,
     )
     print(json.dumps(result))
     rows = [("train tokens/s", result["train_tokens_per_s"]),
@@ -167,6 +167,7 @@ def main(argv=None):
             ("peak RSS MB", result["peak_rss_mb"]), ("train MFU", result["mfu"]),
             ("matmul peak GFLOP/s", result["matmul_peak_gflops"])]
     width = max(len(r[0]) for r in rows)
+    print(host_line(host), file=sys.stderr)
     print("\n".join(f"{name:<{width}}  {value}" for name, value in rows), file=sys.stderr)
     return 0
 

@@ -1,0 +1,519 @@
+"""One-GPU throughput of keras-txl and the PyTorch reference (eager and torch.compile).
+
+A GPU-sized configuration (default: the `wt103_base` preset, 16 layers, d 410, adaptive
+softmax over 267,735 words, batch 60, T = M = 150, dropout 0.1), three runs, each in a
+fresh process, alternating for `--rounds` rounds:
+
+- keras-txl: the library's own training step (`keras_txl.training.loop.Trainer`, memory
+  carried as loop state, Adam, clip 0.25) and evaluation step (`make_eval_step`, the memory
+  carried as its key/value cache), as `benchmarks/throughput.py` does on the CPU;
+- the reference, Hugging Face `TransfoXLLMHeadModel` on `cuda`, eager; the protocol of
+  `shared/bench/bench_hf_torch.py` (forward with labels and memory, backward, Adam;
+  evaluation without grad, memory carried), bf16 through `torch.autocast`;
+- the same under `torch.compile` (compile time in the warm-up steps, reported apart).
+
+Reported per run: training and evaluation tokens/s (summed timed steps and median step),
+MFU = model FLOPs / (time x the GPU's dense peak of the precision used: bf16, or fp32 /
+TF32 for float32 with `--tf32`) and peak GPU memory (TensorFlow's allocator peak;
+`torch.cuda.max_memory_allocated`). Model FLOPs per token: the matmuls of one forward pass
+(x3 for training), the adaptive softmax counted as the work the targets need (the head
+for every token, a tail cluster only for the targets in it). The tokens follow a Zipf law
+over the vocabulary (`--data uniform` for uniform), the same tokens for all runs.
+
+The peaks come from the device name (H100 SXM / PCIe / NVL, H200, A100), or
+`--peak-tflops`. With no GPU visible the script stops with a message and exit status 3
+(`--dry-run` prints the resolved plan without a GPU).
+
+    python benchmarks/gpu.py --peer-python ../peer-venv-cuda/bin/python
+        [--precision mixed_bfloat16|float32] [--tf32] [--rounds 3]
+        [--preset wt103_base --batch 60 --segment 150 --memory 150]
+        [--frameworks keras,torch-eager,torch-compiled] [--peak-tflops 989]
+
+Needs the CUDA builds: keras-txl[cuda] here, a CUDA torch + transformers==4.37.2 in the peer's
+venv (the CPU-only torch wheel of `make bench` cannot run it).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "bench_hf_torch.py")
+FRAMEWORKS = ("keras", "torch-eager", "torch-compiled")
+EXIT_NO_GPU = 3  # apart from argparse's 2
+
+# Dense (no sparsity) peaks in TFLOP/s from NVIDIA's data sheets; "tf32" is float32 on
+# the tensor cores, "float32" the plain FP32 units. Matched on the device name, in order.
+GPU_PEAKS = (
+    ("H200 NVL", {"bfloat16": 835.5, "tf32": 417.5, "float32": 60.0}),
+    ("H200", {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9}),  # SXM
+    ("H100 NVL", {"bfloat16": 835.5, "tf32": 417.5, "float32": 60.0}),
+    ("H100 PCIE", {"bfloat16": 756.5, "tf32": 378.0, "float32": 51.2}),
+    ("H100", {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9}),  # SXM (HBM3)
+    ("A100", {"bfloat16": 312.0, "tf32": 156.0, "float32": 19.5}),
+)
+
+
+def lookup_peaks(device_name):
+    """{dtype: dense TFLOP/s} for a device name like 'NVIDIA H100 80GB HBM3', or None."""
+    name = (device_name or "").upper().replace("-", " ")
+    for key, peaks in GPU_PEAKS:
+        if key in name:
+            return dict(peaks, matched=key)
+    return None
+
+
+def peak_dtype(precision, tf32):
+    return "bfloat16" if precision == "mixed_bfloat16" else ("tf32" if tf32 else "float32")
+
+
+def list_gpus():
+    """[(name, memory MiB, driver)] from nvidia-smi; [] where it is missing or lists none."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+         "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    if out.returncode:
+        return []
+    gpus = []
+    for line in out.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            gpus.append({"name": parts[0], "memory_mib": parts[1], "driver": parts[2]})
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return []
+    return gpus
+
+
+def refuse(message):
+    print(f"gpu.py: {message}\nThis benchmark runs on a host with one NVIDIA GPU. On a CPU "
+          "host use `make bench` (benchmarks/compare_peer.py).", file=sys.stderr)
+    sys.exit(EXIT_NO_GPU)
+
+
+# --- the configuration ---------------------------------------------------------------
+def resolve_config(args):
+    """The model configuration (a dict of TransformerXLConfig fields), without TensorFlow."""
+    from keras_txl.config import TransformerXLConfig
+
+    changes = dict(segment_length=args.segment, memory_length=args.memory)
+    config = TransformerXLConfig.from_preset(args.preset, **changes)
+    return config.to_dict()
+
+
+def hf_config(cfg):
+    """The same model as a transformers.TransfoXLConfig dict."""
+    return dict(
+        vocab_size=cfg["vocabulary_size"], cutoffs=list(cfg["cutoffs"]), div_val=cfg["div_val"],
+        d_model=cfg["hidden_dim"], d_embed=cfg["embedding_dim"] or cfg["hidden_dim"],
+        n_head=cfg["num_heads"], d_head=cfg["head_dim"] or cfg["hidden_dim"] // cfg["num_heads"],
+        d_inner=cfg["intermediate_dim"], n_layer=cfg["num_layers"], tgt_len=cfg["segment_length"],
+        mem_len=cfg["memory_length"], clamp_len=cfg["clamp_length"],
+        same_length=cfg["same_length"], pre_lnorm=cfg["pre_layer_norm"],
+        untie_r=cfg["untie_relative_bias"], attn_type=0, dropout=cfg["dropout"],
+        dropatt=cfg["attention_dropout"], layer_norm_epsilon=cfg["layer_norm_epsilon"],
+    )
+
+
+def cluster_fractions(cfg, targets):
+    """Fraction of `targets` in the head and in each tail cluster of the adaptive softmax."""
+    import numpy as np
+
+    bounds = [0, *cfg["cutoffs"], cfg["vocabulary_size"]]
+    targets = np.asarray(targets).ravel()
+    return [float(np.mean((targets >= lo) & (targets < hi)))
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def forward_flops_per_token(cfg, fractions=None):
+    """Matmul FLOPs of one forward pass per token (multiply-add = 2), the softmax included.
+
+    Adaptive softmax: the head (shortlist + one logit per tail cluster) for every token, a
+    tail cluster's logits (and its projection) only for the targets in it (`fractions`,
+    from `cluster_fractions`); an implementation that computes every tail for every token
+    does more work than is counted.
+    """
+    D, L, I, V = cfg["hidden_dim"], cfg["num_layers"], cfg["intermediate_dim"], cfg["vocabulary_size"]
+    NH = cfg["num_heads"] * (cfg["head_dim"] or D // cfg["num_heads"])
+    T, M = cfg["segment_length"], cfg["memory_length"]
+    K = T + M
+    per_layer = (
+        2 * D * NH  # q
+        + 2 * D * 2 * NH * K / T  # k, v over memory + segment
+        + 2 * D * NH * K / T  # W_R R (once per segment)
+        + 3 * 2 * K * NH  # content scores, position scores, weighted values
+        + 2 * NH * D  # output projection
+        + 2 * 2 * D * I  # feed-forward
+    )
+    cutoffs = list(cfg["cutoffs"])
+    if not cutoffs:
+        return L * per_layer + 2 * D * V
+    E = cfg["embedding_dim"] or D
+    bounds = [0, *cutoffs, V]
+    fractions = fractions or [1.0] + [0.0] * len(cutoffs)
+    softmax = 0.0
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        d_i = E // (cfg["div_val"] ** i)
+        projection = 2 * D * d_i if d_i != D else 0
+        if i == 0:
+            softmax += projection + 2 * d_i * (hi - lo + len(cutoffs))
+        else:
+            softmax += fractions[i] * (projection + 2 * d_i * (hi - lo))
+    return L * per_layer + softmax
+
+
+def make_tokens(cfg, batch, steps, kind, seed=1):
+    """(batch, steps * T + 1) int32 tokens: Zipf over the vocabulary ids, or uniform."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    V, n = cfg["vocabulary_size"], steps * cfg["segment_length"] + 1
+    if kind == "uniform":
+        return rng.integers(0, V, size=(batch, n)).astype("int32")
+    p = 1.0 / np.arange(1, V + 1)
+    return rng.choice(V, size=(batch, n), p=p / p.sum()).astype("int32")
+
+
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+
+def step_report(prefix, tokens_per_step, warm, timed):
+    return {
+        f"{prefix}_tokens_per_s": round(tokens_per_step * len(timed) / sum(timed), 1),
+        f"{prefix}_tokens_per_s_from_median_step": round(tokens_per_step / median(timed), 1),
+        f"{prefix}_step_s": [round(t, 4) for t in timed],
+        f"{prefix}_warmup_step_s": [round(t, 3) for t in warm],
+        f"{prefix}_compile_s": round(sum(warm) - len(warm) * median(timed), 2),
+    }
+
+
+# --- the children ------------------------------------------------------------------
+def child_keras(args, cfg, data):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus and not args.allow_cpu:
+        refuse("TensorFlow sees no GPU (a CUDA build is needed: pip install 'keras-txl[cuda]').")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.experimental.enable_tensor_float_32_execution(args.tf32)
+    from keras_txl.config import TransformerXLConfig
+    from keras_txl.training.config import TrainConfig
+    from keras_txl.training.loop import Trainer
+    from keras_txl.training.loop import make_eval_step
+
+    device = "GPU:0" if gpus else None
+    memory_mb = (lambda: tf.config.experimental.get_memory_info(device)["peak"] / 2**20) \
+        if device else (lambda: None)
+    B, T = args.batch, cfg["segment_length"]
+    steps = args.warmup + args.timed
+    train_config = TrainConfig(batch_size=B, learning_rate=2.5e-4, warmup_steps=0, steps=steps,
+                               clip_norm=0.25, jit_compile=args.jit, precision=args.precision)
+    trainer = Trainer(TransformerXLConfig.from_dict(cfg), train_config,
+                      tf.distribute.get_strategy(), verbose=False)
+    model = trainer.model
+    times, losses = [], []
+    memory = trainer.memory
+    for k in range(steps):
+        x = tf.constant(data[:, k * T:(k + 1) * T])
+        y = tf.constant(data[:, k * T + 1:(k + 1) * T + 1])
+        t0 = time.perf_counter()
+        loss, _, memory = trainer._train_step(x, y, memory)
+        losses.append(float(loss))  # waits for the step
+        times.append(time.perf_counter() - t0)
+    train_memory = memory_mb()
+    if device:
+        tf.config.experimental.reset_memory_stats(device)
+    eval_step = make_eval_step(model, jit_compile=args.jit)
+    cache = model.build_cache(batch_size=B, segment_length=T)
+    eval_times = []
+    for k in range(steps):
+        x = tf.constant(data[:, k * T:(k + 1) * T])
+        y = tf.constant(data[:, k * T + 1:(k + 1) * T + 1])
+        t0 = time.perf_counter()
+        nll, cache = eval_step(x, y, cache)
+        nll.numpy()
+        eval_times.append(time.perf_counter() - t0)
+    result = dict(framework="keras-txl", tensorflow=tf.__version__,
+                  device=(tf.config.experimental.get_device_details(gpus[0]).get("device_name")
+                          if gpus else "cpu"),
+                  n_params=model.count_params(), train_loss_first_last=[losses[0], losses[-1]],
+                  train_peak_memory_mb=train_memory, eval_peak_memory_mb=memory_mb(),
+                  jit_compile=args.jit)
+    result.update(step_report("train", B * T, times[:args.warmup], times[args.warmup:]))
+    result.update(step_report("eval", B * T, eval_times[:args.warmup], eval_times[args.warmup:]))
+    return result
+
+
+def child_torch(args, cfg, data, compiled):
+    import torch
+
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        refuse(f"PyTorch sees no GPU (torch {torch.__version__}, CUDA build: "
+               f"{torch.version.cuda or 'no'}; the peer venv needs a CUDA torch).")
+    import transformers
+    from transformers import TransfoXLConfig
+    from transformers import TransfoXLLMHeadModel
+
+    if os.path.exists(REFERENCE):  # the shared script's shim for transformers >= 4.38
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("bench_hf_torch", REFERENCE)
+        reference = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(reference)
+        shim = reference._install_shim_if_needed()
+    else:
+        shim = None
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.manual_seed(0)
+    eager = TransfoXLLMHeadModel(TransfoXLConfig(**hf_config(cfg))).to(device)
+    n_params = sum(p.numel() for p in eager.parameters())
+    model = torch.compile(eager) if compiled else eager
+    bf16 = args.precision == "mixed_bfloat16"
+    B, T = args.batch, cfg["segment_length"]
+    steps = args.warmup + args.timed
+    ids = torch.from_numpy(data.astype("int64")).to(device)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def memory_mb():
+        return torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=2.5e-4)
+    mems, times, losses = None, [], []
+    for k in range(steps):
+        x = ids[:, k * T:(k + 1) * T]
+        sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            out = model(input_ids=x, labels=x, mems=mems)
+        out.loss.backward()
+        opt.step()
+        mems = out.mems
+        losses.append(float(out.loss))  # waits for the step
+        times.append(time.perf_counter() - t0)
+    train_memory = memory_mb()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.eval()
+    mems, eval_times = None, []
+    with torch.no_grad():
+        for k in range(steps):
+            x = ids[:, k * T:(k + 1) * T]
+            sync()
+            t0 = time.perf_counter()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+                out = model(input_ids=x, labels=x, mems=mems)
+            mems = out.mems
+            sync()
+            eval_times.append(time.perf_counter() - t0)
+    result = dict(framework="torch", torch=torch.__version__,
+                  transformers=transformers.__version__, compiled=compiled, pos_seq_shim=shim,
+                  device=torch.cuda.get_device_name(0) if cuda else "cpu", n_params=n_params,
+                  train_loss_first_last=[losses[0], losses[-1]],
+                  train_peak_memory_mb=train_memory, eval_peak_memory_mb=memory_mb())
+    if compiled:
+        try:
+            from torch._dynamo.utils import counters
+
+            result["graph_breaks"] = sum(counters["graph_break"].values())
+            result["unique_graphs"] = counters["stats"].get("unique_graphs")
+        except ImportError:
+            pass
+    result.update(step_report("train", B * T, times[:args.warmup], times[args.warmup:]))
+    result.update(step_report("eval", B * T, eval_times[:args.warmup], eval_times[args.warmup:]))
+    return result
+
+
+# --- the parent ----------------------------------------------------------------------
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="wt103_base")
+    parser.add_argument("--batch", type=int, default=60)
+    parser.add_argument("--segment", type=int, default=150, help="T")
+    parser.add_argument("--memory", type=int, default=150, help="M")
+    parser.add_argument("--precision", default="mixed_bfloat16",
+                        choices=["mixed_bfloat16", "float32"])
+    parser.add_argument("--tf32", action="store_true",
+                        help="float32 matmuls on the tensor cores (TF32) in both frameworks; "
+                             "MFU then against the TF32 peak")
+    parser.add_argument("--jit", action="store_true", help="XLA-compile keras-txl's steps")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help=f"comma-separated, of {', '.join(FRAMEWORKS)}")
+    parser.add_argument("--peer-python", default=sys.executable,
+                        help="python of a venv with a CUDA torch and transformers==4.37.2")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timed", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", choices=["zipf", "uniform"], default="zipf")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="dense peak of the precision used, TFLOP/s (default: looked up "
+                             "from the device name)")
+    parser.add_argument("--device-name", default=None,
+                        help="with --dry-run: the GPU whose peaks to look up")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved plan (config, FLOPs, peaks) and exit; no GPU")
+    # For testing the children's code on a CPU, tiny configs only: not a benchmark.
+    parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--data-file", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    unknown = sorted(set(frameworks) - set(FRAMEWORKS))
+    if unknown or not frameworks:
+        parser.error(f"--frameworks: unknown {unknown}; choose from {', '.join(FRAMEWORKS)}")
+    args.frameworks = frameworks
+    minimum = dict(batch=1, segment=1, memory=0, warmup=2, timed=1, rounds=1)
+    for name, least in minimum.items():
+        if getattr(args, name) < least:
+            parser.error(f"--{name} must be >= {least}")
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        parser.error("--peak-tflops must be > 0")
+    return args
+
+
+def run_child(python, framework, argv, data_file):
+    command = [python, os.path.abspath(__file__), *argv, "--child", framework,
+               "--data-file", data_file]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode == EXIT_NO_GPU:
+        sys.stderr.write(out.stderr)
+        sys.exit(EXIT_NO_GPU)
+    if out.returncode:
+        raise RuntimeError(f"{framework} exited with {out.returncode}:\n{out.stderr[-3000:]}")
+    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    cfg = resolve_config(args)
+    if args.child:
+        import numpy as np
+
+        data = np.load(args.data_file)
+        if args.child == "keras":
+            result = child_keras(args, cfg, data)
+        else:
+            result = child_torch(args, cfg, data, compiled=args.child == "torch-compiled")
+        print(json.dumps(result))
+        return 0
+
+    from hostinfo import host_block
+
+    dtype = peak_dtype(args.precision, args.tf32)
+    steps = args.warmup + args.timed
+    gpus = [] if args.dry_run else list_gpus()
+    device_name = args.device_name if args.dry_run else (gpus[0]["name"] if gpus else None)
+    peaks = lookup_peaks(device_name)
+    peak = args.peak_tflops or (peaks or {}).get(dtype)
+    plan = {"bench": "gpu", "preset": args.preset, "batch": args.batch, "config": cfg,
+            "hf_config": hf_config(cfg), "precision": args.precision, "tf32": args.tf32,
+            "peak_dtype": dtype, "device": device_name, "peaks_tflops": peaks,
+            "peak_tflops_used": peak, "frameworks": args.frameworks, "rounds": args.rounds,
+            "warmup_steps": args.warmup, "timed_steps": args.timed, "data": args.data,
+            "peer_python": args.peer_python, "jit_compile": args.jit}
+    if args.dry_run:
+        data = make_tokens(cfg, args.batch, steps, args.data)
+        fractions = cluster_fractions(cfg, data[:, 1:])
+        plan["cluster_fractions"] = [round(f, 4) for f in fractions]
+        plan["forward_gflop_per_token"] = round(forward_flops_per_token(cfg, fractions) / 1e9, 4)
+        plan["dry_run"] = True
+        print(json.dumps(plan))
+        return 0
+    if not gpus and not args.allow_cpu:
+        refuse("no GPU visible (nvidia-smi is missing or lists no GPU, or "
+               "CUDA_VISIBLE_DEVICES hides them).")
+    if peak is None and gpus:
+        print(f"gpu.py: no peak known for {device_name!r}; MFU is left out (give "
+              "--peak-tflops)", file=sys.stderr)
+    data = make_tokens(cfg, args.batch, steps, args.data)
+    fractions = cluster_fractions(cfg, data[:, 1:])
+    flops = forward_flops_per_token(cfg, fractions)
+    pythons = {"keras": sys.executable, "torch-eager": args.peer_python,
+               "torch-compiled": args.peer_python}
+    runs = {f: [] for f in args.frameworks}
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        data_file = os.path.join(tmp, "tokens.npy")
+        import numpy as np
+
+        np.save(data_file, data)
+        for round_index in range(args.rounds):
+            for framework in args.frameworks:
+                result = run_child(pythons[framework], framework, argv, data_file)
+                runs[framework].append(result)
+                print(f"round {round_index + 1}/{args.rounds} {framework}: train "
+                      f"{result['train_tokens_per_s']} tok/s, eval {result['eval_tokens_per_s']}"
+                      f" tok/s, memory {result['train_peak_memory_mb']} / "
+                      f"{result['eval_peak_memory_mb']} MB", file=sys.stderr)
+    keys = ("train_tokens_per_s", "train_tokens_per_s_from_median_step", "eval_tokens_per_s",
+            "eval_tokens_per_s_from_median_step", "train_peak_memory_mb", "eval_peak_memory_mb",
+            "train_compile_s", "eval_compile_s")
+    medians = {}
+    for framework, results in runs.items():
+        m = {k: statistics.median(r[k] for r in results) if results[0].get(k) is not None
+             else None for k in keys}
+        if peak:
+            m["train_mfu"] = round(3 * flops * m["train_tokens_per_s"] / (peak * 1e12), 4)
+            m["eval_mfu"] = round(flops * m["eval_tokens_per_s"] / (peak * 1e12), 4)
+        medians[framework] = m
+    ratios = {}
+    if "keras" in medians:
+        for peer in (f for f in medians if f != "keras"):
+            ratios[peer] = {k: round(medians["keras"][k] / medians[peer][k], 3)
+                            for k in ("train_tokens_per_s", "eval_tokens_per_s",
+                                      "train_peak_memory_mb", "eval_peak_memory_mb")
+                            if medians["keras"][k] and medians[peer][k]}
+    host = host_block(None)
+    host["gpus"] = gpus
+    plan.update(host=host, cluster_fractions=[round(f, 4) for f in fractions],
+                forward_gflop_per_token=round(flops / 1e9, 4), medians=medians,
+                ratios_keras_to=ratios, runs=runs, seconds=round(time.time() - started))
+    print(json.dumps(plan))
+    gpu_text = ", ".join(f"{g['name']} ({g['memory_mib']} MiB, driver {g['driver']})" for g in gpus)
+    print(f"GPU: {gpu_text or 'none'}; peak {peak} TFLOP/s {dtype}; CPU: {host['cpu']}, "
+          f"{host['cores']} cores", file=sys.stderr)
+    print(f"{args.preset}, batch {args.batch}, T {cfg['segment_length']}, M "
+          f"{cfg['memory_length']}, {args.precision}; medians of {args.rounds} rounds",
+          file=sys.stderr)
+    header = ("run", "train tok/s", "eval tok/s", "train MFU", "eval MFU", "train MB", "eval MB",
+              "warm-up extra s (compile)")
+    def mb(value):
+        return "-" if value is None else f"{value:,.0f}"
+
+    print("| " + " | ".join(header) + " |", file=sys.stderr)
+    print("|---" * len(header) + "|", file=sys.stderr)
+    for framework, m in medians.items():
+        compile_s = (m["train_compile_s"] or 0) + (m["eval_compile_s"] or 0)
+        cells = [framework, f"{m['train_tokens_per_s']:,.0f}", f"{m['eval_tokens_per_s']:,.0f}",
+                 str(m.get("train_mfu", "-")), str(m.get("eval_mfu", "-")),
+                 mb(m["train_peak_memory_mb"]), mb(m["eval_peak_memory_mb"]),
+                 f"{compile_s:.1f}"]
+        print("| " + " | ".join(cells) + " |", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

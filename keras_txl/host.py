@@ -1,0 +1,222 @@
+"""What CPU this process runs on, and which precision suits it.
+
+`cpu_info()` names the CPU (model name, logical cores this process may use, the
+instruction-set extensions that matter for matmuls) and the instruction-set caps in
+force from the environment: oneDNN's `ONEDNN_MAX_CPU_ISA` (TensorFlow's CPU kernels, and
+PyTorch's mkldnn ones), PyTorch's `ATEN_CPU_CAPABILITY` (ATen's vectorised kernels) and
+MKL's `MKL_ENABLE_INSTRUCTIONS` (PyTorch's CPU BLAS). The "effective ISA" is the lower
+of what the CPU has and what the cap allows.
+
+`auto_precision()` picks the training precision from it: `"mixed_bfloat16"` only where
+the effective ISA has bf16 in hardware (AVX512_BF16 or AMX), `"float32"` elsewhere.
+
+Nothing here imports TensorFlow: benchmarks, the command line and the PyTorch peer's
+process use it as well.
+"""
+
+import os
+import platform
+
+# Instruction-set levels, lowest first. Each names the highest extension that matters
+# for the matmuls and element-wise kernels of both frameworks.
+LEVELS = ("baseline", "AVX", "AVX2", "AVX512", "AVX512_BF16", "AMX")
+
+# /proc/cpuinfo flag -> the name reported in `isa`.
+FLAGS = {
+    "avx2": "AVX2",
+    "avx512f": "AVX512F",
+    "avx512_bf16": "AVX512_BF16",
+    "amx_bf16": "AMX_BF16",
+    "amx_tile": "AMX_TILE",
+}
+
+# Environment variable -> {value (upper case) -> the highest level it allows}.
+# A value that is not listed (e.g. "ALL", "DEFAULT", a level this table does not know)
+# is reported but does not cap anything.
+CAPS = {
+    # oneDNN's dispatcher (TensorFlow's oneDNN kernels; PyTorch's mkldnn kernels).
+    "ONEDNN_MAX_CPU_ISA": {
+        "SSE41": "baseline", "AVX": "AVX", "AVX2": "AVX2", "AVX2_VNNI": "AVX2",
+        "AVX2_VNNI_2": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_VNNI": "AVX512",
+        "AVX512_CORE_BF16": "AVX512_BF16", "AVX512_CORE_FP16": "AVX512_BF16",
+        "AVX10_1_512": "AVX512_BF16", "AVX512_CORE_AMX": "AMX",
+        "AVX512_CORE_AMX_FP16": "AMX", "AVX10_1_512_AMX": "AMX",
+        "AVX10_1_512_AMX_FP16": "AMX",
+    },
+    # PyTorch's ATen kernels. "avx512" is ATen's top level: it does not keep PyTorch's
+    # bf16 matmuls (MKL / oneDNN) off AVX512_BF16 or AMX, so it caps nothing here.
+    "ATEN_CPU_CAPABILITY": {"DEFAULT": "baseline", "AVX2": "AVX2"},
+    # MKL's dispatcher (PyTorch's fp32 CPU matmuls).
+    "MKL_ENABLE_INSTRUCTIONS": {"SSE4_2": "baseline", "AVX": "AVX", "AVX2": "AVX2",
+                                "AVX512": "AVX512"},
+}
+
+# Which caps act on which framework's kernels.
+FRAMEWORK_CAPS = {
+    "tensorflow": ("ONEDNN_MAX_CPU_ISA",),
+    "torch": ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"),
+}
+
+BF16_LEVELS = ("AVX512_BF16", "AMX")
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def parse_cpuinfo(text):
+    """(model name or None, set of lower-case flags) of a /proc/cpuinfo text (x86 Linux).
+
+    The first processor's entry is taken: a process may run on any of them.
+    """
+    model, flags = None, set()
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and model is None:
+            model = value.strip() or None
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+        if model is not None and flags:
+            break
+    return model, flags
+
+
+def isa_level(flags):
+    """The highest of `LEVELS` that a set of /proc/cpuinfo flags supports."""
+    if {"amx_bf16", "amx_tile"} <= flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512_BF16"
+    if "avx512f" in flags:
+        return "AVX512"
+    if "avx2" in flags:
+        return "AVX2"
+    if "avx" in flags:
+        return "AVX"
+    return "baseline"
+
+
+def lower_level(a, b):
+    """The lower of two `LEVELS` (None: no limit)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b, key=LEVELS.index)
+
+
+def isa_caps(environ=None):
+    """{variable: {"value": as set, "level": the level it allows or None}} of the caps set."""
+    environ = os.environ if environ is None else environ
+    caps = {}
+    for name, table in CAPS.items():
+        value = environ.get(name)
+        if value:
+            caps[name] = {"value": value, "level": table.get(value.strip().upper())}
+    return caps
+
+
+def _cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def _cgroup_cpu_limit():
+    """CPUs allowed by a cgroup v2 quota (`cpu.max`), or None where there is none."""
+    text = _read("/sys/fs/cgroup/cpu.max")
+    if not text:
+        return None
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        return round(int(parts[0]) / int(parts[1]), 2)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def cpu_info(cpuinfo_text=None, environ=None):
+    """A dict describing this CPU and the ISA caps in force.
+
+    Keys: `cpu` (model name), `machine`, `cores` (logical cores this process may run on,
+    `os.sched_getaffinity`), `cpu_quota` (cgroup v2 limit or None), `isa` (which of AVX2,
+    AVX512F, AVX512_BF16, AMX_BF16, AMX_TILE the CPU has; None where unknown: not x86
+    Linux), `cpu_isa` (the highest of `LEVELS`), `caps` (`isa_caps()`), `effective_isa`
+    (the CPU's level lowered by every cap set) and `effective_isa_by_framework` (lowered
+    by the caps that act on "tensorflow" / "torch" only).
+
+    `cpuinfo_text` and `environ` replace /proc/cpuinfo and os.environ (for tests).
+    """
+    text = _read("/proc/cpuinfo") if cpuinfo_text is None else cpuinfo_text
+    model, flags = parse_cpuinfo(text)
+    machine = platform.machine()
+    if model is None:
+        model = platform.processor() or machine or "unknown"
+    known = bool(flags)
+    level = isa_level(flags) if known else None
+    caps = isa_caps(environ)
+    effective = level
+    for cap in caps.values():
+        effective = lower_level(effective, cap["level"]) if effective else None
+    by_framework = {}
+    for framework, names in FRAMEWORK_CAPS.items():
+        value = level
+        for name in names:
+            if name in caps and value:
+                value = lower_level(value, caps[name]["level"])
+        by_framework[framework] = value
+    return {
+        "cpu": model,
+        "machine": machine,
+        "cores": _cores() if cpuinfo_text is None else None,
+        "cpu_quota": _cgroup_cpu_limit() if cpuinfo_text is None else None,
+        "isa": [name for flag, name in FLAGS.items() if flag in flags] if known else None,
+        "cpu_isa": level,
+        "caps": caps,
+        "effective_isa": effective,
+        "effective_isa_by_framework": by_framework,
+    }
+
+
+def auto_precision(info=None):
+    """`"mixed_bfloat16"` where the CPU computes bf16 in hardware, else `"float32"`.
+
+    bf16 pays only where the instruction set has it: AVX512_BF16 (`vdpbf16ps`) or AMX
+    tiles. Without them oneDNN emulates bf16 (convert to fp32, multiply, round back),
+    and mixed precision is slower than fp32: measured on the throughput benchmark of
+    docs/benchmarks.md on an AVX2-only AMD EPYC, 1,035 training tokens/s in
+    mixed_bfloat16 against ~1,400 in float32; with AVX512_BF16 it was ~1.4x faster than
+    float32 (5,029 vs 3,584). So the choice follows the effective ISA of TensorFlow's
+    kernels: the CPU's, lowered by `ONEDNN_MAX_CPU_ISA` when that caps it (e.g. `AVX2`
+    on an AVX512_BF16 CPU gives float32). Unknown CPUs (no /proc/cpuinfo flags, e.g.
+    not Linux or not x86) get float32.
+
+    This is about CPUs; on a GPU the caller decides. `info`: a `cpu_info()` dict
+    (default: this host's).
+    """
+    info = cpu_info() if info is None else info
+    level = (info.get("effective_isa_by_framework") or {}).get(
+        "tensorflow", info.get("effective_isa"))
+    return "mixed_bfloat16" if level in BF16_LEVELS else "float32"
+
+
+def describe(info=None):
+    """One line naming the host, for the top of benchmark tables."""
+    info = cpu_info() if info is None else info
+    isa = info.get("isa")
+    isa = "unknown" if isa is None else (", ".join(isa) or "none of AVX2/AVX-512/AMX")
+    line = f"{info['cpu']} ({info.get('machine')}), {info.get('cores')} cores"
+    if info.get("cpu_quota"):
+        line += f" (cgroup quota {info['cpu_quota']})"
+    line += f"; ISA: {isa}"
+    if info.get("caps"):
+        caps = ", ".join(f"{k}={v['value']}" for k, v in info["caps"].items())
+        line += f"; capped by {caps} -> effective {info.get('effective_isa')}"
+    return line

@@ -1,0 +1,135 @@
+"""keras_txl.host: /proc/cpuinfo parsing, ISA caps from the environment, auto precision."""
+
+import subprocess
+import sys
+
+import pytest
+
+from keras_txl import host
+
+BASE_FLAGS = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 "
+              "clflush mmx fxsr sse sse2 ht syscall nx lm constant_tsc pni pclmulqdq ssse3 "
+              "fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand hypervisor")
+
+
+def cpuinfo(model, extra_flags, processors=2):
+    entries = []
+    for i in range(processors):
+        entries.append(f"processor\t: {i}\nvendor_id\t: x\nmodel name\t: {model}\n"
+                       f"flags\t\t: {BASE_FLAGS} {extra_flags}\nbogomips\t: 4000.0\n")
+    return "\n".join(entries)
+
+
+# An AVX2-only AMD EPYC (Zen 2): no AVX-512 at all.
+EPYC_AVX2 = cpuinfo("AMD EPYC 7B12 64-Core Processor", "bmi1 avx2 smep bmi2 sha_ni clzero")
+# Cascade Lake: AVX-512 without bf16.
+XEON_AVX512 = cpuinfo("Intel(R) Xeon(R) Platinum 8280 CPU @ 2.70GHz",
+                      "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni")
+# Cooper Lake / the VMs of these sessions: AVX-512 with bf16, no AMX.
+XEON_BF16 = cpuinfo("Intel(R) Xeon(R) Processor",
+                    "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni avx512_bf16 "
+                    "avx512_vnni avx512_fp16")
+# AMD EPYC Genoa (Zen 4): AVX-512 with bf16.
+EPYC_GENOA = cpuinfo("AMD EPYC 9654 96-Core Processor",
+                     "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni")
+# Sapphire Rapids: AMX tiles.
+SPR_AMX = cpuinfo("Intel(R) Xeon(R) Platinum 8480+",
+                  "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_fp16 "
+                  "amx_bf16 amx_tile amx_int8")
+# An arm64 machine: "Features", no "flags", no "model name".
+ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 bf16\n"
+
+
+@pytest.mark.parametrize("text, model, isa, level, precision", [
+    (EPYC_AVX2, "AMD EPYC 7B12 64-Core Processor", ["AVX2"], "AVX2", "float32"),
+    (XEON_AVX512, "Intel(R) Xeon(R) Platinum 8280 CPU @ 2.70GHz", ["AVX2", "AVX512F"],
+     "AVX512", "float32"),
+    (XEON_BF16, "Intel(R) Xeon(R) Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
+     "AVX512_BF16", "mixed_bfloat16"),
+    (EPYC_GENOA, "AMD EPYC 9654 96-Core Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
+     "AVX512_BF16", "mixed_bfloat16"),
+    (SPR_AMX, "Intel(R) Xeon(R) Platinum 8480+",
+     ["AVX2", "AVX512F", "AVX512_BF16", "AMX_BF16", "AMX_TILE"], "AMX", "mixed_bfloat16"),
+])
+def test_cpuinfo_levels_and_auto_precision_without_caps(text, model, isa, level, precision):
+    info = host.cpu_info(cpuinfo_text=text, environ={})
+    assert info["cpu"] == model
+    assert info["isa"] == isa
+    assert info["cpu_isa"] == info["effective_isa"] == level
+    assert info["effective_isa_by_framework"] == {"tensorflow": level, "torch": level}
+    assert info["caps"] == {}
+    assert host.auto_precision(info) == precision
+
+
+def test_a_cap_below_bf16_means_float32():
+    # oneDNN capped at AVX2 on a bf16 / AMX CPU: TensorFlow's kernels have no bf16 there.
+    for text in (XEON_BF16, SPR_AMX, EPYC_GENOA):
+        info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+        assert info["caps"] == {"ONEDNN_MAX_CPU_ISA": {"value": "AVX2", "level": "AVX2"}}
+        assert info["effective_isa"] == "AVX2"
+        assert info["effective_isa_by_framework"]["tensorflow"] == "AVX2"
+        assert host.auto_precision(info) == "float32"
+    capped = host.cpu_info(cpuinfo_text=SPR_AMX,
+                           environ={"ONEDNN_MAX_CPU_ISA": "avx512_core"})
+    assert capped["effective_isa"] == "AVX512"  # values are case-insensitive
+    assert host.auto_precision(capped) == "float32"
+
+
+def test_a_cap_at_or_above_the_cpu_changes_nothing():
+    info = host.cpu_info(cpuinfo_text=SPR_AMX,
+                         environ={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
+    assert info["effective_isa"] == "AVX512_BF16"
+    assert host.auto_precision(info) == "mixed_bfloat16"
+    # A cap above what the CPU has does not raise it.
+    info = host.cpu_info(cpuinfo_text=EPYC_AVX2, environ={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"})
+    assert info["effective_isa"] == "AVX2"
+    assert host.auto_precision(info) == "float32"
+    # "ALL" / unknown values are reported but cap nothing.
+    info = host.cpu_info(cpuinfo_text=XEON_BF16, environ={"ONEDNN_MAX_CPU_ISA": "ALL"})
+    assert info["caps"] == {"ONEDNN_MAX_CPU_ISA": {"value": "ALL", "level": None}}
+    assert info["effective_isa"] == "AVX512_BF16"
+
+
+def test_torch_caps_act_on_torch_only():
+    env = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    info = host.cpu_info(cpuinfo_text=SPR_AMX, environ=env)
+    assert info["effective_isa"] == "AVX2"
+    assert info["effective_isa_by_framework"] == {"tensorflow": "AMX", "torch": "AVX2"}
+    # auto_precision is TensorFlow's choice: ATen's cap does not touch oneDNN in TF.
+    assert host.auto_precision(info) == "mixed_bfloat16"
+    # ATen's "avx512" is its top level: no cap on bf16 matmuls.
+    info = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"ATEN_CPU_CAPABILITY": "avx512"})
+    assert info["effective_isa_by_framework"]["torch"] == "AMX"
+    # Both caps of `compare_peer.py --isa avx2`.
+    both = dict(env, ONEDNN_MAX_CPU_ISA="AVX2")
+    info = host.cpu_info(cpuinfo_text=SPR_AMX, environ=both)
+    assert info["effective_isa_by_framework"] == {"tensorflow": "AVX2", "torch": "AVX2"}
+    assert host.auto_precision(info) == "float32"
+
+
+def test_unknown_cpus_get_float32():
+    info = host.cpu_info(cpuinfo_text=ARM, environ={})
+    assert info["isa"] is None and info["cpu_isa"] is None and info["effective_isa"] is None
+    assert info["cpu"]  # the platform's name for it, never empty
+    assert host.auto_precision(info) == "float32"
+    info = host.cpu_info(cpuinfo_text="", environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert info["effective_isa"] is None
+    assert host.auto_precision(info) == "float32"
+
+
+def test_this_host():
+    info = host.cpu_info()
+    assert info["cores"] >= 1
+    assert host.auto_precision(info) in ("float32", "mixed_bfloat16")
+    line = host.describe(info)
+    assert info["cpu"] in line and f"{info['cores']} cores" in line
+    assert "capped" in host.describe(host.cpu_info(cpuinfo_text=XEON_BF16,
+                                                   environ={"ONEDNN_MAX_CPU_ISA": "AVX2"}))
+
+
+def test_importing_it_does_not_import_tensorflow():
+    # Benchmarks, the CLI and the PyTorch peer's process use it without TensorFlow.
+    code = ("import sys; import keras_txl.host as h; h.cpu_info(); h.auto_precision(); "
+            "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

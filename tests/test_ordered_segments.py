@@ -93,3 +93,27 @@ def test_distributed_lm_dataset_under_mirrored_equals_the_global_split():
 def test_errors_name_the_argument(call, message):
     with pytest.raises((ValueError, TypeError), match=re.escape(message)):
         call()
+
+
+def test_evaluate_reads_the_pipeline_and_names_its_errors():
+    import keras_txl
+    from keras_txl.training.loop import evaluate
+
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(
+        vocabulary_size=11, num_layers=2, hidden_dim=16, num_heads=2,
+        intermediate_dim=32, segment_length=4, memory_length=4, dropout=0.0))
+    tokens = np.random.default_rng(2).integers(0, 11, 43)
+    # 2 streams of 21: 5 segments of 4 targets each, every target once.
+    assert evaluate(model, tokens, batch_size=2)["tokens"] == 2 * 20
+    first_two = evaluate(model, tokens, batch_size=2, max_segments=2)
+    assert first_two["tokens"] == 2 * 2 * 4
+    assert first_two["loss"] == pytest.approx(
+        evaluate(model, tokens[:2 * 21][np.r_[0:9, 21:30]], batch_size=2)["loss"], rel=1e-6)
+    with pytest.raises(ValueError, match=re.escape(
+            "The evaluation text has 3 tokens: 1 per stream for batch_size=2, but "
+            "drop_remainder=False needs at least 2 per stream")):
+        evaluate(model, tokens[:3], batch_size=2)
+    with pytest.raises(ValueError, match=re.escape(
+            "`max_segments` must be an integer >= 0 (0: the whole text), received "
+            "max_segments=-1")):
+        evaluate(model, tokens, max_segments=-1)

@@ -427,6 +427,7 @@ def lm_dataset(
             * local_replicas
             * layout.rows_per_replica
         )
+        # (rows, S): only the rows of the replicas this pipeline feeds.
         streams = streams[first : first + local_replicas * layout.rows_per_replica]
     # Captured by the map function as an eager input, not copied into the
     # graph as a constant.
@@ -438,8 +439,8 @@ def lm_dataset(
     def segment(index):
         begin = tf.cast(index, tf.int32) * length
         size = tf.minimum(length, last_input - begin)
-        inputs = tf.slice(streams, [0, begin], [rows, size])  # (B, T)
-        targets = tf.slice(streams, [0, begin + 1], [rows, size])  # (B, T)
+        inputs = tf.slice(streams, [0, begin], [rows, size])  # (rows, T)
+        targets = tf.slice(streams, [0, begin + 1], [rows, size])  # (rows, T)
         time = length if drop_remainder else None
         inputs.set_shape([rows, time])
         targets.set_shape([rows, time])

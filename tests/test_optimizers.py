@@ -7,7 +7,7 @@ import tensorflow as tf
 from testing import mirrored_strategy
 
 from keras_txl.training.optimizers import FusedAdam
-from keras_txl.training.schedules import WarmupCosine
+from keras_txl.training.schedules import learning_rate_schedule
 
 
 def _run(optimizer_cls, strategy, steps=5):
@@ -18,7 +18,7 @@ def _run(optimizer_cls, strategy, steps=5):
     with strategy.scope():
         variables = [keras.Variable(w) for w in start]
         optimizer = optimizer_cls(
-            WarmupCosine(1e-2, 2, steps, 0.1), beta_1=0.8, beta_2=0.95, epsilon=1e-6
+            learning_rate_schedule(1e-2, 2, steps, 0.1), beta_1=0.8, beta_2=0.95, epsilon=1e-6
         )
         optimizer.build(variables)
 

@@ -18,7 +18,6 @@ from keras_txl.training.data import batchify
 from keras_txl.training.fit import train_with_fit
 from keras_txl.training.loop import Trainer
 from keras_txl.training.loop import evaluate
-from keras_txl.training.schedules import WarmupCosine
 
 V = 40
 
@@ -42,15 +41,6 @@ def corpus(n=3000, seed=0):
 
 def mirrored():
     return mirrored_strategy()
-
-
-def test_schedule_warms_up_then_follows_the_cosine():
-    schedule = WarmupCosine(1.0, warmup_steps=10, total_steps=110, min_ratio=0.1)
-    assert float(schedule(5)) == pytest.approx(0.5)
-    assert float(schedule(10)) == pytest.approx(1.0)
-    assert float(schedule(60)) == pytest.approx(0.1 + 0.9 * 0.5)
-    assert float(schedule(110)) == pytest.approx(0.1)
-    assert float(schedule(500)) == pytest.approx(0.1)
 
 
 def test_mirrored_first_steps_equal_the_default_strategy():

@@ -15,11 +15,21 @@ what the reference code calls "batchify":
 Shape legend: N tokens in the corpus, B batch size (number of streams),
 S tokens per stream, T segment length, R replicas.
 
-Distribution: `strategy.experimental_distribute_dataset` splits the batch
-dimension of each global batch in order, so under a single-worker
-`MirroredStrategy` with `R` replicas, replica `r` receives rows
-`[r * B / R, (r + 1) * B / R)` at every step and therefore always the same
-streams, in order. Its memory stays valid across steps. See
+One pipeline serves every reader of ordered segments: the custom training
+loop, Keras `fit`, `evaluate` (a shorter last segment, `drop_remainder=False`)
+and resuming (`start_segment`). Two ways to distribute it:
+
+- global batches through `strategy.experimental_distribute_dataset` (what
+  Keras `fit` does): a single-worker `MirroredStrategy` with `R` replicas
+  splits each global batch in order, so replica `r` receives rows
+  `[r * B / R, (r + 1) * B / R)` at every step, always the same streams;
+- `distributed_lm_dataset` (the custom loop):
+  `strategy.distribute_datasets_from_function` with `lm_dataset(...,
+  input_context=...)`, where each input pipeline (one per worker) builds only
+  its own replicas' rows, per-replica batches in replica order. The same
+  rows as above, and also right under `MultiWorkerMirroredStrategy`.
+
+Either way a replica's memory stays valid across steps. See
 `LMBatches.replica_rows`.
 
 Reference: Dai et al., "Transformer-XL", arXiv:1901.02860, section 3.2 and
@@ -39,9 +49,13 @@ from keras_txl import checks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LMBatches", "batchify", "lm_dataset", "num_segments"]
-
-
+__all__ = [
+    "LMBatches",
+    "batchify",
+    "distributed_lm_dataset",
+    "lm_dataset",
+    "num_segments",
+]
 
 
 def _as_token_array(token_ids) -> np.ndarray:
@@ -85,12 +99,14 @@ class LMBatches:
             False a last, shorter segment covers it, so every token of each
             stream except the first is a target exactly once (use this for
             evaluation).
+        name: str. What the tokens are, as the errors name them (e.g.
+            "The train split"); not part of the layout.
 
     Raises:
         ValueError: if a number is not a positive integer, if `batch_size`
             is not divisible by `num_replicas`, or if a stream is shorter
             than `segment_length + 1` tokens (or 2 tokens when
-            `drop_remainder=False`).
+            `drop_remainder=False`), or if there are no tokens.
 
     Example:
 
@@ -104,6 +120,7 @@ class LMBatches:
     segment_length: int
     num_replicas: int = 1
     drop_remainder: bool = True
+    name: str = dataclasses.field(default="corpus", compare=False)
 
     def __post_init__(self):
         if (
@@ -127,6 +144,8 @@ class LMBatches:
                 "block of batch_size / num_replicas rows (streams). Use a "
                 f"batch size that is a multiple of {num_replicas}."
             )
+        if self.num_tokens == 0:
+            raise ValueError(f"{self.name} is empty (0 tokens).")
         per_stream = self.num_tokens // batch_size
         needed = segment_length + 1 if self.drop_remainder else 2
         if per_stream < needed:
@@ -138,7 +157,7 @@ class LMBatches:
                 "(one input and its target)"
             )
             raise ValueError(
-                f"corpus has {self.num_tokens} tokens: {per_stream} per "
+                f"{self.name} has {self.num_tokens} tokens: {per_stream} per "
                 f"stream for batch_size={batch_size}, but {what}. Use a "
                 "longer corpus, a smaller batch_size or a shorter "
                 "segment_length."
@@ -257,70 +276,25 @@ def batchify(token_ids, batch_size: int) -> np.ndarray:
     return tokens[: per_stream * batch_size].reshape(batch_size, per_stream)
 
 
-def lm_dataset(
-    token_ids,
-    batch_size: int,
-    segment_length: int,
+def _checked_layout(
+    num_tokens,
+    batch_size,
+    segment_length,
     *,
-    num_replicas: int = 1,
-    drop_remainder: bool = True,
-    repeat: bool = False,
-    start_segment: int = 0,
-) -> tf.data.Dataset:
-    """Ordered `(inputs, targets)` batches for Transformer-XL training.
-
-    Batch `k` holds segment `k` of each of the `B` streams made by
-    `batchify`: `inputs[b] = stream_b[k*T:(k+1)*T]` and
-    `targets[b] = stream_b[k*T+1:(k+1)*T+1]`. So row `b` of batch `k + 1`
-    starts at the token right after the last input of row `b` of batch
-    `k`, and the memory a model carries from one batch to the next belongs
-    to the same text. Nothing is shuffled.
-
-    Args:
-        token_ids: 1-D array-like of int. The corpus as one stream.
-        batch_size: int. Global batch size `B` (number of streams).
-        segment_length: int. Segment length `T`.
-        num_replicas: int. Number of replicas the batch will be distributed
-            over; only checked (`B` must be divisible by it). Pass the
-            global batch to `strategy.experimental_distribute_dataset`:
-            replica `r` then gets rows `[r*B/R, (r+1)*B/R)` every step.
-        drop_remainder: bool. If True (training) all batches are `(B, T)`
-            and the tail of the streams that does not fill a segment is not
-            used. If False (evaluation) a last, shorter batch `(B, t)` with
-            `t < T` covers it; the time dimension is then `None` in the
-            element spec.
-        repeat: bool. If True the dataset is infinite: after the last
-            segment it starts again at segment 0 (reset the memory there;
-            `LMBatches.steps_per_epoch` tells when).
-        start_segment: int. Index of the first batch, for resuming: the
-            result equals the full dataset with the first `start_segment`
-            batches skipped, without reading them. With `repeat=True` any
-            value is allowed and taken modulo the epoch length, so the
-            global step count can be passed directly.
-
-    Returns:
-        A `tf.data.Dataset` of `(inputs, targets)`, both int32 of shape
-        `(B, T)`.
-
-    Raises:
-        ValueError: for the errors listed in `LMBatches`, for a
-            non-integer `token_ids`, or for a `start_segment` outside
-            `[0, steps_per_epoch)` when `repeat=False`.
-
-    Example:
-
-    >>> ds = lm_dataset(np.arange(100), batch_size=2, segment_length=8)
-    >>> inputs, targets = next(iter(ds))
-    >>> inputs.shape
-    TensorShape([2, 8])
-    """
-    tokens = _as_token_array(token_ids)
+    num_replicas=1,
+    drop_remainder=True,
+    repeat=False,
+    start_segment=0,
+    name="corpus",
+):
+    """`(LMBatches, start_segment)` after every check of `lm_dataset`."""
     layout = LMBatches(
-        num_tokens=int(tokens.size),
+        num_tokens=num_tokens,
         batch_size=batch_size,
         segment_length=segment_length,
         num_replicas=num_replicas,
         drop_remainder=drop_remainder,
+        name=name,
     )
     steps = layout.steps_per_epoch
     if (
@@ -337,54 +311,232 @@ def lm_dataset(
         raise ValueError(
             f"start_segment={start_segment} is past the end of the data: "
             f"one epoch has {steps} segments (batch_size={batch_size}, "
-            f"segment_length={segment_length}, {tokens.size} tokens), so "
+            f"segment_length={segment_length}, {num_tokens} tokens), so "
             f"start_segment must be in [0, {steps}). Pass repeat=True to "
             "wrap around."
         )
+    return layout, start_segment
 
-    # (B, S). Captured by the map function as an eager input, not copied
-    # into the graph as a constant.
-    streams = tf.constant(batchify(tokens, layout.batch_size))
-    rows = layout.batch_size
+
+def lm_dataset(
+    token_ids,
+    batch_size: int,
+    segment_length: int,
+    *,
+    num_replicas: int = 1,
+    drop_remainder: bool = True,
+    repeat: bool = False,
+    start_segment: int = 0,
+    input_context=None,
+    name: str = "corpus",
+) -> tf.data.Dataset:
+    """Ordered `(inputs, targets)` batches for Transformer-XL.
+
+    Batch `k` holds segment `k` of each of the `B` streams made by
+    `batchify`: `inputs[b] = stream_b[k*T:(k+1)*T]` and
+    `targets[b] = stream_b[k*T+1:(k+1)*T+1]`. So row `b` of batch `k + 1`
+    starts at the token right after the last input of row `b` of batch
+    `k`, and the memory a model carries from one batch to the next belongs
+    to the same text. Nothing is shuffled.
+
+    The one ordered-segment pipeline of the project: the custom loop (with
+    `input_context`, through `distributed_lm_dataset`), Keras `fit` (global
+    batches) and `evaluate` (`drop_remainder=False`) all read their
+    segments from it.
+
+    Args:
+        token_ids: 1-D array-like of int. The corpus as one stream.
+        batch_size: int. Global batch size `B` (number of streams).
+        segment_length: int. Segment length `T`.
+        num_replicas: int. Number of replicas the batch will be distributed
+            over (`B` must be divisible by it). Without `input_context` it
+            is only checked: pass the global batch to
+            `strategy.experimental_distribute_dataset`, and under a
+            single-worker `MirroredStrategy` replica `r` gets rows
+            `[r*B/R, (r+1)*B/R)` every step. With `input_context` it is
+            taken from the context (a different value is an error).
+        drop_remainder: bool. If True (training) all batches are `(B, T)`
+            and the tail of the streams that does not fill a segment is not
+            used. If False (evaluation) a last, shorter batch `(B, t)` with
+            `t < T` covers it; the time dimension is then `None` in the
+            element spec.
+        repeat: bool. If True the dataset is infinite: after the last
+            segment it starts again at segment 0 (reset the memory there;
+            `LMBatches.steps_per_epoch` tells when).
+        start_segment: int. Index of the first batch, for resuming: the
+            result equals the full dataset with the first `start_segment`
+            batches skipped, without reading them. With `repeat=True` any
+            value is allowed and taken modulo the epoch length, so the
+            global step count can be passed directly.
+        input_context: optional `tf.distribute.InputContext`, as
+            `strategy.distribute_datasets_from_function` passes it. The
+            dataset then holds only the rows of the replicas this input
+            pipeline feeds (pipeline `p` of `P` feeds replicas
+            `[p*R/P, (p+1)*R/P)`, each replica `r` its rows
+            `[r*B/R, (r+1)*B/R)`), one per-replica batch `(B/R, T)` per
+            element, replica after replica within a step. Auto-sharding is
+            off: the rows are already this pipeline's.
+        name: str. What `token_ids` are, in the errors (e.g. "The train
+            split").
+
+    Returns:
+        A `tf.data.Dataset` of `(inputs, targets)`, both int32 of shape
+        `(B, T)` (`(B/R, T)` with `input_context`).
+
+    Raises:
+        ValueError: for the errors listed in `LMBatches`, for a
+            non-integer `token_ids`, for a `start_segment` outside
+            `[0, steps_per_epoch)` when `repeat=False`, or for a
+            `num_replicas` that contradicts `input_context`.
+
+    Example:
+
+    >>> ds = lm_dataset(np.arange(100), batch_size=2, segment_length=8)
+    >>> inputs, targets = next(iter(ds))
+    >>> inputs.shape
+    TensorShape([2, 8])
+    """
+    tokens = _as_token_array(token_ids)
+    if input_context is not None:
+        replicas = input_context.num_replicas_in_sync
+        if num_replicas not in (1, replicas):
+            raise ValueError(
+                f"num_replicas={num_replicas!r} contradicts the input "
+                f"context, which has {replicas} replicas in sync. Leave "
+                "num_replicas out when passing input_context."
+            )
+        num_replicas = replicas
+    layout, start_segment = _checked_layout(
+        int(tokens.size),
+        batch_size,
+        segment_length,
+        num_replicas=num_replicas,
+        drop_remainder=drop_remainder,
+        repeat=repeat,
+        start_segment=start_segment,
+        name=name,
+    )
+    steps = layout.steps_per_epoch
+    streams = batchify(tokens, layout.batch_size)  # (B, S)
+    local_replicas = 1
+    if input_context is not None:
+        pipelines = input_context.num_input_pipelines
+        local_replicas = num_replicas // pipelines
+        first = (
+            input_context.input_pipeline_id
+            * local_replicas
+            * layout.rows_per_replica
+        )
+        # (rows, S): only the rows of the replicas this pipeline feeds.
+        streams = streams[first : first + local_replicas * layout.rows_per_replica]
+    # Captured by the map function as an eager input, not copied into the
+    # graph as a constant.
+    streams = tf.constant(streams)
+    rows = int(streams.shape[0])
     length = layout.segment_length
     last_input = layout.tokens_per_stream - 1  # targets need one more token
 
     def segment(index):
         begin = tf.cast(index, tf.int32) * length
         size = tf.minimum(length, last_input - begin)
-        inputs = tf.slice(streams, [0, begin], [rows, size])  # (B, T)
-        targets = tf.slice(streams, [0, begin + 1], [rows, size])  # (B, T)
+        inputs = tf.slice(streams, [0, begin], [rows, size])  # (rows, T)
+        targets = tf.slice(streams, [0, begin + 1], [rows, size])  # (rows, T)
         time = length if drop_remainder else None
         inputs.set_shape([rows, time])
         targets.set_shape([rows, time])
         return inputs, targets
 
     if repeat:
-        first = start_segment % steps
-        indices = tf.data.Dataset.counter(first).map(lambda k: k % steps)
+        first_segment = start_segment % steps
+        indices = tf.data.Dataset.counter(first_segment).map(
+            lambda k: k % steps
+        )
     else:
         indices = tf.data.Dataset.range(start_segment, steps)
     dataset = indices.map(segment)
+    if input_context is not None and local_replicas > 1:
+        # (local replicas * b, T) per step -> one (b, T) element per local
+        # replica, in replica order: tf.distribute hands them out so.
+        per_replica = layout.rows_per_replica
+
+        def split(inputs, targets):
+            shape = [local_replicas, per_replica, -1]
+            return tf.reshape(inputs, shape), tf.reshape(targets, shape)
+
+        dataset = dataset.map(split).unbatch()
 
     options = tf.data.Options()
     options.deterministic = True
-    # There are no files to shard, so AUTO would try FILE, log a warning
-    # and fall back to DATA. (Multi-worker input is not tested here: there
-    # tf.distribute rebatches each global batch into per-replica pieces
-    # and then shards the pieces by element.)
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
+    if input_context is not None:
+        policy = tf.data.experimental.AutoShardPolicy.OFF
+    else:
+        # There are no files to shard, so AUTO would try FILE, log a
+        # warning and fall back to DATA. (Multi-worker input this way is
+        # not tested; `distributed_lm_dataset` is.)
+        policy = tf.data.experimental.AutoShardPolicy.DATA
+    options.experimental_distribute.auto_shard_policy = policy
     dataset = dataset.with_options(options)
     logger.debug(
-        "lm_dataset: %d tokens -> %d streams of %d, %d segments of %d "
-        "(start %d, repeat %s)",
+        "lm_dataset: %d tokens -> %d streams of %d (%d here), %d segments "
+        "of %d (start %d, repeat %s)",
         tokens.size,
-        rows,
+        layout.batch_size,
         layout.tokens_per_stream,
+        rows,
         steps,
         length,
         start_segment,
         repeat,
     )
     return dataset.prefetch(2)
+
+
+def distributed_lm_dataset(
+    strategy,
+    token_ids,
+    batch_size: int,
+    segment_length: int,
+    **kwargs,
+):
+    """`lm_dataset` per input pipeline, as a distributed dataset.
+
+    `strategy.distribute_datasets_from_function` with
+    `lm_dataset(..., input_context=context)`: each input pipeline (one per
+    worker) builds only its replicas' rows, so replica `r` (its id in the
+    sync group) receives rows `[r*B/R, (r+1)*B/R)` of every global batch,
+    under the default, Mirrored, MultiWorkerMirrored and TPU strategies
+    alike. The arguments are checked here, before any worker builds its
+    pipeline.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+        token_ids, batch_size, segment_length: as in `lm_dataset`.
+        **kwargs: the other keyword arguments of `lm_dataset`
+            (`drop_remainder`, `repeat`, `start_segment`, `name`), not
+            `num_replicas` or `input_context`.
+
+    Returns:
+        A `tf.distribute.DistributedDataset` of per-replica `(inputs,
+        targets)`, int32 `(B/R, T)`.
+    """
+    for key in ("num_replicas", "input_context"):
+        if key in kwargs:
+            raise TypeError(
+                f"distributed_lm_dataset() takes `{key}` from the strategy; "
+                f"do not pass it (received {key}={kwargs[key]!r})."
+            )
+    tokens = _as_token_array(token_ids)
+    # Every error (short corpus, batch not divisible, start past the end)
+    # here, in the caller, rather than inside tf.distribute.
+    _checked_layout(
+        int(tokens.size),
+        batch_size,
+        segment_length,
+        num_replicas=strategy.num_replicas_in_sync,
+        **kwargs,
+    )
+    return strategy.distribute_datasets_from_function(
+        lambda context: lm_dataset(
+            tokens, batch_size, segment_length, input_context=context, **kwargs
+        )
+    )

@@ -19,19 +19,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_txl import TransformerXLCausalLM
 from keras_txl import host_memory
 from keras_txl.io import save_pretrained
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
+from keras_txl.training.data import LMBatches
 from keras_txl.training.data import lm_dataset
-from keras_txl.training.data import num_segments
-from keras_txl.training.loop import check_corpus
 from keras_txl.training.metrics import BitsPerCharacter
 from keras_txl.training.metrics import Perplexity
 from keras_txl.training.metrics import TokenNLL
-from keras_txl.training.optimizers import FusedAdam
-from keras_txl.training.schedules import WarmupCosine
+from keras_txl.training.optimizers import setup_model_and_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -99,37 +96,6 @@ class CheckpointCallback(keras.callbacks.Callback):
         )
 
 
-def segments_dataset(tokens, global_batch, segment_length):
-    """One epoch of ordered (inputs, targets) global batches, and its length.
-
-    Keras distributes each global batch by rows, in order, so replica r
-    keeps rows [r*b, (r+1)*b) of every batch: its own streams.
-    """
-    dataset = lm_dataset(tokens, global_batch, segment_length)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF
-    )
-    steps = num_segments(len(tokens), global_batch, segment_length)
-    return dataset.with_options(options), steps
-
-
-def compile_model(model, train_config, jit_compile=False):
-    schedule = WarmupCosine(
-        train_config.learning_rate, train_config.warmup_steps,
-        train_config.steps, train_config.min_lr_ratio,
-    )
-    optimizer = FusedAdam(
-        schedule, epsilon=train_config.adam_epsilon,
-        global_clipnorm=train_config.clip_norm or None,
-    )
-    model.compile(
-        optimizer=optimizer, loss=TokenNLL(),
-        metrics=[Perplexity(), BitsPerCharacter()], jit_compile=jit_compile,
-    )
-    return model
-
-
 def train_with_fit(model_config, train_config, strategy, train_tokens,
                    valid_tokens=None, workdir=None, tokenizer=None, verbose=1):
     """Trains with `model.fit`; returns (model, keras History).
@@ -144,22 +110,28 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
             f"batch_size={B} is not divisible by the {replicas} replicas of "
             f"the strategy; use a multiple of {replicas}."
         )
-    check_corpus(len(train_tokens), B, T, "train")
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         raise ValueError(
             "Keras fit is broken under MultiWorkerMirroredStrategy in Keras 3 "
             "(tensorflow/tensorflow#72388); use loop='custom'."
         )
-    keras.mixed_precision.set_global_policy(train_config.precision)
-    keras.utils.set_random_seed(train_config.seed)
+    # Global batches: Keras distributes each one by rows, in order, so
+    # replica r keeps rows [r*b, (r+1)*b) of every batch, its own streams.
+    # (No `repeat=True`: an epoch of `fit` is one pass over the text,
+    # `.repeat()` below chains the passes.)
+    train_ds = lm_dataset(train_tokens, B, T, num_replicas=replicas,
+                          name="The train split")
+    per_epoch = LMBatches(len(train_tokens), B, T).steps_per_epoch
     jit = train_config.jit_compile and replicas == 1
+    model, optimizer = setup_model_and_optimizer(
+        model_config, train_config, strategy, clip_gradients=True,
+        stateful=True, batch_size=B // replicas,
+    )
     with strategy.scope():
-        model = TransformerXLCausalLM(
-            model_config, stateful=True, batch_size=B // replicas
+        model.compile(
+            optimizer=optimizer, loss=TokenNLL(),
+            metrics=[Perplexity(), BitsPerCharacter()], jit_compile=jit,
         )
-        compile_model(model, train_config, jit_compile=jit)
-    keras.mixed_precision.set_global_policy("float32")
-    train_ds, per_epoch = segments_dataset(train_tokens, B, T)
     if replicas > 1:
         # Keras 3 builds a distributed model from the MEAN of the first
         # batch over replicas, which turns int token ids into floats. Build
@@ -170,8 +142,8 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
             model._symbolic_build(data_batch=(x0[: B // replicas], y0[: B // replicas]))
     valid_ds = None
     if valid_tokens is not None:
-        check_corpus(len(valid_tokens), B, T, "valid")
-        valid_ds, _ = segments_dataset(valid_tokens, B, T)
+        valid_ds = lm_dataset(valid_tokens, B, T, num_replicas=replicas,
+                              name="The valid split")
     callbacks = [ResetMemory(), ReleaseCompilationMemory()]
     manager = checkpoint = None
     initial_epoch = 0
@@ -184,7 +156,6 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         latest = manager.latest()
         if latest:
             tensors, state = CheckpointManager.read(latest)
-            model.optimizer.build(model.trainable_variables)
             with strategy.scope():
                 assign_tensors(tensors, model, model.optimizer, source=latest)
             initial_epoch = int(state["step"]) // min(per_epoch, train_config.steps)

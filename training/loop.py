@@ -24,83 +24,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_txl import TransformerXLCausalLM
 from keras_txl.host_memory import CompiledFunction
 from keras_txl.io import save_pretrained
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
-from keras_txl.training.data import batchify
-from keras_txl.training.data import num_segments
+from keras_txl.training.data import LMBatches
+from keras_txl.training.data import distributed_lm_dataset
+from keras_txl.training.data import lm_dataset
 from keras_txl.training.metrics import LN2
 from keras_txl.training.metrics import token_nll
-from keras_txl.training.optimizers import FusedAdam
-from keras_txl.training.schedules import WarmupCosine
+from keras_txl.training.optimizers import setup_model_and_optimizer
+from keras_txl.training.schedules import learning_rate_schedule
 from keras_txl.training.strategy import is_chief
 
 logger = logging.getLogger(__name__)
-
-
-# --- ordered LM streams per replica -------------------------------------
-def steps_per_epoch(num_tokens, batch_size, segment_length):
-    """Full segments each row yields (targets need one token more)."""
-    return num_segments(num_tokens, batch_size, segment_length)
-
-
-def check_corpus(num_tokens, batch_size, segment_length, split="train"):
-    if num_tokens == 0:
-        raise ValueError(f"The {split} split is empty (0 tokens).")
-    per_row = num_tokens // batch_size
-    if per_row < segment_length + 1:
-        raise ValueError(
-            f"The {split} split has {num_tokens} tokens: {per_row} per stream "
-            f"for batch_size={batch_size}, but segment_length={segment_length} "
-            f"needs at least {segment_length + 1} per stream. Use a smaller "
-            "batch_size or segment_length, or more text."
-        )
-
-
-def distributed_segments(strategy, tokens, global_batch, segment_length,
-                         start_step=0, repeat=True):
-    """Ordered (inputs, targets) per replica, as a distributed dataset.
-
-    The stream is cut into `global_batch` rows; replica r (global id) always
-    gets rows [r*b, (r+1)*b), segment after segment, so its memory stays
-    valid. `start_step` skips that many segments of the first epoch without
-    reading them (resuming). With `repeat`, epochs follow each other.
-    """
-    streams = batchify(tokens, global_batch)  # (B, n)
-    steps = steps_per_epoch(len(tokens), global_batch, segment_length)
-    replicas = strategy.num_replicas_in_sync
-    per_replica = global_batch // replicas
-    T = segment_length
-
-    def segments(rows):
-        n = rows.shape[0]
-        x = rows[:, : steps * T].reshape(n, steps, T)
-        y = rows[:, 1 : steps * T + 1].reshape(n, steps, T)
-        return x.transpose(1, 0, 2), y.transpose(1, 0, 2)  # (steps, n, T)
-
-    def dataset_fn(context):
-        pipelines = context.num_input_pipelines
-        local = replicas // pipelines  # replicas fed by this pipeline
-        first = context.input_pipeline_id * local * per_replica
-        rows = streams[first : first + local * per_replica]
-        x, y = segments(rows)
-        # (steps, local, b, T): one element per step, then one per replica.
-        x = x.reshape(steps, local, per_replica, T)
-        y = y.reshape(steps, local, per_replica, T)
-        base = tf.data.Dataset.from_tensor_slices((x, y))
-        ds = base.skip(start_step % steps) if steps else base
-        if repeat:
-            ds = ds.concatenate(base.repeat())
-        ds = ds.unbatch()  # local replica 0, 1, ... of each step in turn
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF
-        )
-        return ds.with_options(options).prefetch(2)
-
-    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 # --- the trainer ---------------------------------------------------------
@@ -132,19 +69,14 @@ class Trainer:
             )
         self.per_replica_batch = train_config.batch_size // replicas
         self.chief = is_chief(strategy)
-        keras.mixed_precision.set_global_policy(train_config.precision)
-        keras.utils.set_random_seed(train_config.seed)
-        with strategy.scope():
-            self.model = TransformerXLCausalLM(model_config)
-            self.schedule = WarmupCosine(
-                train_config.learning_rate, train_config.warmup_steps,
-                train_config.steps, train_config.min_lr_ratio,
-            )
-            self.optimizer = FusedAdam(
-                self.schedule, epsilon=train_config.adam_epsilon
-            )
-            self.optimizer.build(self.model.trainable_variables)
-        keras.mixed_precision.set_global_policy("float32")
+        # The step clips the gradients summed over replicas itself.
+        self.model, self.optimizer = setup_model_and_optimizer(
+            model_config, train_config, strategy, clip_gradients=False
+        )
+        self.schedule = learning_rate_schedule(  # the optimizer's, for logs
+            train_config.learning_rate, train_config.warmup_steps,
+            train_config.steps, train_config.min_lr_ratio,
+        )
         self.step = 0
         self.memory = self._zero_memory()
         self.checkpoints = None
@@ -278,14 +210,13 @@ class Trainer:
         """
         cfg = self.config
         T = self.model_config.segment_length
-        check_corpus(len(train_tokens), cfg.batch_size, T, "train")
         total = cfg.steps if steps is None else steps
-        per_epoch = steps_per_epoch(len(train_tokens), cfg.batch_size, T)
-        dataset = distributed_segments(
-            self.strategy, train_tokens, cfg.batch_size, T,
-            start_step=self.step % per_epoch,
-        )
-        iterator = iter(dataset)
+        per_epoch = LMBatches(len(train_tokens), cfg.batch_size, T,
+                              name="The train split").steps_per_epoch
+        iterator = iter(distributed_lm_dataset(
+            self.strategy, train_tokens, cfg.batch_size, T, repeat=True,
+            start_segment=self.step, name="The train split",
+        ))
         writer = None
         if self.workdir and self.chief:
             os.makedirs(self.workdir, exist_ok=True)
@@ -432,6 +363,12 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
             raise ValueError(
                 f"`{name}` must be a positive integer, received {name}={value!r}."
             )
+    if (not isinstance(max_segments, int) or isinstance(max_segments, bool)
+            or max_segments < 0):
+        raise ValueError(
+            "`max_segments` must be an integer >= 0 (0: the whole text), "
+            f"received max_segments={max_segments!r}."
+        )
     if reuse is not None and not isinstance(reuse, dict):
         raise TypeError(
             f"`reuse` must be a dict kept by the caller (or None), received "
@@ -459,31 +396,23 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
         reuse[key] = (model, eval_model, step)
     elif eval_model is not model:
         eval_model.assign_weights_from(model)  # trained since the last call
-    streams = batchify(tokens, batch_size)
-    length = streams.shape[1] - 1  # targets need one token more
-    if length < 1:
-        raise ValueError(
-            f"The evaluation text has {len(tokens)} tokens: too short for "
-            f"batch_size={batch_size} (needs at least 2 per stream)."
-        )
+    # Every target once, the last, shorter segment included.
+    segments = lm_dataset(tokens, batch_size, T, drop_remainder=False,
+                          name="The evaluation text")
+    if max_segments:
+        segments = segments.take(max_segments)
 
     def fresh_cache():
         return eval_model.build_cache(batch_size=batch_size, segment_length=T)
 
     cache = fresh_cache()
-    total, count, done = 0.0, 0, 0
-    for start in range(0, length, T):
-        end = min(start + T, length)
-        x = tf.constant(streams[:, start:end])
-        y = tf.constant(streams[:, start + 1 : end + 1])
+    total, count = 0.0, 0
+    for x, y in segments:
         if reset_every_segment:
             cache = fresh_cache()
         nll, cache = step(x, y, cache)
         total += float(tf.reduce_sum(nll))
         count += int(x.shape[0] * x.shape[1])
-        done += 1
-        if max_segments and done >= max_segments:
-            break
     loss = total / count
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bpc": loss / LN2,
             "tokens": count}

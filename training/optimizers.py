@@ -1,4 +1,8 @@
-"""Adam with TensorFlow's fused update kernel.
+"""Adam with TensorFlow's fused update kernel, and the training set-up.
+
+`setup_model_and_optimizer` is the one place both training loops (the
+custom loop and `fit`) build their model and optimizer: seed, precision
+policy, strategy scope, `FusedAdam` on the warm-up + cosine schedule.
 
 Keras' `Adam.update_step` writes the update as a dozen element-wise ops per
 variable (each a pass over the variable, with temporaries); TensorFlow's
@@ -17,6 +21,9 @@ see docs/benchmarks.md.
 
 import keras
 import tensorflow as tf
+
+from keras_txl import TransformerXLCausalLM
+from keras_txl.training.schedules import learning_rate_schedule
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -55,3 +62,62 @@ class FusedAdam(keras.optimizers.Adam):
             grad=tf.cast(gradient, dtype),
             use_locking=False,
         )
+
+
+def setup_model_and_optimizer(
+    model_config, train_config, strategy, clip_gradients=True, **model_kwargs
+):
+    """The one model + optimizer + precision set-up of both training loops.
+
+    In this order (the order fixes the initial weights): the seed
+    (`train_config.seed`), then, under the precision policy
+    (`train_config.precision`) and the strategy's scope, the model and the
+    optimizer, whose variables are built at once. The global policy is
+    restored afterwards, so models made later (evaluation copies, exports)
+    are float32 again.
+
+    The optimizer is `FusedAdam` (`train_config.adam_epsilon`) on
+    `learning_rate_schedule` (`learning_rate`, `warmup_steps`, `steps`,
+    `min_lr_ratio`). With `clip_gradients` it also clips by global norm
+    (`clip_norm`, Keras' `global_clipnorm`: per replica, before the
+    cross-replica sum); the custom loop clips the summed gradients itself
+    and passes `clip_gradients=False`.
+
+    No loss scaling: `TrainConfig.precision` is `"float32"` or
+    `"mixed_bfloat16"`, and bfloat16 has float32's exponent range, so
+    gradients do not underflow (Keras wraps the optimizer in a
+    `LossScaleOptimizer` only for `mixed_float16`).
+
+    Args:
+        model_config: `TransformerXLConfig`.
+        train_config: `TrainConfig`.
+        strategy: a `tf.distribute.Strategy`.
+        clip_gradients: bool. Clip in the optimizer (the `fit` path).
+        **model_kwargs: passed to `TransformerXLCausalLM` (e.g.
+            `stateful=True, batch_size=b` for `fit`).
+
+    Returns:
+        `(model, optimizer)`.
+    """
+    keras.utils.set_random_seed(train_config.seed)
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(train_config.precision)
+    try:
+        with strategy.scope():
+            model = TransformerXLCausalLM(model_config, **model_kwargs)
+            optimizer = FusedAdam(
+                learning_rate_schedule(
+                    train_config.learning_rate,
+                    train_config.warmup_steps,
+                    train_config.steps,
+                    train_config.min_lr_ratio,
+                ),
+                epsilon=train_config.adam_epsilon,
+                global_clipnorm=(
+                    train_config.clip_norm if clip_gradients else 0.0
+                ) or None,
+            )
+            optimizer.build(model.trainable_variables)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    return model, optimizer

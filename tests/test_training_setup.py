@@ -1,0 +1,114 @@
+"""The set-up both training loops share: the schedule, the optimizer, the precision."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_txl
+from keras_txl.training.config import TrainConfig
+from keras_txl.training.optimizers import FusedAdam
+from keras_txl.training.optimizers import setup_model_and_optimizer
+from keras_txl.training.schedules import learning_rate_schedule
+
+
+def official_schedule(step, peak, warmup, total, min_ratio):
+    """The official code's schedule (train_gpu.py), in float64.
+
+    Linear warm-up `peak * step / warmup`, then
+    `tf.train.cosine_decay(peak, step - warmup, total - warmup, alpha=min_ratio)`,
+    which holds the floor once `step - warmup` passes the decay steps.
+    """
+    if step < warmup:
+        return peak * step / warmup
+    decay = max(total - warmup, 1)
+    progress = min(step - warmup, decay) / decay
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak * ((1.0 - min_ratio) * cosine + min_ratio)
+
+
+@pytest.mark.parametrize("peak, warmup, total, min_ratio", [
+    (2.5e-4, 0, 200, 0.004),    # no warm-up, the GPU runs' floor
+    (2.5e-4, 20, 200, 0.004),   # warm-up
+    (1.0, 10, 110, 0.1),
+    (1e-3, 7, 50, 0.0),         # down to zero
+    (1e-3, 0, 40, 1.0),         # a constant rate
+    (0.5, 30, 30, 0.01),        # warm-up over every step: then the floor
+])
+def test_keras_cosine_decay_is_the_official_schedule_at_every_step(peak, warmup, total,
+                                                                   min_ratio):
+    schedule = learning_rate_schedule(peak, warmup, total, min_ratio)
+    assert isinstance(schedule, keras.optimizers.schedules.CosineDecay)
+    steps = np.arange(total + 25)  # past the end too: held at the floor
+    ours = np.array([float(schedule(int(s))) for s in steps])
+    expected = np.array([official_schedule(int(s), peak, warmup, total, min_ratio)
+                         for s in steps])
+    # float32 arithmetic against float64: a few ulp of the peak (near the
+    # floor, 1 + cos(.) cancels, so the relative error there is larger).
+    np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-7 * peak)
+    assert ours[0] == (0.0 if warmup else pytest.approx(peak))
+    assert ours[-1] == pytest.approx(peak * min_ratio, rel=1e-6)
+
+
+def test_schedule_landmarks_and_a_graph_step():
+    schedule = learning_rate_schedule(1.0, warmup_steps=10, total_steps=110, min_ratio=0.1)
+    graph = tf.function(lambda s: schedule(s))  # as the optimizer calls it
+    values = [float(graph(tf.constant(s))) for s in (5, 10, 60, 110, 500)]
+    np.testing.assert_allclose(values, [0.5, 1.0, 0.1 + 0.9 * 0.5, 0.1, 0.1], rtol=1e-6)
+
+
+def test_schedule_rejects_a_warmup_past_the_end():
+    with pytest.raises(ValueError, match="0 <= warmup_steps <= total_steps.*"
+                       "warmup_steps=20, total_steps=10"):
+        learning_rate_schedule(1e-3, 20, 10)
+
+
+MODEL = dict(vocabulary_size=11, num_layers=2, hidden_dim=16, num_heads=2,
+             intermediate_dim=32, segment_length=4, memory_length=4)
+
+
+def test_setup_builds_model_and_fused_adam_from_the_config():
+    config = keras_txl.TransformerXLConfig(**MODEL)
+    train = TrainConfig(learning_rate=1e-3, warmup_steps=3, steps=20, min_lr_ratio=0.1,
+                        clip_norm=0.5, adam_epsilon=1e-6, seed=3)
+    strategy = tf.distribute.get_strategy()
+    model, optimizer = setup_model_and_optimizer(config, train, strategy)
+    assert isinstance(optimizer, FusedAdam) and optimizer.built
+    assert optimizer.global_clipnorm == 0.5 and optimizer.epsilon == 1e-6
+    schedule = optimizer._learning_rate  # the CosineDecay handed to Keras
+    assert float(schedule(3)) == pytest.approx(1e-3)
+    assert float(schedule(20)) == pytest.approx(1e-4)
+    # The custom loop clips the summed gradients itself.
+    _, unclipped = setup_model_and_optimizer(config, train, strategy, clip_gradients=False)
+    assert unclipped.global_clipnorm is None
+    # clip_norm=0 disables clipping in the optimizer too.
+    _, none = setup_model_and_optimizer(config, train.replace(clip_norm=0.0), strategy)
+    assert none.global_clipnorm is None
+    # The seed fixes the initial weights: the same config gives the same model.
+    again, _ = setup_model_and_optimizer(config, train, strategy)
+    for a, b in zip(model.trainable_variables, again.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    other, _ = setup_model_and_optimizer(config, train.replace(seed=4), strategy)
+    assert not np.array_equal(model.trainable_variables[0].numpy(),
+                              other.trainable_variables[0].numpy())
+
+
+def test_setup_precision_policy_is_used_for_the_model_then_restored():
+    config = keras_txl.TransformerXLConfig(**MODEL)
+    train = TrainConfig(precision="mixed_bfloat16", steps=10)
+    assert keras.mixed_precision.global_policy().name == "float32"
+    model, optimizer = setup_model_and_optimizer(config, train, tf.distribute.get_strategy())
+    assert keras.mixed_precision.global_policy().name == "float32"
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert model.backbone.blocks[0].compute_dtype == "bfloat16"
+    # Variables stay float32, and there is no loss scaling (bfloat16 has
+    # float32's exponent range).
+    assert {v.dtype for v in model.trainable_variables} == {"float32"}
+    assert not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    # The policy is restored even when building fails.
+    with pytest.raises(ValueError, match="no_such_argument"):
+        setup_model_and_optimizer(config, train, tf.distribute.get_strategy(),
+                                  no_such_argument=1)
+    assert keras.mixed_precision.global_policy().name == "float32"

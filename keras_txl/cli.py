@@ -18,12 +18,42 @@ def _add_data_arguments(p):
                    help="TFDS: download and prepare if missing (needs internet)")
 
 
+# Measured ms per training step on 2 shared CPU cores (see docs/training.md
+# "Which preset"): the presets' own batch and segment sizes, default loop.
+_PRESET_CPU_MS = {"tiny": "~55 ms/step (300 steps: ~20 s)", "char_small": "~1.3 s/step (4000 steps: ~1.5 h)"}
+
+
+def _presets_epilog():
+    """`txl train --help`'s table of presets: size, and time per step."""
+    from keras_txl.config import TransformerXLConfig
+    from keras_txl.presets import PRESETS
+
+    lines = ["presets (parameters; time per training step on 2 shared CPU cores, measured):"]
+    for name, preset in PRESETS.items():
+        model = dict(preset["model"])
+        try:
+            size = f"{TransformerXLConfig.from_dict(model).num_parameters() / 1e6:.2f}M"
+        except (ValueError, TypeError):
+            size = "?"
+        train = preset["train"]
+        timing = _PRESET_CPU_MS.get(name, "not measured (accelerator scale)")
+        lines.append(
+            f"  {name:<13} {size:>8}  batch {train['batch_size']}, "
+            f"segment {model.get('segment_length')}, steps {train['steps']}: "
+            f"{timing}"
+        )
+    lines.append("A first run: --preset tiny (learns in about 20 s of CPU).")
+    return "\n".join(lines)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="txl", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train a model in a workdir (resumes if present)")
+    p = sub.add_parser("train", help="train a model in a workdir (resumes if present)",
+                       epilog=_presets_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_data_arguments(p)
     p.add_argument("--workdir", required=True)
     p.add_argument("--preset", default=None, help="model/training preset name")
@@ -55,6 +85,7 @@ def build_parser():
     p.add_argument("--clamp-length", dest="clamp_length", type=int, default=None)
     p.add_argument("--same-length", dest="same_length", action="store_true")
     p.add_argument("--max-segments", dest="max_segments", type=int, default=0)
+    _add_checkpoint_argument(p)
 
     p = sub.add_parser("export", help="export SavedModel / TFLite")
     try:
@@ -63,6 +94,7 @@ def build_parser():
         export_cli.add_arguments(p)
     except ImportError:  # pragma: no cover - export/ is part of the package
         export_cli = None
+    _add_checkpoint_argument(p)
 
     p = sub.add_parser(
         "generate", help="sample text (or ids) with the memory, streamed",
@@ -85,6 +117,7 @@ def build_parser():
     prompt.add_argument("--prompt-ids", dest="prompt_ids", default=None,
                         metavar="IDS", help="comma-separated prompt ids; the "
                         "output is then ids too")
+    _add_checkpoint_argument(p)
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0,
                    help="0 is greedy decoding (default 1.0)")
@@ -173,6 +206,32 @@ def build_parser():
     return parser
 
 
+def _add_checkpoint_argument(p):
+    p.add_argument(
+        "--checkpoint", default=None, metavar="CKPT",
+        help="with --workdir: use this checkpoint (folder, name such as "
+        "ckpt-00001800, or step) instead of WORKDIR/model/; without it the "
+        "newest of the model folder and the newest intact checkpoint is used",
+    )
+
+
+def _workdir_model_dir(args):
+    """The model folder for `--workdir` (WORKDIR/model, or one written from
+    the chosen or newest checkpoint into a temporary folder)."""
+    if getattr(args, "checkpoint", None) is not None and not args.workdir:
+        raise ValueError("--checkpoint needs --workdir.")
+    import atexit
+    import shutil
+    import tempfile
+
+    from keras_txl.training.checkpoint import materialize_model_folder
+
+    out = tempfile.mkdtemp(prefix="txl-model-")
+    atexit.register(shutil.rmtree, out, True)
+    return materialize_model_folder(args.workdir, args.checkpoint,
+                                    out=os.path.join(out, "model"))
+
+
 def _parse_ids(text, name):
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
@@ -184,12 +243,14 @@ def _parse_ids(text, name):
 
 def _generation_source(args):
     """(backend, tokenizer folder or None) for `txl generate`."""
+    if args.checkpoint is not None and not args.workdir:
+        raise ValueError("--checkpoint needs --workdir.")
     from keras_txl import generation
     from keras_txl import io
 
     if args.workdir or args.from_hf:
         if args.workdir:
-            model_dir = os.path.join(args.workdir, "model")
+            model_dir = _workdir_model_dir(args)
             if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
                 raise ValueError(
                     f"No model in {model_dir}/ (expected {io.CONFIG_FILE} and "
@@ -395,6 +456,13 @@ def main(argv=None):
         if args.command == "export":
             from keras_txl.export import cli as export_cli
 
+            if args.workdir:
+                # export reads WORKDIR/model: hand it a workdir whose model
+                # folder is the chosen or newest checkpoint's.
+                model_dir = _workdir_model_dir(args)
+                args.workdir = os.path.dirname(model_dir)
+            elif args.checkpoint is not None:
+                raise ValueError("--checkpoint needs --workdir.")
             return export_cli.run(args)
         if args.command == "generate":
             return _generate(args)

@@ -79,7 +79,6 @@ class TrainingProgress:
         root.addHandler(rich_handler)
         self._rich_handler = rich_handler
         self._progress.start()
-        self._started = time.perf_counter()
         return self
 
     def update(self, step, loss, lr, tokens):
@@ -87,12 +86,15 @@ class TrainingProgress:
         mean over its window; both name their step)."""
         if self._progress is None:
             return
-        self._tokens += tokens
-        seconds = max(time.perf_counter() - self._started, 1e-9)
+        now = time.perf_counter()
+        if self._started is None:  # the rate counts from the first step on
+            self._started, rate = now, ""
+        else:
+            self._tokens += tokens
+            rate = f" | {self._tokens / max(now - self._started, 1e-9):,.0f} tok/s"
         self._progress.update(
             self._task, completed=step,
-            status=f"loss {loss:.4f} | lr {lr:.2e} | "
-                   f"{self._tokens / seconds:,.0f} tok/s",
+            status=f"loss {loss:.4f} | lr {lr:.2e}{rate}",
         )
 
     def __exit__(self, *exc):

@@ -477,6 +477,9 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as e:
         print(f"txl {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training's own handler is installed
+        print(f"txl {args.command}: interrupted.", file=sys.stderr)
+        return 130
     parser.error(f"unknown command {args.command}")
     return 2
 

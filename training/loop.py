@@ -302,6 +302,7 @@ class Trainer:
         else:
             found = self.checkpoints.newest_intact() if self.checkpoints else None
             if found is None:
+                self._drop_metrics_after(0)  # a fresh start: no stale rows
                 return 0
             path, tensors, state = found
         saved = state.get("model_config")

@@ -112,6 +112,8 @@ def test_random_kills_truncations_and_byte_flips_never_change_the_result(
         events.append((trial, process.returncode, max(train_rows(workdir), default=0),
                        fault, os.path.basename(newest or "-")))
 
+    print(f"\n[fault injection] (trial, exit code, last logged step, fault, "
+          f"checkpoint hit): {events}")
     assert process.returncode == 0, (events, err[-3000:])
     kills = [e for e in events if len(e) == 5 and e[1] == -signal.SIGKILL]
     faults = {e[3] for e in events if len(e) == 5 and e[4] != "-"}

@@ -29,6 +29,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _TableHelpFormatter(_HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`_HelpFormatter` that prints the description and epilog as written."""
+
+
 def _add_data_arguments(p, without):
     p.add_argument("--data", default=None,
                    help="corpus: a folder, a text file, or tfds:NAME[:CONFIG] "
@@ -40,6 +44,34 @@ def _add_data_arguments(p, without):
                    help="TFDS: download and prepare if missing (needs internet)")
 
 
+# Measured ms per training step on 2 shared CPU cores (see docs/training.md
+# "Which preset"): the presets' own batch and segment sizes, default loop.
+_PRESET_CPU_MS = {"tiny": "~55 ms/step (300 steps: ~20 s)", "char_small": "~1.3 s/step (4000 steps: ~1.5 h)"}
+
+
+def _presets_epilog():
+    """`txl train --help`'s table of presets: size, and time per step."""
+    from keras_txl.config import TransformerXLConfig
+    from keras_txl.presets import PRESETS
+
+    lines = ["presets (parameters; time per training step on 2 shared CPU cores, measured):"]
+    for name, preset in PRESETS.items():
+        model = dict(preset["model"])
+        try:
+            size = f"{TransformerXLConfig.from_dict(model).num_parameters() / 1e6:.2f}M"
+        except (ValueError, TypeError):
+            size = "?"
+        train = preset["train"]
+        timing = _PRESET_CPU_MS.get(name, "not measured (accelerator scale)")
+        lines.append(
+            f"  {name:<13} {size:>8}  batch {train['batch_size']}, "
+            f"segment {model.get('segment_length')}, steps {train['steps']}: "
+            f"{timing}"
+        )
+    lines.append("A first run: --preset tiny (learns in about 20 s of CPU).")
+    return "\n".join(lines)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="txl", description=__doc__.split("\n")[0],
@@ -49,11 +81,14 @@ def build_parser():
                         help="debug logging, and TensorFlow's own logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add_command(name, help, description=None):
+    def add_command(name, help, description=None, epilog=None):
+        # An epilog is a table: kept as written.
+        formatter = _HelpFormatter if epilog is None else _TableHelpFormatter
         return sub.add_parser(name, help=help, description=description or help,
-                              formatter_class=_HelpFormatter)
+                              epilog=epilog, formatter_class=formatter)
 
-    p = add_command("train", "train a model in a workdir (resumes if present)")
+    p = add_command("train", "train a model in a workdir (resumes if present)",
+                    epilog=_presets_epilog())
     _add_data_arguments(p, "a resumed run's encoded splits, WORKDIR/data/")
     p.add_argument("--workdir", required=True,
                    help="run folder: config, tokenizer, checkpoints, model/")
@@ -127,6 +162,7 @@ def build_parser():
                    "(default: the model's setting)")
     p.add_argument("--max-segments", dest="max_segments", type=int, default=0,
                    help="stop after this many segments (0: the whole split)")
+    _add_checkpoint_argument(p)
 
     p = add_command(
         "export", "export SavedModel (TF Serving) and/or TFLite",
@@ -141,6 +177,7 @@ def build_parser():
         export_cli.add_arguments(p)
     except ImportError:  # pragma: no cover - export/ is part of the package
         export_cli = None
+    _add_checkpoint_argument(p)
 
     p = add_command(
         "generate", "sample text (or ids) with the memory, streamed",
@@ -166,6 +203,7 @@ def build_parser():
     prompt.add_argument("--prompt-ids", dest="prompt_ids", default=None,
                         metavar="IDS", help="comma-separated prompt ids; the "
                         "output is then ids too")
+    _add_checkpoint_argument(p)
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
                    default=200, help="tokens to sample")
     p.add_argument("--temperature", type=float, default=1.0,
@@ -362,6 +400,32 @@ def _eval(args):
     return 0
 
 
+def _add_checkpoint_argument(p):
+    p.add_argument(
+        "--checkpoint", default=None, metavar="CKPT",
+        help="with --workdir: use this checkpoint (folder, name such as "
+        "ckpt-00001800, or step) instead of WORKDIR/model/; without it the "
+        "newest of the model folder and the newest intact checkpoint is used",
+    )
+
+
+def _workdir_model_dir(args):
+    """The model folder for `--workdir` (WORKDIR/model, or one written from
+    the chosen or newest checkpoint into a temporary folder)."""
+    if getattr(args, "checkpoint", None) is not None and not args.workdir:
+        raise ValueError("--checkpoint needs --workdir.")
+    import atexit
+    import shutil
+    import tempfile
+
+    from keras_txl.training.checkpoint import materialize_model_folder
+
+    out = tempfile.mkdtemp(prefix="txl-model-")
+    atexit.register(shutil.rmtree, out, True)
+    return materialize_model_folder(args.workdir, args.checkpoint,
+                                    out=os.path.join(out, "model"))
+
+
 def _parse_ids(text, name):
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
@@ -373,6 +437,8 @@ def _parse_ids(text, name):
 
 def _generation_source(args):
     """(backend, tokenizer folder or `Tokenizer` or None) for `txl generate`."""
+    if args.checkpoint is not None and not args.workdir:
+        raise ValueError("--checkpoint needs --workdir.")
     from keras_txl import generation
     from keras_txl import io
 
@@ -381,7 +447,7 @@ def _generation_source(args):
         return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer
     if args.workdir or args.from_hf:
         if args.workdir:
-            model_dir = os.path.join(args.workdir, "model")
+            model_dir = _workdir_model_dir(args)
             if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
                 raise ValueError(
                     f"No model in {model_dir}/ (expected {io.CONFIG_FILE} and "
@@ -628,6 +694,14 @@ def main(argv=None):
         if args.command == "export":
             from keras_txl.export import cli as export_cli
 
+            export_cli.check_arguments(args)  # bad flags before any model is read
+            if args.workdir:
+                # export reads WORKDIR/model: hand it a workdir whose model
+                # folder is the chosen or newest checkpoint's.
+                model_dir = _workdir_model_dir(args)
+                args.workdir = os.path.dirname(model_dir)
+            elif args.checkpoint is not None:
+                raise ValueError("--checkpoint needs --workdir.")
             return export_cli.run(args)
         if args.command == "generate":
             return _generate(args)
@@ -642,6 +716,9 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as e:
         print(f"txl {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training's own handler is installed
+        print(f"txl {args.command}: interrupted.", file=sys.stderr)
+        return 130
     parser.error(f"unknown command {args.command}")
     return 2
 

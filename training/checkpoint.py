@@ -1,13 +1,21 @@
 """Atomic checkpoints: model + optimizer + RNG + memory + data position.
 
 A checkpoint is a folder `ckpt-00001234/` holding `state.safetensors` (all
-tensors) and `state.json` (step, data position, configs). It is written
+tensors), `state.json` (step, data position, configs) and, written last,
+`manifest.json` (the sha256 and size of the two others). It is written
 under a temporary name and renamed into place, then `latest.json` is
 replaced atomically: a run killed at any moment leaves either the previous
 checkpoint or the new one, never a half-written one under a final name.
-Only the last `keep` checkpoints are kept. No pickle anywhere.
+
+Renames do not protect against a disk that flips or loses bytes later:
+`read()` checks every file against the manifest (and the weights for
+NaN/Inf) and raises `CheckpointError` naming the damaged file;
+`CheckpointManager.restore_candidates()` lets the trainer fall back to the
+newest intact checkpoint. Only the last `keep` checkpoints are kept. No
+pickle anywhere.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -22,6 +30,42 @@ from keras_txl.io import atomic_write_bytes
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
+MANIFEST = "manifest.json"
+STATE = "state.json"
+TENSORS = "state.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file."""
+
+    def __init__(self, message, path):
+        super().__init__(message)
+        self.path = path
+
+
+def _sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_synced(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def non_finite_tensors(tensors, prefix="model/"):
+    """Names of the float tensors under `prefix` holding NaN or Inf."""
+    return sorted(
+        name for name, value in tensors.items()
+        if name.startswith(prefix) and np.issubdtype(value.dtype, np.floating)
+        and not np.all(np.isfinite(value))
+    )
 
 
 def _fsync_dir(path):
@@ -122,21 +166,36 @@ class CheckpointManager:
         from safetensors.numpy import save as to_bytes
 
         tensors = collect_tensors(model, optimizer)
+        poisoned = non_finite_tensors(tensors)
+        if poisoned:
+            # Never write a checkpoint a later resume would call good.
+            raise FloatingPointError(
+                f"Not writing checkpoint {step}: the weights hold NaN/Inf "
+                f"({poisoned[:3]}...); the previous checkpoints are kept."
+            )
         if memory is not None:
             tensors["memory"] = np.ascontiguousarray(memory, dtype=np.float32)
         name = f"ckpt-{step:08d}"
         final = os.path.join(self.directory, name)
         tmp = tempfile.mkdtemp(dir=self.directory, prefix=f".{name}.tmp-")
         try:
-            with open(os.path.join(tmp, "state.safetensors"), "wb") as f:
-                f.write(to_bytes(tensors, metadata={"format": "keras-txl-ckpt"}))
-                f.flush()
-                os.fsync(f.fileno())
-            # state.json last: its presence marks a complete checkpoint.
-            with open(os.path.join(tmp, "state.json"), "w") as f:
-                json.dump({**state, "step": step}, f, indent=2, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
+            files = {
+                TENSORS: _write_synced(
+                    os.path.join(tmp, TENSORS),
+                    to_bytes(tensors, metadata={"format": "keras-txl-ckpt"}),
+                ),
+                STATE: _write_synced(
+                    os.path.join(tmp, STATE),
+                    json.dumps({**state, "step": step}, indent=2,
+                               sort_keys=True).encode(),
+                ),
+            }
+            # The manifest last: the checksums the reader verifies.
+            _write_synced(
+                os.path.join(tmp, MANIFEST),
+                json.dumps({"format": "keras-txl-ckpt/2", "step": step,
+                            "files": files}, indent=2, sort_keys=True).encode(),
+            )
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -163,12 +222,211 @@ class CheckpointManager:
             if name.startswith(".ckpt-") or name.startswith(".tmp-"):
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
+    def restore_candidates(self):
+        """Checkpoints to try when resuming, newest first (the one
+        `latest.json` names, then the others by step)."""
+        found = self.checkpoints()[::-1]
+        latest = self.latest()
+        if latest in found:
+            found.remove(latest)
+            found.insert(0, latest)
+        return found
+
+    def newest_intact(self, warn=True):
+        """(path, tensors, state) of the newest checkpoint that verifies,
+        or None when there is none. Damaged newer ones are skipped with a
+        warning naming the file; if every checkpoint is damaged, the
+        newest one's `CheckpointError` is raised."""
+        errors = []
+        for path in self.restore_candidates():
+            try:
+                tensors, state = self.read(path)
+            except CheckpointError as e:
+                errors.append(e)
+                continue
+            if errors and warn:
+                logger.warning(
+                    "Skipping damaged checkpoint(s): %s. Falling back to %s "
+                    "(step %d).", " | ".join(str(e) for e in errors), path,
+                    int(state["step"]),
+                )
+            return path, tensors, state
+        if errors:
+            raise errors[0]
+        return None
+
+    @staticmethod
+    def verify(path):
+        """Checks the files of checkpoint `path` against its manifest.
+
+        Raises `CheckpointError` naming the damaged or missing file.
+        Checkpoints written before manifests existed are accepted with a
+        warning (nothing to verify them against).
+        """
+        manifest_path = os.path.join(path, MANIFEST)
+        if not os.path.exists(manifest_path):
+            if os.path.exists(os.path.join(path, STATE)):
+                logger.warning("%s has no %s (an older checkpoint): its files "
+                               "cannot be verified.", path, MANIFEST)
+                return
+            raise CheckpointError(
+                f"Checkpoint {path} is incomplete: no {MANIFEST} or {STATE}.",
+                manifest_path,
+            )
+        try:
+            with open(manifest_path, "rb") as f:
+                manifest = json.loads(f.read())
+            files = manifest["files"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise CheckpointError(
+                f"Checkpoint manifest {manifest_path} is not valid ({e}).",
+                manifest_path,
+            ) from None
+        for name in (TENSORS, STATE):
+            file = os.path.join(path, name)
+            if name not in files:
+                raise CheckpointError(
+                    f"Checkpoint manifest {manifest_path} lists no {name}.",
+                    manifest_path,
+                )
+            if not os.path.exists(file):
+                raise CheckpointError(f"Checkpoint file {file} is missing.", file)
+            size = os.path.getsize(file)
+            if size != files[name].get("bytes", size):
+                raise CheckpointError(
+                    f"Checkpoint file {file} is truncated or damaged: "
+                    f"{size} bytes, the manifest says {files[name]['bytes']}.",
+                    file,
+                )
+            if _sha256_file(file) != files[name].get("sha256"):
+                raise CheckpointError(
+                    f"Checkpoint file {file} is corrupted: its sha256 does not "
+                    f"match {manifest_path}.", file,
+                )
+
     @staticmethod
     def read(path):
-        """(tensors, state) of the checkpoint at `path`."""
+        """(tensors, state) of the checkpoint at `path`, verified.
+
+        Raises:
+            CheckpointError: a missing, truncated, corrupted or unreadable
+                file, or NaN/Inf weights; the message names the file.
+        """
         from keras_txl.weights_file import read_safetensors
 
-        with open(os.path.join(path, "state.json")) as f:
-            state = json.load(f)
-        tensors = read_safetensors(os.path.join(path, "state.safetensors"))
+        CheckpointManager.verify(path)
+        state_path = os.path.join(path, STATE)
+        try:
+            with open(state_path, "rb") as f:
+                state = json.loads(f.read())
+            int(state["step"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"Checkpoint file {state_path} is not valid JSON with a step "
+                f"({e}).", state_path,
+            ) from None
+        tensors_path = os.path.join(path, TENSORS)
+        try:
+            tensors = read_safetensors(tensors_path)
+        except ValueError as e:
+            raise CheckpointError(str(e), tensors_path) from None
+        poisoned = non_finite_tensors(tensors)
+        if poisoned:
+            raise CheckpointError(
+                f"Checkpoint file {tensors_path} holds NaN/Inf weights "
+                f"({poisoned[:3]}): not a good checkpoint.", tensors_path,
+            )
         return tensors, state
+
+
+# --- a model from a workdir's checkpoints (eval, generate, export) -------
+def find_checkpoint(workdir, checkpoint):
+    """The checkpoint folder `--checkpoint` names: a path, a folder name in
+    WORKDIR/checkpoints (`ckpt-00001800`), or a step number (`1800`)."""
+    directory = os.path.join(workdir, "checkpoints")
+    text = str(checkpoint)
+    candidates = [text, os.path.join(directory, text)]
+    if text.isdigit():
+        candidates.append(os.path.join(directory, f"ckpt-{int(text):08d}"))
+    for path in candidates:
+        if os.path.isdir(path):
+            return path
+    available = CheckpointManager(directory).checkpoints() if os.path.isdir(
+        directory) else []
+    raise ValueError(
+        f"--checkpoint {text!r}: no such checkpoint (a folder, a name in "
+        f"{directory}, or a step). Available: "
+        f"{[os.path.basename(p) for p in available] or 'none'}."
+    )
+
+
+def workdir_model_source(workdir, checkpoint=None):
+    """Where `txl eval/generate/export --workdir` read the model from.
+
+    Returns ("model", WORKDIR/model) when the model folder is there and not
+    older than the newest checkpoint, else ("checkpoint", path) for the
+    chosen (`checkpoint`) or newest intact checkpoint.
+
+    Raises:
+        ValueError: no model folder and no (intact) checkpoint.
+    """
+    if checkpoint is not None:
+        path = find_checkpoint(workdir, checkpoint)
+        CheckpointManager.verify(path)
+        return "checkpoint", path
+    model_dir = os.path.join(workdir, "model")
+    weights = os.path.join(model_dir, "model.safetensors")
+    directory = os.path.join(workdir, "checkpoints")
+    newest = None
+    if os.path.isdir(directory):
+        found = CheckpointManager(directory).newest_intact()
+        newest = found[0] if found else None
+    if os.path.isfile(weights):
+        if newest is None or os.path.getmtime(weights) >= os.path.getmtime(
+            os.path.join(newest, STATE)
+        ):
+            return "model", model_dir
+        logger.info("%s is newer than %s: using the checkpoint.", newest, model_dir)
+    if newest is not None:
+        return "checkpoint", newest
+    raise ValueError(
+        f"No model in {model_dir}/ and no checkpoint in {directory}/: train "
+        "first (`txl train --workdir ...`)."
+    )
+
+
+def model_from_checkpoint(path):
+    """A `TransformerXLCausalLM` with the weights of checkpoint `path`."""
+    from keras_txl import TransformerXLCausalLM
+    from keras_txl import TransformerXLConfig
+
+    tensors, state = CheckpointManager.read(path)
+    if "model_config" not in state:
+        raise CheckpointError(
+            f"Checkpoint file {os.path.join(path, STATE)} has no model_config.",
+            os.path.join(path, STATE),
+        )
+    model = TransformerXLCausalLM(TransformerXLConfig.from_dict(state["model_config"]))
+    for w in model.model_weights():
+        key = f"model/{w.path}"
+        if key not in tensors:
+            raise CheckpointError(f"{path}: missing {key!r}.", path)
+        w.assign(tensors[key])
+    logger.info("Model from checkpoint %s (step %d).", path, int(state["step"]))
+    return model
+
+
+def materialize_model_folder(workdir, checkpoint=None, out=None):
+    """A model folder for `workdir`: WORKDIR/model, or one written from a
+    checkpoint to `out` (default: a new temporary folder) with the
+    workdir's tokenizer. Returns its path."""
+    from keras_txl.io import save_pretrained
+
+    kind, path = workdir_model_source(workdir, checkpoint)
+    if kind == "model":
+        return path
+    out = out or tempfile.mkdtemp(prefix="txl-ckpt-model-")
+    tokenizer = os.path.join(workdir, "tokenizer")
+    save_pretrained(model_from_checkpoint(path), out,
+                    tokenizer=tokenizer if os.path.isdir(tokenizer) else None)
+    return out

@@ -84,7 +84,9 @@ class TrainConfig:
             raise ValueError(f"`clip_norm` must be >= 0, received {self.clip_norm!r}.")
         if self.warmup_steps > self.steps:
             raise ValueError(
-                f"`warmup_steps`={self.warmup_steps} exceeds `steps`={self.steps}."
+                f"`warmup_steps`={self.warmup_steps} exceeds `steps`={self.steps}: "
+                f"pass --set warmup_steps=N with N <= {self.steps} (0 for none), "
+                f"or --steps {self.warmup_steps} or more."
             )
         for name, allowed in (("loop", LOOPS), ("strategy", STRATEGIES),
                               ("on_non_finite", NON_FINITE),

@@ -18,6 +18,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 
 import keras
@@ -34,10 +36,69 @@ from keras_txl.training.data import lm_dataset
 from keras_txl.training.metrics import LN2
 from keras_txl.training.metrics import token_nll
 from keras_txl.training.optimizers import setup_model_and_optimizer
+from keras_txl.training.progress import TrainingProgress
 from keras_txl.training.schedules import learning_rate_schedule
 from keras_txl.training.strategy import is_chief
 
 logger = logging.getLogger(__name__)
+
+# The largest loss whose perplexity exp(loss) is a finite float32 (what
+# tf.summary stores): above it the perplexity is reported as inf.
+MAX_FINITE_PPL_LOSS = math.log(np.finfo(np.float32).max)  # 88.72
+
+
+def perplexity(loss):
+    """exp(loss), or inf where it would overflow float32 (never raises)."""
+    if not math.isfinite(loss):
+        return float("nan") if math.isnan(loss) else float("inf")
+    return math.exp(loss) if loss <= MAX_FINITE_PPL_LOSS else float("inf")
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after a step; the checkpoint and
+    the model folder of that step were written."""
+
+    def __init__(self, signal_name, step, total, checkpoint):
+        self.signal_name = signal_name
+        self.step = step
+        self.total = total
+        self.checkpoint = checkpoint
+        super().__init__(
+            f"Stopped on {signal_name} after step {step} of {total}; "
+            f"checkpoint {checkpoint or '(none: no workdir)'}."
+        )
+
+
+class _StopOnSignals:
+    """Turns SIGINT/SIGTERM into a flag read after each step (main thread
+    only; elsewhere signals keep their default behaviour)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.received:
+            logger.warning("%s again: already stopping after this step.", name)
+            return
+        self.received = name
+        logger.warning("%s: stopping after the current step (writing a "
+                       "checkpoint and the model folder).", name)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name)
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        return False
 
 
 # --- the trainer ---------------------------------------------------------
@@ -160,18 +221,29 @@ class Trainer:
 
     # --- training -------------------------------------------------------
     def restore(self, path=None):
-        """Restores the latest (or given) checkpoint; returns its step or 0."""
-        if path is None:
-            path = self.checkpoints.latest() if self.checkpoints else None
-        if path is None:
-            return 0
-        tensors, state = CheckpointManager.read(path)
+        """Restores the newest intact (or the given) checkpoint; returns
+        its step, or 0 when there is none.
+
+        Every checkpoint is verified against its manifest (sha256): a
+        damaged newest one is skipped with a warning for the newest intact
+        one; `path` given explicitly must itself be intact. Errors name the
+        file (`CheckpointError`, a ValueError).
+        """
+        if path is not None:
+            tensors, state = CheckpointManager.read(path)
+        else:
+            found = self.checkpoints.newest_intact() if self.checkpoints else None
+            if found is None:
+                self._drop_metrics_after(0)  # a fresh start: no stale rows
+                return 0
+            path, tensors, state = found
         saved = state.get("model_config")
         if saved is not None and saved != self.model_config.to_dict():
             raise ValueError(
                 f"{path} was written for another model config; start a new "
                 "workdir or pass the same config."
             )
+        self._check_resumable(path, state.get("train_config") or {})
         with self.strategy.scope():
             assign_tensors(tensors, self.model, self.optimizer, source=path)
         multi_worker = isinstance(
@@ -187,8 +259,80 @@ class Trainer:
             self.memory = self._zero_memory()
         self.step = int(state["step"])
         self.history = list(state.get("history", []))
+        self._drop_metrics_after(self.step)
         logger.info("Resumed from %s at step %d.", path, self.step)
         return self.step
+
+    def _check_resumable(self, path, saved):
+        """Refuses a resume that would silently change the data stream;
+        says what a changed step count does to the schedule."""
+        cfg = self.config
+        saved_batch = saved.get("batch_size", cfg.batch_size)
+        if saved_batch != cfg.batch_size:
+            raise ValueError(
+                f"{path} was written with batch_size={saved_batch}; resuming "
+                f"with batch_size={cfg.batch_size} would restart the memory "
+                "and the position in the text. Resume with --batch-size "
+                f"{saved_batch}, or train in a new --workdir."
+            )
+        saved_steps = saved.get("steps", cfg.steps)
+        if saved_steps != cfg.steps:
+            schedule = learning_rate_schedule(
+                saved.get("learning_rate", cfg.learning_rate),
+                saved.get("warmup_steps", cfg.warmup_steps),
+                saved_steps,
+                saved.get("min_lr_ratio", cfg.min_lr_ratio))
+            at = self._checkpoint_step(path)
+            logger.warning(
+                "%s was trained for a schedule of %d steps; this run has "
+                "steps=%d, so the cosine learning-rate schedule is stretched "
+                "to end at step %d (at the checkpoint's step the learning "
+                "rate goes from %.3g to %.3g). Pass --steps %d to keep the "
+                "original schedule.", path, saved_steps, cfg.steps, cfg.steps,
+                float(schedule(at)), float(self.schedule(at)), saved_steps,
+            )
+        changed = sorted(
+            k for k, v in saved.items()
+            if k not in ("steps", "batch_size") and k in cfg.to_dict()
+            and cfg.to_dict()[k] != v
+        )
+        if changed:
+            logger.warning(
+                "Resuming %s with changed training settings: %s.", path,
+                ", ".join(f"{k} {saved[k]!r} -> {cfg.to_dict()[k]!r}"
+                          for k in changed),
+            )
+
+    @staticmethod
+    def _checkpoint_step(path):
+        name = os.path.basename(os.path.normpath(path))
+        digits = name.rsplit("-", 1)[-1]
+        return int(digits) if digits.isdigit() else 0
+
+    def _drop_metrics_after(self, step):
+        """A resume replays the steps after the checkpoint: remove their
+        rows from metrics.jsonl so each step is logged once."""
+        if not (self.workdir and self.chief):
+            return
+        path = os.path.join(self.workdir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return
+        with open(path) as f:
+            lines = f.readlines()
+        kept = []
+        for line in lines:
+            try:
+                row_step = json.loads(line).get("step", 0)
+            except ValueError:
+                continue  # a line cut by a kill
+            if row_step <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        if len(kept) != len(lines):
+            from keras_txl.io import atomic_write_bytes
+
+            atomic_write_bytes(path, "".join(kept).encode())
+            logger.info("metrics.jsonl: dropped %d row(s) logged after step %d "
+                        "(they are logged again).", len(lines) - len(kept), step)
 
     def save_checkpoint(self):
         if not self.checkpoints or not self.chief:
@@ -226,54 +370,121 @@ class Trainer:
             self.model_config.to_json(os.path.join(self.workdir, "config.json"))
             with open(os.path.join(self.workdir, "train_config.json"), "w") as f:
                 f.write(cfg.to_json() + "\n")
-        progress = None
-        if self.verbose:
-            progress = keras.utils.Progbar(total - self.step)
         losses = []
         window_start, window_tokens, window_losses = time.perf_counter(), 0, []
-        while self.step < total:
-            if self.step % per_epoch == 0:
-                self.memory = self._zero_memory()  # a new pass over the text
-            inputs, targets = next(iterator)
-            loss, norm, self.memory = self._train_step(inputs, targets, self.memory)
-            loss = float(loss)
-            self.step += 1
-            if not math.isfinite(loss):
-                if cfg.on_non_finite == "stop":
-                    raise FloatingPointError(
-                        f"Non-finite loss ({loss}) at step {self.step}; stopping. "
-                        "The last good checkpoint is kept "
-                        f"({self.checkpoints.latest() if self.checkpoints else 'none'})."
-                    )
-                logger.warning("Non-finite loss at step %d: update skipped.", self.step)
-            losses.append(loss)
-            window_losses.append(loss)
-            window_tokens += cfg.batch_size * T
-            if progress is not None:
-                progress.add(1, values=[("loss", loss)])
-            if self.step % cfg.log_every == 0 or self.step == total:
-                self._log(window_losses, window_tokens,
-                          time.perf_counter() - window_start, float(norm), writer)
-                window_start, window_tokens, window_losses = time.perf_counter(), 0, []
-            if (valid_tokens is not None and cfg.eval_every
-                    and self.step % cfg.eval_every == 0 and self.step < total):
+        progress = TrainingProgress(total, start=self.step, enabled=self.verbose)
+        with _StopOnSignals() as signals, progress:
+            while self.step < total:
+                if self.step % per_epoch == 0:
+                    self.memory = self._zero_memory()  # a new pass over the text
+                inputs, targets = next(iterator)
+                previous_memory = self.memory
+                loss, norm, self.memory = self._train_step(inputs, targets, self.memory)
+                loss, norm = float(loss), float(norm)
+                self.step += 1
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    if cfg.on_non_finite == "stop":
+                        self._stop_non_finite(loss, norm, previous_memory)
+                    logger.warning("Non-finite loss at step %d: update skipped.",
+                                   self.step)
+                losses.append(loss)
+                window_losses.append(loss)
+                window_tokens += cfg.batch_size * T
+                progress.update(self.step, loss, float(self.schedule(self.step)),
+                                cfg.batch_size * T)
+                if self.step % cfg.log_every == 0 or self.step == total:
+                    self._log(window_losses, window_tokens,
+                              time.perf_counter() - window_start, norm, writer)
+                    window_start, window_tokens, window_losses = time.perf_counter(), 0, []
+                if signals.received:
+                    self._stop_on_signal(signals.received, total)
+                if (valid_tokens is not None and cfg.eval_every
+                        and self.step % cfg.eval_every == 0 and self.step < total):
+                    self._evaluate_and_log(valid_tokens, eval_settings, writer)
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+            if valid_tokens is not None:
                 self._evaluate_and_log(valid_tokens, eval_settings, writer)
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                self.save_checkpoint()
-        if valid_tokens is not None:
-            self._evaluate_and_log(valid_tokens, eval_settings, writer)
-        self.save_checkpoint()
+            self.save_checkpoint()
+            self.save_model()
+        return losses
+
+    def save_model(self):
+        """Writes the model folder (what eval, export and generate read)."""
         if self.workdir and self.chief:
             save_pretrained(self.model, os.path.join(self.workdir, "model"),
                             tokenizer=self.tokenizer)
-        return losses
+
+    def _stop_on_signal(self, name, total):
+        path = self.save_checkpoint()
+        self.save_model()
+        raise TrainingInterrupted(name, self.step, total, path)
+
+    def _stop_non_finite(self, loss, norm, previous_memory):
+        """The "stop" guard: puts back the state before the bad step, writes
+        it as a checkpoint (when the last one is older) and raises."""
+        bad_step = self.step
+        self._undo_guarded_update()
+        self.memory = previous_memory
+        self.step = bad_step - 1
+        path = None
+        if self.checkpoints and self.chief:
+            latest = self.checkpoints.latest()
+            if latest is None or self._checkpoint_step(latest) < self.step:
+                try:
+                    path = self.save_checkpoint() if self.step > 0 else None
+                except (FloatingPointError, OSError) as e:
+                    logger.error("Could not save the state before step %d: %s",
+                                 bad_step, e)
+            if path is None:
+                found = self.checkpoints.newest_intact(warn=False) if latest else None
+                path = found[0] if found else None
+        kept = (f"The last good checkpoint is {path} (step {self._checkpoint_step(path)})."
+                if path else "No checkpoint holds a good state (no workdir, or "
+                "the guard tripped at the first step).")
+        raise FloatingPointError(
+            f"Non-finite loss ({loss}) or gradient norm ({norm}) at step "
+            f"{bad_step}; stopping. {kept} Lower the learning rate, or set "
+            "on_non_finite=skip to skip such steps."
+        )
+
+    def _undo_guarded_update(self):
+        """Reverts the zero-gradient update the step applied at a bad step.
+
+        The compiled step cannot leave the optimizer out (apply_gradients
+        inside a tf.cond breaks under MirroredStrategy's merge_call), so a
+        bad step applies zero gradients; with Adam that still moves the
+        weights by the decayed momentum. This inverts exactly that update
+        (to float rounding): m = m'/b1, v = v'/b2,
+        w = w' + alpha_t m'/(sqrt(v')+eps), iterations - 1.
+        """
+        opt = self.optimizer
+        if not isinstance(opt, keras.optimizers.Adam) or opt.amsgrad:
+            logger.warning("Cannot undo the guarded step for %s: the weights "
+                           "after it are kept.", type(opt).__name__)
+            return
+        t = int(opt.iterations.numpy())
+        lr = float(self.schedule(t - 1))
+        b1, b2, eps = float(opt.beta_1), float(opt.beta_2), float(opt.epsilon)
+        alpha = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        variables = self.model.trainable_variables
+        with self.strategy.scope():
+            for variable in variables:
+                index = opt._get_variable_index(variable)
+                m = opt._momentums[index].numpy()
+                v = opt._velocities[index].numpy()
+                w = variable.numpy()
+                variable.assign(w + alpha * m / (np.sqrt(v) + eps))
+                opt._momentums[index].assign(m / b1)
+                opt._velocities[index].assign(v / b2)
+            opt.iterations.assign(t - 1)
 
     def _log(self, window_losses, tokens, seconds, norm, writer):
         mean = float(np.mean(window_losses)) if window_losses else float("nan")
         lr = float(self.schedule(self.step))
         record = {
             "step": self.step, "loss": mean,
-            "ppl": math.exp(min(mean, 700.0)), "bpc": mean / LN2, "lr": lr,
+            "ppl": perplexity(mean), "bpc": mean / LN2, "lr": lr,
             "grad_norm": norm,
             "ms_per_step": 1000.0 * seconds / max(len(window_losses), 1),
             "tokens_per_s": tokens / max(seconds, 1e-9),
@@ -288,7 +499,11 @@ class Trainer:
         if writer is not None:
             with writer.as_default(step=self.step):
                 for key in ("loss", "ppl", "bpc", "lr", "grad_norm", "tokens_per_s"):
-                    tf.summary.scalar(f"train/{key}", record[key])
+                    # float32 scalars: a finite double above float32's range
+                    # (a diverged loss's ppl) is stored as inf, not an error.
+                    with np.errstate(over="ignore"):
+                        value = np.float32(record[key])
+                    tf.summary.scalar(f"train/{key}", value)
             with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps({"split": "train", **record}) + "\n")
 
@@ -414,5 +629,5 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
         total += float(tf.reduce_sum(nll))
         count += int(x.shape[0] * x.shape[1])
     loss = total / count
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bpc": loss / LN2,
+    return {"loss": loss, "ppl": perplexity(loss), "bpc": loss / LN2,
             "tokens": count}

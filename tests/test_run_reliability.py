@@ -1,0 +1,333 @@
+"""The training run's reliability, in-process: checksummed checkpoints and
+the fallback to the newest intact one, overflowing metrics, the non-finite
+guard's last good state, resume checks, the data cache key, the workdir
+lock, short runs of a preset, the progress display."""
+
+import io
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from testing import REPO
+
+import keras_txl
+from keras_txl.cli import main
+from keras_txl.training.checkpoint import CheckpointError
+from keras_txl.training.checkpoint import CheckpointManager
+from keras_txl.training.config import TrainConfig
+from keras_txl.training.loop import Trainer
+from keras_txl.training.loop import perplexity
+from keras_txl.training.progress import TrainingProgress
+from keras_txl.training.run import WorkdirLock
+from keras_txl.training.run import prepare_data
+from keras_txl.training.run import resolve_configs
+
+V = 40
+
+
+def model_config(**changes):
+    base = dict(vocabulary_size=V, num_layers=2, hidden_dim=16, num_heads=2,
+                intermediate_dim=32, segment_length=8, memory_length=8, dropout=0.1)
+    return keras_txl.TransformerXLConfig(**{**base, **changes})
+
+
+def train_config(**changes):
+    base = dict(batch_size=4, steps=6, learning_rate=3e-3, warmup_steps=2,
+                log_every=1, checkpoint_every=2, clip_norm=0.25)
+    return TrainConfig(**{**base, **changes})
+
+
+def corpus(n=3000):
+    return np.random.default_rng(0).integers(0, V, n).astype("int32")
+
+
+def trainer(workdir, **changes):
+    return Trainer(model_config(), train_config(**changes), tf.distribute.get_strategy(),
+                   workdir=str(workdir), verbose=False)
+
+
+def weights(model):
+    return {w.path: w.numpy().copy() for w in model.model_weights()}
+
+
+def flip_byte(path, offset_from_end=100):
+    data = bytearray(open(path, "rb").read())
+    data[-offset_from_end] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+
+
+# --- checkpoints: checksums, fallback, files named ------------------------
+def test_damaged_checkpoints_are_named_and_the_newest_intact_one_is_used(tmp_path, caplog):
+    run = trainer(tmp_path)
+    run.train(corpus())  # checkpoints 2, 4, 6
+    manager = run.checkpoints
+    names = [os.path.basename(p) for p in manager.checkpoints()]
+    assert names == ["ckpt-00000002", "ckpt-00000004", "ckpt-00000006"]
+    ckpt6, ckpt4, ckpt2 = manager.checkpoints()[::-1]
+    manifest = json.load(open(os.path.join(ckpt6, "manifest.json")))
+    assert set(manifest["files"]) == {"state.safetensors", "state.json"}
+    assert len(manifest["files"]["state.safetensors"]["sha256"]) == 64
+
+    # A flipped byte in the tensor data: refused, naming the file.
+    flip_byte(os.path.join(ckpt6, "state.safetensors"))
+    with pytest.raises(CheckpointError, match=r"ckpt-00000006/state.safetensors is "
+                       r"corrupted: its sha256 does not match"):
+        CheckpointManager.read(ckpt6)
+    # A truncated file: refused too.
+    tensors4 = os.path.join(ckpt4, "state.safetensors")
+    os.truncate(tensors4, os.path.getsize(tensors4) // 2)
+    with pytest.raises(CheckpointError, match=r"ckpt-00000004/state.safetensors is "
+                       r"truncated or damaged: \d+ bytes, the manifest says \d+"):
+        CheckpointManager.read(ckpt4)
+
+    # Resuming falls back to the newest intact one, with a warning naming both.
+    resumed = trainer(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert resumed.restore() == 2
+    assert "ckpt-00000006/state.safetensors" in caplog.text
+    assert "Falling back to" in caplog.text and "ckpt-00000002" in caplog.text
+
+    # Every checkpoint damaged: the error names the newest one's file.
+    open(os.path.join(ckpt2, "state.json"), "w").write("{not json")
+    with pytest.raises(CheckpointError, match="ckpt-00000006/state.safetensors"):
+        trainer(tmp_path).restore()
+
+
+def test_an_invalid_state_json_names_its_file(tmp_path):
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())
+    path = run.checkpoints.latest()
+    os.remove(os.path.join(path, "manifest.json"))  # an older, unverifiable one
+    open(os.path.join(path, "state.json"), "w").write("{\"step\": ")
+    with pytest.raises(CheckpointError, match=r"ckpt-00000002/state.json is not "
+                       r"valid JSON"):
+        CheckpointManager.read(path)
+
+
+def test_nan_weights_are_never_checkpointed_nor_loaded_as_good(tmp_path):
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())
+    kernel = run.model.backbone.blocks[0].output_dense.kernel
+    kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+    with pytest.raises(FloatingPointError, match="Not writing checkpoint 3: the "
+                       "weights hold NaN/Inf"):
+        run.checkpoints.save(3, run.model, run.optimizer, None, {})
+    # A poisoned checkpoint written by an older version (no manifest check
+    # could catch it): refused as "not a good checkpoint".
+    from safetensors.numpy import save_file
+
+    path = run.checkpoints.latest()
+    tensors, _ = CheckpointManager.read(path)
+    name = next(n for n in tensors if n.startswith("model/"))
+    tensors[name] = np.full_like(tensors[name], np.nan)
+    save_file(tensors, os.path.join(path, "state.safetensors"))
+    os.remove(os.path.join(path, "manifest.json"))
+    with pytest.raises(CheckpointError, match="holds NaN/Inf weights.*not a good "
+                       "checkpoint"):
+        CheckpointManager.read(path)
+
+
+# --- the non-finite guard -------------------------------------------------
+def test_overflowing_perplexity_is_inf_not_an_error():
+    assert perplexity(88.0) == pytest.approx(math.exp(88.0))
+    assert perplexity(4.6e7) == math.inf and perplexity(100.0) == math.inf
+    assert math.isnan(perplexity(float("nan")))
+
+
+def test_a_huge_learning_rate_logs_inf_perplexity_and_stops_with_its_last_good_state(
+        tmp_path):
+    run = trainer(tmp_path, learning_rate=1e3, warmup_steps=0, steps=40,
+                  checkpoint_every=0)
+    try:
+        run.train(corpus())
+        stopped = None
+    except FloatingPointError as e:
+        stopped = str(e)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    huge = [r for r in rows if r["loss"] > 88.8]
+    assert huge, "the loss never exceeded exp's float32 range: the test lost its point"
+    assert all(r["ppl"] == math.inf for r in huge)
+    if stopped is not None:  # diverged to NaN: a checkpoint of the last good step
+        assert "The last good checkpoint is" in stopped, stopped
+        tensors, state = CheckpointManager.read(run.checkpoints.latest())
+        assert state["step"] == run.step
+
+
+def test_the_guard_writes_the_state_before_the_bad_step(tmp_path):
+    run = trainer(tmp_path, steps=8, checkpoint_every=0)
+    run.train(corpus(), steps=3)
+    before = weights(run.model)
+    before_iterations = int(run.optimizer.iterations.numpy())
+    real_step = run._train_step
+    run._train_step = lambda x, y, memory: real_step(x, y, memory * np.nan)
+    with pytest.raises(FloatingPointError, match=r"at step 4; stopping. The last good "
+                       r"checkpoint is .*ckpt-00000003 \(step 3\)"):
+        run.train(corpus())
+    tensors, state = CheckpointManager.read(run.checkpoints.latest())
+    assert state["step"] == 3
+    for name, value in before.items():
+        np.testing.assert_allclose(tensors[f"model/{name}"], value, rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
+    assert int(run.optimizer.iterations.numpy()) == before_iterations
+
+
+# --- resuming -------------------------------------------------------------
+def test_resume_with_another_batch_size_is_refused(tmp_path):
+    trainer(tmp_path, steps=2).train(corpus())
+    with pytest.raises(ValueError, match="written with batch_size=4; resuming with "
+                       "batch_size=2 would restart the memory.*--batch-size 4"):
+        Trainer(model_config(), train_config(batch_size=2), tf.distribute.get_strategy(),
+                workdir=str(tmp_path), verbose=False).restore()
+
+
+def test_a_resume_logs_each_step_once_and_says_what_longer_steps_do(tmp_path, caplog):
+    run = trainer(tmp_path, steps=6, checkpoint_every=4)
+    run.train(corpus())  # checkpoints 4 and 6, metrics rows 1..6
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    with caplog.at_level(logging.WARNING):
+        again = Trainer(model_config(), train_config(steps=8, checkpoint_every=4),
+                        tf.distribute.get_strategy(), workdir=str(tmp_path), verbose=False)
+        assert again.restore() == 6
+    assert "schedule of 6 steps; this run has steps=8" in caplog.text
+    assert "Pass --steps 6 to keep the original schedule" in caplog.text
+    again.train(corpus())
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 9))
+
+
+def test_rows_logged_after_the_restored_checkpoint_are_dropped(tmp_path):
+    run = trainer(tmp_path, steps=6, checkpoint_every=4)
+    run.train(corpus(), steps=5)  # checkpoints 4 and 5, rows 1..5
+    import shutil
+
+    shutil.rmtree(os.path.join(run.checkpoints.directory, "ckpt-00000005"))  # killed
+    again = trainer(tmp_path, steps=6, checkpoint_every=4)
+    assert again.restore() == 4
+    again.train(corpus())
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+# --- the data cache, the workdir ------------------------------------------
+def write_corpus(folder, seed):
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    for split, n in (("train", 400), ("valid", 60), ("test", 60)):
+        words = ["".join(rng.choice(list("abcdefg"), size=4)) for _ in range(n)]
+        open(os.path.join(folder, f"{split}.txt"), "w").write(" ".join(words) + "\n")
+    return str(folder)
+
+
+def test_a_changed_corpus_or_tokenizer_is_refused(tmp_path):
+    first = write_corpus(tmp_path / "a", 0)
+    other = write_corpus(tmp_path / "b", 1)
+    workdir = str(tmp_path / "w")
+    os.makedirs(workdir)
+    tokenizer, splits = prepare_data(first, workdir, "char")
+    # The same corpus (even a moved copy) reuses the cache; no --data too.
+    import shutil
+
+    shutil.copytree(first, tmp_path / "copy")
+    _, again = prepare_data(str(tmp_path / "copy"), workdir, "char")
+    np.testing.assert_array_equal(again["train"], splits["train"])
+    _, cached = prepare_data(None, workdir, "char")
+    np.testing.assert_array_equal(cached["valid"], splits["valid"])
+    with pytest.raises(ValueError, match=r"was prepared from .*/a'; --data .*/b' has "
+                       "different content.*new --workdir"):
+        prepare_data(other, workdir, "char")
+    with pytest.raises(ValueError, match=r"--data .*nope.*does not exist"):
+        prepare_data(str(tmp_path / "nope"), workdir, "char")
+    with open(os.path.join(workdir, "tokenizer", "tokenizer.json"), "a") as f:
+        f.write(" ")
+    with pytest.raises(ValueError, match="tokenizer changed since .*data was encoded"):
+        prepare_data(first, workdir, "char")
+
+
+LOCK_HOLDER = """
+import sys, time
+from keras_txl.training.run import WorkdirLock
+with WorkdirLock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_train_on_a_busy_workdir_is_refused(tmp_path, capsys):
+    data = write_corpus(tmp_path / "data", 0)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(workdir)],
+                              env=env, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        argv = ["train", "--data", data, "--workdir", str(workdir), "--preset", "tiny",
+                "--tokenizer", "char", "--steps", "1", "--batch-size", "2",
+                "--segment-length", "8", "--memory-length", "8"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"is in use by another `txl train` (pid {holder.pid}" in err
+        assert not (workdir / "metrics.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The lock dies with its process: no stale lock.
+    with WorkdirLock(str(workdir)):
+        pass
+
+
+def test_an_unwritable_workdir_is_a_clear_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    argv = ["train", "--data", str(tmp_path), "--workdir", str(blocker / "w"),
+            "--preset", "tiny", "--steps", "1"]
+    assert main(argv) == 2
+    assert "is not writable" in capsys.readouterr().err
+
+
+def test_a_short_run_of_a_preset_scales_its_warmup_or_names_the_flag():
+    _, cfg, _, _ = resolve_configs("tiny", flags={"steps": 10})
+    assert (cfg.steps, cfg.warmup_steps) == (10, 1)
+    with pytest.raises(ValueError, match=r"`warmup_steps`=20 exceeds `steps`=10: pass "
+                       r"--set warmup_steps=N with N <= 10"):
+        resolve_configs("tiny", overrides=["warmup_steps=20"], flags={"steps": 10})
+
+
+def test_train_help_lists_the_presets_with_size_and_time():
+    out = subprocess.run([sys.executable, "-m", "keras_txl", "train", "--help"],
+                         capture_output=True, text=True, env={
+                             **os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout
+    assert "tiny" in out and "char_small" in out and "wt103_large" in out
+    assert "ms/step" in out and "5.19M" in out
+
+
+# --- the progress display -------------------------------------------------
+def test_progress_prints_log_lines_above_one_bar_with_the_current_loss():
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
+    log = logging.getLogger("keras_txl.training.loop")
+    with TrainingProgress(10, console=console) as progress:
+        progress.update(3, 2.3456, 1e-3, 256)
+        log.warning("step 3 | loss 2.3456")
+        time.sleep(0.2)
+        progress.update(4, 1.2345, 5e-4, 256)
+    text = buffer.getvalue()
+    assert "loss 1.2345 | lr 5.00e-04" in text and "tok/s" in text
+    # The log line is printed on its own line, not glued onto the bar.
+    assert any(line.rstrip().endswith("step 3 | loss 2.3456") for line in
+               text.replace("\r", "\n").splitlines())
+    # Without a terminal: no bar at all.
+    plain = io.StringIO()
+    with TrainingProgress(10, console=Console(file=plain)) as progress:
+        progress.update(3, 2.0, 1e-3, 256)
+    assert plain.getvalue() == ""

@@ -130,9 +130,11 @@ def build_parser():
     p.add_argument("--jit-compile", dest="jit_compile", action="store_true",
                    help="compile the training step with XLA")
     p.add_argument("--precision", default=None,
-                   choices=["float32", "mixed_bfloat16"],
-                   help="default: the config's, else float32; the memory "
-                   "stays float32")
+                   choices=["float32", "mixed_bfloat16", "auto"],
+                   help="auto: mixed_bfloat16 only where the hardware computes "
+                   "bf16 (AVX512_BF16/AMX CPUs, GPUs from compute capability "
+                   "8.0), else float32 (default: the config's, else float32); "
+                   "the memory stays float32")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
 
     p = add_command("eval", "evaluate a trained model: loss, ppl and bits per "

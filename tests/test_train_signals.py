@@ -109,3 +109,27 @@ def test_sigint_and_sigterm_stop_with_a_checkpoint_then_eval_generate_export(
                  "--prompt", "it", "--max-new-tokens", "2"]) == 0
     assert main(["eval", "--workdir", str(workdir), "--checkpoint", "999999"]) == 2
     assert "--checkpoint '999999': no such checkpoint" in capsys.readouterr().err
+
+
+def test_sigint_stops_the_fit_loop_after_a_step_with_a_checkpoint(corpus_dir, tmp_path):
+    """`--loop fit` stops the same way: after the current step, a checkpoint and
+    the model folder, exit 130, no traceback."""
+    workdir = tmp_path / "fit"
+    argv = [a if a != "checkpoint_every=0" else "checkpoint_every=2"
+            for a in command(corpus_dir, workdir)] + ["--loop", "fit"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    checkpoints = workdir / "checkpoints"
+    deadline = time.time() + 240
+    while (not list(checkpoints.glob("ckpt-*/manifest.json")) and process.poll() is None
+           and time.time() < deadline):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    err = err.decode()
+    assert process.returncode == 130, err[-3000:]
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err
+    step = int(err.split("Stopped on SIGINT after step ")[1].split()[0])
+    assert step >= 2
+    assert (checkpoints / f"ckpt-{step:08d}" / "manifest.json").exists()
+    assert (workdir / "model" / "model.safetensors").exists()

@@ -112,3 +112,25 @@ def test_setup_precision_policy_is_used_for_the_model_then_restored():
         setup_model_and_optimizer(config, train, tf.distribute.get_strategy(),
                                   no_such_argument=1)
     assert keras.mixed_precision.global_policy().name == "float32"
+
+
+@pytest.mark.parametrize("host_choice", ["mixed_bfloat16", "float32"])
+def test_precision_auto_follows_the_host(monkeypatch, host_choice):
+    from keras_txl.training import optimizers
+
+    # The host's answer (keras_txl.host.auto_precision reads /proc/cpuinfo and
+    # the ISA caps; tests/test_host.py covers it) decides "auto" on a CPU.
+    monkeypatch.setattr(optimizers, "auto_precision", lambda: host_choice)
+    assert optimizers.resolve_precision("auto") == host_choice
+    assert optimizers.resolve_precision("float32") == "float32"
+    config = keras_txl.TransformerXLConfig(**MODEL)
+    model, _ = setup_model_and_optimizer(config, TrainConfig(precision="auto", steps=10),
+                                         tf.distribute.get_strategy())
+    assert model.dtype_policy.name == host_choice
+    assert {v.dtype for v in model.trainable_variables} == {"float32"}
+
+
+def test_precision_must_be_a_known_policy():
+    with pytest.raises(ValueError, match=r"`precision` must be one of \('float32', "
+                       r"'mixed_bfloat16', 'auto'\), received 'mixed_float16'"):
+        TrainConfig(precision="mixed_float16", steps=10)

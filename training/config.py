@@ -13,6 +13,9 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 NON_FINITE = ("stop", "skip")
 
 
+PRECISIONS = ("float32", "mixed_bfloat16", "auto")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """How to train and evaluate (the model itself is a TransformerXLConfig)."""
@@ -48,7 +51,8 @@ class TrainConfig:
     strategy: str = "default"
     # Compile the training step with XLA (not under Mirrored on CPU).
     jit_compile: bool = False
-    # "mixed_bfloat16" or "float32".
+    # "float32", "mixed_bfloat16", or "auto": mixed_bfloat16 only where the
+    # hardware computes bf16 (keras_txl.host.auto_precision), else float32.
     precision: str = "float32"
     # On a NaN/Inf loss: "stop" (keep the last good checkpoint) or "skip"
     # the update.
@@ -90,7 +94,7 @@ class TrainConfig:
             )
         for name, allowed in (("loop", LOOPS), ("strategy", STRATEGIES),
                               ("on_non_finite", NON_FINITE),
-                              ("precision", ("float32", "mixed_bfloat16"))):
+                              ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(
                     f"`{name}` must be one of {allowed}, received "

@@ -25,6 +25,8 @@ from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
 from keras_txl.training.data import LMBatches
 from keras_txl.training.data import lm_dataset
+from keras_txl.training.loop import StopOnSignals
+from keras_txl.training.loop import TrainingInterrupted
 from keras_txl.training.metrics import BitsPerCharacter
 from keras_txl.training.metrics import Perplexity
 from keras_txl.training.metrics import TokenNLL
@@ -89,11 +91,24 @@ class CheckpointCallback(keras.callbacks.Callback):
 
     def save(self):
         memory = self.model.memory.numpy()
-        self.manager.save(
+        return self.manager.save(
             self.step, self.model, self.model.optimizer, memory,
             {"model_config": self.model_config.to_dict(),
              "train_config": self.train_config.to_dict(), "loop": "fit"},
         )
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """Ends `fit` after the current step once SIGINT/SIGTERM arrived (the
+    flag `StopOnSignals` sets; the same handling as the custom loop)."""
+
+    def __init__(self, signals):
+        super().__init__()
+        self.signals = signals
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.signals.received:
+            self.model.stop_training = True
 
 
 def train_with_fit(model_config, train_config, strategy, train_tokens,
@@ -153,9 +168,11 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         manager = CheckpointManager(
             os.path.join(workdir, "checkpoints"), train_config.keep_checkpoints
         )
-        latest = manager.latest()
-        if latest:
-            tensors, state = CheckpointManager.read(latest)
+        # The newest intact checkpoint: a damaged newest one is skipped with a
+        # warning (verified against its manifest), as in the custom loop.
+        found = manager.newest_intact()
+        if found:
+            latest, tensors, state = found
             with strategy.scope():
                 assign_tensors(tensors, model, model.optimizer, source=latest)
             initial_epoch = int(state["step"]) // min(per_epoch, train_config.steps)
@@ -168,12 +185,18 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
     # A Keras "epoch" is one pass over the text (or all the steps, if fewer).
     chunk = min(per_epoch, train_config.steps)
     epochs = int(np.ceil(train_config.steps / chunk))
-    history = model.fit(
-        train_ds.repeat(), epochs=epochs, steps_per_epoch=chunk,
-        initial_epoch=initial_epoch, validation_data=valid_ds, shuffle=False,
-        callbacks=callbacks, verbose=verbose,
-    )
+    with StopOnSignals() as signals:
+        history = model.fit(
+            train_ds.repeat(), epochs=epochs, steps_per_epoch=chunk,
+            initial_epoch=initial_epoch, validation_data=valid_ds, shuffle=False,
+            callbacks=callbacks + [StopOnSignal(signals)], verbose=verbose,
+        )
+    path = None
     if checkpoint is not None:
-        checkpoint.save()
+        checkpoint.step = int(model.optimizer.iterations.numpy())
+        path = checkpoint.save()
         save_pretrained(model, os.path.join(workdir, "model"), tokenizer=tokenizer)
+    if signals.received:
+        raise TrainingInterrupted(signals.received, int(model.optimizer.iterations.numpy()),
+                                  train_config.steps, path)
     return model, history

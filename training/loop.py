@@ -69,7 +69,7 @@ class TrainingInterrupted(Exception):
         )
 
 
-class _StopOnSignals:
+class StopOnSignals:
     """Turns SIGINT/SIGTERM into a flag read after each step (main thread
     only; elsewhere signals keep their default behaviour)."""
 
@@ -373,7 +373,7 @@ class Trainer:
         losses = []
         window_start, window_tokens, window_losses = time.perf_counter(), 0, []
         progress = TrainingProgress(total, start=self.step, enabled=self.verbose)
-        with _StopOnSignals() as signals, progress:
+        with StopOnSignals() as signals, progress:
             while self.step < total:
                 if self.step % per_epoch == 0:
                     self.memory = self._zero_memory()  # a new pass over the text

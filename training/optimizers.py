@@ -19,11 +19,16 @@ Measured on the throughput benchmark's configuration (5.2 M parameters):
 see docs/benchmarks.md.
 """
 
+import logging
+
 import keras
 import tensorflow as tf
 
 from keras_txl import TransformerXLCausalLM
+from keras_txl.host import auto_precision
 from keras_txl.training.schedules import learning_rate_schedule
+
+logger = logging.getLogger(__name__)
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -64,6 +69,28 @@ class FusedAdam(keras.optimizers.Adam):
         )
 
 
+def resolve_precision(precision):
+    """The Keras dtype policy for `TrainConfig.precision`.
+
+    "auto" is "mixed_bfloat16" on a GPU with bf16 tensor cores (compute
+    capability 8.0 or newer) and on a CPU whose instruction set computes bf16
+    (`keras_txl.host.auto_precision`: AVX512_BF16 or AMX, after any
+    `ONEDNN_MAX_CPU_ISA` cap); "float32" elsewhere, where emulated bf16 is
+    slower than float32.
+    """
+    if precision != "auto":
+        return precision
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        capability = tf.config.experimental.get_device_details(gpus[0]).get(
+            "compute_capability") or (0, 0)
+        chosen = "mixed_bfloat16" if tuple(capability) >= (8, 0) else "float32"
+    else:
+        chosen = auto_precision()
+    logger.info("precision=auto: %s on this host.", chosen)
+    return chosen
+
+
 def setup_model_and_optimizer(
     model_config, train_config, strategy, clip_gradients=True, **model_kwargs
 ):
@@ -101,7 +128,7 @@ def setup_model_and_optimizer(
     """
     keras.utils.set_random_seed(train_config.seed)
     previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(train_config.precision)
+    keras.mixed_precision.set_global_policy(resolve_precision(train_config.precision))
     try:
         with strategy.scope():
             model = TransformerXLCausalLM(model_config, **model_kwargs)

@@ -358,31 +358,32 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     logger.info("Training: %s", train_config)
     tokenizer_dir = os.path.join(args.workdir, "tokenizer")
     eval_kwargs = _eval_kwargs(eval_settings)
-    if train_config.loop == "fit":
-        model, history = train_with_fit(
-            model_config, train_config, strategy, splits["train"], splits["valid"],
-            workdir=args.workdir, tokenizer=tokenizer_dir, verbose=1 if args.progress else 2)
-        result = evaluate(model, splits["valid"], **eval_kwargs)
-    else:
-        trainer = Trainer(model_config, train_config, strategy,
-                          workdir=args.workdir, tokenizer=tokenizer_dir,
-                          verbose=args.progress)
-        trainer.restore()
-        try:
+    try:
+        if train_config.loop == "fit":
+            model, _ = train_with_fit(
+                model_config, train_config, strategy, splits["train"], splits["valid"],
+                workdir=args.workdir, tokenizer=tokenizer_dir,
+                verbose=1 if args.progress else 2)
+        else:
+            trainer = Trainer(model_config, train_config, strategy,
+                              workdir=args.workdir, tokenizer=tokenizer_dir,
+                              verbose=args.progress)
+            trainer.restore()
             trainer.train(splits["train"], splits["valid"], eval_settings=None)
-        except TrainingInterrupted as stop:
-            logger.warning(
-                "Stopped on %s after step %d of %d. Checkpoint: %s; model "
-                "folder: %s (txl eval/generate/export --workdir %s use it). "
-                "Resume with the same `txl train` command.", stop.signal_name,
-                stop.step, stop.total, stop.checkpoint,
-                os.path.join(args.workdir, "model"), args.workdir,
-            )
-            return 130 if stop.signal_name == "SIGINT" else 143
-        except FloatingPointError as e:
-            logger.error("txl train: %s", e)
-            return 1
-        result = evaluate(trainer.model, splits["valid"], **eval_kwargs)
+            model = trainer.model
+    except TrainingInterrupted as stop:
+        logger.warning(
+            "Stopped on %s after step %d of %d. Checkpoint: %s; model "
+            "folder: %s (txl eval/generate/export --workdir %s use it). "
+            "Resume with the same `txl train` command.", stop.signal_name,
+            stop.step, stop.total, stop.checkpoint,
+            os.path.join(args.workdir, "model"), args.workdir,
+        )
+        return 130 if stop.signal_name == "SIGINT" else 143
+    except FloatingPointError as e:
+        logger.error("txl train: %s", e)
+        return 1
+    result = evaluate(model, splits["valid"], **eval_kwargs)
     result = {"split": "valid", **bits_named(result, tokenizer), "settings": eval_kwargs}
     print(json.dumps(result))
     return 0

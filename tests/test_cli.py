@@ -255,6 +255,9 @@ def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys, cap
     assert "bpc" not in trained and "eval_settings" not in trained
     assert trained["bits_per_word"] == pytest.approx(trained["loss"] / np.log(2))
     assert trained["settings"]["memory_length"] == 96  # the tiny preset's evaluation memory
+    # The training log rows name their bits the same way.
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all("bits_per_word" in r and "bpc" not in r for r in rows)
     assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(evaluated) == sorted(["split", "loss", "ppl", "bits_per_word", "tokens",

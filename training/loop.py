@@ -122,6 +122,13 @@ class Trainer:
         self.workdir = workdir
         self.tokenizer = tokenizer
         self.verbose = verbose
+        # Bits per token are named after what a token is (bpc only for
+        # characters and bytes; bits_per_word for a word-level run).
+        self.bits_name = "bpc"
+        if tokenizer is not None and os.path.isdir(tokenizer):
+            from keras_txl.tokenizers import load_tokenizer
+
+            self.bits_name = load_tokenizer(tokenizer).bits_metric
         replicas = strategy.num_replicas_in_sync
         if train_config.batch_size % replicas:
             raise ValueError(
@@ -484,13 +491,13 @@ class Trainer:
         lr = float(self.schedule(self.step))
         record = {
             "step": self.step, "loss": mean,
-            "ppl": perplexity(mean), "bpc": mean / LN2, "lr": lr,
+            "ppl": perplexity(mean), self.bits_name: mean / LN2, "lr": lr,
             "grad_norm": norm,
             "ms_per_step": 1000.0 * seconds / max(len(window_losses), 1),
             "tokens_per_s": tokens / max(seconds, 1e-9),
         }
         self.history.append(record)
-        quality = (f"bpc {record['bpc']:.3f}" if self.config.report_bpc
+        quality = (f"{self.bits_name} {record[self.bits_name]:.3f}" if self.config.report_bpc
                    else f"ppl {record['ppl']:.1f}")
         logger.info(
             "step %d | loss %.4f | %s | lr %.2e | %.0f ms/step | %.0f tok/s",
@@ -498,7 +505,7 @@ class Trainer:
         )
         if writer is not None:
             with writer.as_default(step=self.step):
-                for key in ("loss", "ppl", "bpc", "lr", "grad_norm", "tokens_per_s"):
+                for key in ("loss", "ppl", self.bits_name, "lr", "grad_norm", "tokens_per_s"):
                     # float32 scalars: a finite double above float32's range
                     # (a diverged loss's ppl) is stored as inf, not an error.
                     with np.errstate(over="ignore"):
@@ -512,14 +519,15 @@ class Trainer:
         if self.config.eval_max_segments:
             settings.setdefault("max_segments", self.config.eval_max_segments)
         result = evaluate(self.model, valid_tokens, reuse=self._eval_reuse, **settings)
+        result = {(self.bits_name if k == "bpc" else k): v for k, v in result.items()}
         result["step"] = self.step
-        logger.info("eval step %d | loss %.4f | ppl %.2f | bpc %.4f | %d tokens",
-                    self.step, result["loss"], result["ppl"], result["bpc"],
-                    result["tokens"])
+        logger.info("eval step %d | loss %.4f | ppl %.2f | %s %.4f | %d tokens",
+                    self.step, result["loss"], result["ppl"], self.bits_name,
+                    result[self.bits_name], result["tokens"])
         self.history.append({"split": "valid", **result})
         if writer is not None:
             with writer.as_default(step=self.step):
-                for key in ("loss", "ppl", "bpc"):
+                for key in ("loss", "ppl", self.bits_name):
                     tf.summary.scalar(f"valid/{key}", result[key])
             with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps({"split": "valid", **result}) + "\n")

@@ -457,6 +457,17 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
     return np.load(path)
 
 
+def _bits_name(workdir):
+    """Bits per token named after what a token is: "bpc" for characters and
+    bytes (and when the workdir has no tokenizer), "bits_per_word", ..."""
+    folder = os.path.join(workdir, "model", "tokenizer")
+    if not os.path.isdir(folder):
+        return "bpc"
+    from keras_txl.tokenizers import load_tokenizer
+
+    return load_tokenizer(folder).bits_metric
+
+
 def recl_main(args):
     """`txl recl`: RECL of a group of trained workdirs on one text."""
     from keras_txl.io import load_pretrained
@@ -517,8 +528,9 @@ def recl_main(args):
                    for n, t in table.items()},
         "gains": {n: {str(r): [round(g, 5) for g in v["gains"]]
                       for r, v in t.items()} for n, t in table.items()},
-        "mean_bpc": {n: [round(float(row.mean()) / math.log(2), 4)
-                         for row in losses[n]] for n in names},
+        f"mean_{_bits_name(specs[0][1])}": {
+            n: [round(float(row.mean()) / math.log(2), 4) for row in losses[n]]
+            for n in names},
         "contexts": contexts, "targets": int(len(targets)),
         "split": args.split, "threshold": args.threshold,
         "hard_set": args.hard_set, "models": settings, "seconds": seconds,

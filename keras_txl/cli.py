@@ -131,9 +131,9 @@ def build_parser():
                    help="compile the training step with XLA")
     p.add_argument("--precision", default=None,
                    choices=["float32", "mixed_bfloat16", "auto"],
-                   help="auto: mixed_bfloat16 only where the hardware computes "
-                   "bf16 (AVX512_BF16/AMX CPUs, GPUs from compute capability "
-                   "8.0), else float32 (default: the config's, else float32); "
+                   help="auto: mixed_bfloat16 only where bf16 is known to pay "
+                   "(AMX CPUs, GPUs from compute capability 8.0), else "
+                   "float32 (default: the config's, else float32); "
                    "the memory stays float32")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
 

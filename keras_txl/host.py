@@ -8,7 +8,8 @@ MKL's `MKL_ENABLE_INSTRUCTIONS` (PyTorch's CPU BLAS). The "effective ISA" is the
 of what the CPU has and what the cap allows.
 
 `auto_precision()` picks the training precision from it: `"mixed_bfloat16"` only where
-the effective ISA has bf16 in hardware (AVX512_BF16 or AMX), `"float32"` elsewhere.
+the effective ISA has AMX (where bf16 was not measured faster everywhere with AVX512_BF16
+alone: see its docstring), `"float32"` elsewhere.
 
 Nothing here imports TensorFlow: benchmarks, the command line and the PyTorch peer's
 process use it as well.
@@ -57,7 +58,9 @@ FRAMEWORK_CAPS = {
     "torch": ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"),
 }
 
-BF16_LEVELS = ("AVX512_BF16", "AMX")
+# Where `auto_precision` picks mixed_bfloat16: AMX only (see its docstring for why
+# AVX512_BF16 alone is not enough).
+AUTO_BF16_LEVELS = ("AMX",)
 
 
 def _read(path):
@@ -186,17 +189,20 @@ def cpu_info(cpuinfo_text=None, environ=None):
 
 
 def auto_precision(info=None):
-    """`"mixed_bfloat16"` where the CPU computes bf16 in hardware, else `"float32"`.
+    """`"mixed_bfloat16"` where bf16 is known to pay on this CPU, else `"float32"`.
 
-    bf16 pays only where the instruction set has it: AVX512_BF16 (`vdpbf16ps`) or AMX
-    tiles. Without them oneDNN emulates bf16 (convert to fp32, multiply, round back),
-    and mixed precision is slower than fp32: measured on the throughput benchmark of
-    docs/benchmarks.md on an AVX2-only AMD EPYC, 1,035 training tokens/s in
-    mixed_bfloat16 against ~1,400 in float32; with AVX512_BF16 it was ~1.4x faster than
-    float32 (5,029 vs 3,584). So the choice follows the effective ISA of TensorFlow's
-    kernels: the CPU's, lowered by `ONEDNN_MAX_CPU_ISA` when that caps it (e.g. `AVX2`
-    on an AVX512_BF16 CPU gives float32). Unknown CPUs (no /proc/cpuinfo flags, e.g.
-    not Linux or not x86) get float32.
+    Without bf16 instructions oneDNN emulates bf16 (convert to fp32, multiply, round
+    back) and mixed precision is slower than fp32: on an AVX2-only AMD EPYC, 1,035
+    training tokens/s in mixed_bfloat16 against ~1,400 in float32 (docs/benchmarks.md).
+    With AVX512_BF16 (`vdpbf16ps`) alone the throughput benchmark went both ways: 1.40x
+    faster than fp32 on an AMD EPYC (Zen 4) host (5,029 vs 3,584 training tokens/s), but
+    0.66x on an Intel Xeon host (1,764 vs 2,654, fourth session): the dot-product
+    instruction helps the matmuls, and the casts around every element-wise pass cost
+    more than it saves there. AMX tiles multiply bf16 at many times the fp32 rate. So
+    "auto" picks mixed_bfloat16 only where TensorFlow's effective ISA reaches AMX (the
+    CPU's, lowered by `ONEDNN_MAX_CPU_ISA` when that caps it); elsewhere float32, and a
+    user who measured bf16 faster on their host passes `mixed_bfloat16`. Unknown CPUs
+    (no /proc/cpuinfo flags, e.g. not Linux or not x86) get float32.
 
     This is about CPUs; on a GPU the caller decides. `info`: a `cpu_info()` dict
     (default: this host's).
@@ -204,7 +210,7 @@ def auto_precision(info=None):
     info = cpu_info() if info is None else info
     level = (info.get("effective_isa_by_framework") or {}).get(
         "tensorflow", info.get("effective_isa"))
-    return "mixed_bfloat16" if level in BF16_LEVELS else "float32"
+    return "mixed_bfloat16" if level in AUTO_BF16_LEVELS else "float32"
 
 
 def describe(info=None):

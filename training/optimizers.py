@@ -73,10 +73,10 @@ def resolve_precision(precision):
     """The Keras dtype policy for `TrainConfig.precision`.
 
     "auto" is "mixed_bfloat16" on a GPU with bf16 tensor cores (compute
-    capability 8.0 or newer) and on a CPU whose instruction set computes bf16
-    (`keras_txl.host.auto_precision`: AVX512_BF16 or AMX, after any
-    `ONEDNN_MAX_CPU_ISA` cap); "float32" elsewhere, where emulated bf16 is
-    slower than float32.
+    capability 8.0 or newer) and on a CPU with AMX tiles
+    (`keras_txl.host.auto_precision`, after any `ONEDNN_MAX_CPU_ISA` cap);
+    "float32" elsewhere, where bf16 was measured slower than float32 (emulated
+    without bf16 instructions, and even with AVX512_BF16 on one host).
     """
     if precision != "auto":
         return precision

@@ -157,7 +157,7 @@ def forward_flops_per_token(cfg, fractions=None):
         + 2 * NH * D  # output projection
         + 2 * 2 * D * I  # feed-forward
     )
-    cutoffs = list(cfg["cutoffs"])
+    cutoffs = list(cfg.get("cutoffs", ()))
     if not cutoffs:
         return L * per_layer + 2 * D * V
     E = cfg["embedding_dim"] or D

@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from gpu import forward_flops_per_token  # noqa: E402  (one FLOP model for both)
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
 
@@ -41,23 +42,6 @@ CONFIG = dict(
 
 def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def forward_flops_per_token(cfg):
-    """Matmul FLOPs of one forward pass per token (multiply-add = 2)."""
-    D, L, I, V = cfg["hidden_dim"], cfg["num_layers"], cfg["intermediate_dim"], cfg["vocabulary_size"]
-    NH = cfg["num_heads"] * cfg["head_dim"]
-    T, M = cfg["segment_length"], cfg["memory_length"]
-    K = T + M
-    per_layer = (
-        2 * D * NH  # q
-        + 2 * D * 2 * NH * K / T  # k, v over memory + segment
-        + 2 * D * NH * K / T  # W_R R (once per segment)
-        + 3 * 2 * K * NH  # content scores, position scores, weighted values
-        + 2 * NH * D  # output projection
-        + 2 * 2 * D * I  # feed-forward
-    )
-    return L * per_layer + 2 * D * V  # + the softmax layer
 
 
 def main(argv=None):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from testing import REPO
+from testing import write_word_corpus
 
 from keras_txl.cli import main
 
@@ -24,14 +25,7 @@ TRIALS = 4  # killed runs, each followed by a fault; then one run to the end
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    words = "it was the best of times it was the worst of times".split()
-    text = lambda n: " ".join(rng.choice(words, size=n)) + "\n"  # noqa: E731
-    (folder / "train.txt").write_text(text(3000))
-    (folder / "valid.txt").write_text(text(30))
-    (folder / "test.txt").write_text(text(30))
-    return folder
+    return write_word_corpus(tmp_path_factory.mktemp("corpus"), eval_words=30)
 
 
 def command(corpus, workdir):

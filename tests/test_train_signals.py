@@ -9,23 +9,16 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 from testing import REPO
+from testing import write_word_corpus
 
 from keras_txl.cli import main
 
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    words = "it was the best of times it was the worst of times".split()
-    text = lambda n: " ".join(rng.choice(words, size=n)) + "\n"  # noqa: E731
-    (folder / "train.txt").write_text(text(3000))
-    (folder / "valid.txt").write_text(text(40))  # short: the final eval is quick
-    (folder / "test.txt").write_text(text(40))
-    return folder
+    return write_word_corpus(tmp_path_factory.mktemp("corpus"), eval_words=40)
 
 
 def command(corpus, workdir):

@@ -78,6 +78,17 @@ def random_ids(shape, vocabulary_size=TINY["vocabulary_size"], seed=0):
 _MIRRORED = []
 
 
+def write_word_corpus(folder, train_words=3000, eval_words=40, seed=0):
+    """A `train.txt`/`valid.txt`/`test.txt` folder of random words from a tiny
+    vocabulary: enough text for a few hundred `tiny` steps of batch 2 x 8,
+    short evaluation splits (the final evaluation is quick)."""
+    rng = np.random.default_rng(seed)
+    words = "it was the best of times it was the worst of times".split()
+    for split, n in (("train", train_words), ("valid", eval_words), ("test", eval_words)):
+        (pathlib.Path(folder) / f"{split}.txt").write_text(" ".join(rng.choice(words, size=n)) + "\n")
+    return folder
+
+
 def mirrored_strategy():
     """One MirroredStrategy over the two logical CPUs for the whole session.
 

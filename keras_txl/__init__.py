@@ -23,6 +23,7 @@ _EXPORTS = {
     "TransformerXLBackbone": "keras_txl.backbone",
     "TransformerXLBlock": "keras_txl.decoder_block",
     "TransformerXLCausalLM": "keras_txl.causal_lm",
+    "TransformerXLCausalLMPreprocessor": "keras_txl.causal_lm_preprocessor",
     "TransformerXLConfig": "keras_txl.config",
     "apply_eval_protocol": "keras_txl.presets",
     "attention_mask": "keras_txl.memory",

@@ -9,53 +9,99 @@ N num_heads, H head_dim, D hidden_dim.
 
 import keras
 from keras import ops
+from keras_hub.models import Backbone
 
 from keras_txl.adaptive import AdaptiveEmbedding
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoder_block import TransformerXLBlock
 from keras_txl.memory import attention_mask
 from keras_txl.memory import last_positions
+from keras_txl.memory import memory_attention_mask
 from keras_txl.memory import update_memory
+from keras_txl.memory import update_memory_mask
 from keras_txl.memory import zero_memory
 from keras_txl.position_encoding import absolute_position_embedding
 from keras_txl.position_encoding import relative_position_embedding
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
-class TransformerXLBackbone(keras.layers.Layer):
+class TransformerXLBackbone(Backbone):
     """Adaptive embedding + L decoder blocks with segment-level recurrence.
+
+    A `keras_hub.models.Backbone`: `get_config()` holds the hyper-parameters
+    (the fields of `TransformerXLConfig`) flat, as every keras-hub backbone
+    does, so `from_preset` / `save_to_preset` and `from_config` work; the
+    same fields are also available as one `TransformerXLConfig` (`.config`).
+
+    Unlike keras-hub's functional backbones, this one is a subclassed model:
+    its call takes and returns the memory, which a functional graph of
+    fixed inputs cannot carry across calls of different segment lengths.
 
     Memory is one batch-major tensor (B, L, M, D): for layer l, the last M
     *inputs* of layer l (layer 0: the scaled, dropped-out embedding), cut
-    from the graph. A missing memory is all-zero memory of full length (what
-    the official TF code and Hugging Face do). With M == 0 there is no
-    recurrence and the memory has shape (B, L, 0, D).
+    from the graph. A missing memory is M zero vectors (what the official TF
+    code and Hugging Face do), or, with `empty_memory="masked"`, M masked
+    slots (the PyTorch reference). With M == 0 there is no recurrence and
+    the memory has shape (B, L, 0, D).
 
     Args:
-        config: `TransformerXLConfig` or its dict.
+        config: `TransformerXLConfig` or its dict; or leave it out and pass
+            the config's fields as keyword arguments (keras-hub style).
+        dtype: dtype policy (e.g. "mixed_bfloat16").
 
     Call arguments:
-        token_ids: (B, T) int32.
+        token_ids: (B, T) int32, or keras-hub's dict with a "token_ids"
+            entry (a "padding_mask" entry is not needed: a causal model
+            never lets text attend to the padding after it).
         memory: (B, L, M, D) float32, or None.
         training: bool.
         return_details: bool. Also return per-layer attention details and
             hidden states (for analysis; slower).
+        memory_mask: (B, M) bool or None: which memory slots hold real
+            memory (None: all of them, or none with `empty_memory="masked"`
+            and no memory). `update_memory_mask` gives the next one.
 
     Returns:
         `(hidden, new_memory)`: (B, T, D) final hidden states (after the
         final dropout, before the softmax) and (B, L, M, D) float32 memory;
         with `return_details`, a third item, a dict of per-layer lists.
 
+    Example:
+    ```python
+    backbone = keras_txl.TransformerXLBackbone(
+        vocabulary_size=256, num_layers=2, hidden_dim=32, num_heads=2,
+        intermediate_dim=64, memory_length=16,
+    )
+    hidden, memory = backbone(np.zeros((2, 8), "int32"))
+    hidden, memory = backbone(next_ids, memory)
+    ```
+
     Reference:
         Dai et al., 2019, arXiv:1901.02860, sections 3.2 and 3.3.
     """
 
-    def __init__(self, config, **kwargs):
-        # The float32 memory must not be cast to the compute dtype on entry.
-        kwargs.setdefault("autocast", False)
-        super().__init__(**kwargs)
+    def __init__(self, config=None, dtype=None, **kwargs):
+        fields = {
+            key: kwargs.pop(key) for key in list(kwargs)
+            if key in TransformerXLConfig.__dataclass_fields__
+        }
+        if config is None:
+            config = TransformerXLConfig.from_dict(fields)
+        elif fields:
+            raise ValueError(
+                "Pass either `config` or the config's fields as keyword "
+                f"arguments, not both; received config and {sorted(fields)}."
+            )
         if isinstance(config, dict):
             config = TransformerXLConfig.from_dict(config)
+        if not isinstance(config, TransformerXLConfig):
+            raise ValueError(
+                "`config` must be a TransformerXLConfig or a dict, received "
+                f"{type(config).__name__}."
+            )
+        # The float32 memory must not be cast to the compute dtype on entry.
+        kwargs.setdefault("autocast", False)
+        super().__init__(dtype=dtype, **kwargs)
         self.config = config
         cfg = config
         init = keras.initializers.RandomNormal(stddev=cfg.init_std)
@@ -81,12 +127,32 @@ class TransformerXLBackbone(keras.layers.Layer):
         self._embedding_dropout = keras.layers.Dropout(cfg.dropout)
         self._position_dropout = keras.layers.Dropout(cfg.dropout)
         self._output_dropout = keras.layers.Dropout(cfg.dropout)
+        self.build()
+
+    # keras-hub's names for the shape of the model.
+    @property
+    def vocabulary_size(self):
+        return self.config.vocabulary_size
+
+    @property
+    def num_layers(self):
+        return self.config.num_layers
+
+    @property
+    def hidden_dim(self):
+        return self.config.hidden_dim
+
+    @property
+    def memory_length(self):
+        return self.config.memory_length
 
     @property
     def relative(self):
         return self.config.attention_type == "relative"
 
     def build(self, input_shape=None):
+        if self.built:  # built in __init__; a Model's build may be called again
+            return
         cfg = self.config
         self.token_embedding.build()
         for block in self.blocks:
@@ -140,16 +206,31 @@ class TransformerXLBackbone(keras.layers.Layer):
             training=training,
         )
 
-    def call(self, token_ids, memory=None, training=False, return_details=False):
+    def resolve_memory_mask(self, memory, memory_mask, batch_size):
+        """The (B, M) validity of the memory slots, or None (all valid)."""
         cfg = self.config
+        if memory_mask is None and memory is None and (
+            cfg.empty_memory == "masked" and cfg.memory_length > 0
+        ):
+            return ops.zeros((batch_size, cfg.memory_length), "bool")
+        return memory_mask
+
+    def call(self, token_ids, memory=None, training=False, return_details=False,
+             memory_mask=None):
+        cfg = self.config
+        if isinstance(token_ids, dict):
+            token_ids = token_ids["token_ids"]
         batch_size, segment_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
         memory_length = cfg.memory_length
+        memory_mask = self.resolve_memory_mask(memory, memory_mask, batch_size)
         if memory is None:
             memory = zero_memory(
                 batch_size, cfg.num_layers, memory_length, cfg.hidden_dim
             )
         x = self._embed(token_ids, training)  # (B, T, D)
         mask = self._attention_mask(segment_length)  # (T, K)
+        if memory_mask is not None:
+            mask = memory_attention_mask(mask, memory_mask)  # (B, T, K)
         position_embedding = None
         if self.relative:
             position_embedding = self._position_embedding(
@@ -182,7 +263,7 @@ class TransformerXLBackbone(keras.layers.Layer):
         return x, new_memory
 
     # === Memory key/value cache (inference) ===
-    def build_cache(self, memory, segment_length=1):
+    def build_cache(self, memory, segment_length=1, memory_mask=None):
         """The memory with its keys and values projected, for decoding.
 
         Decoding one token at a time re-projects, in every layer, the keys
@@ -200,11 +281,13 @@ class TransformerXLBackbone(keras.layers.Layer):
                 prompt.
             segment_length: int. The T of the coming `call_with_cache`
                 calls (1 to decode): `W_R R` depends only on K = M + T.
+            memory_mask: (B, M) bool or None, as in `call`.
 
         Returns:
             dict of L-tuples: "memory" (B, M, D) float32, "keys" and
             "values" (B, M, N, H) in the compute dtype and, in relative
-            mode, "positions" (M + T, N, H), `W_R R` of each layer.
+            mode, "positions" (M + T, N, H), `W_R R` of each layer; with a
+            memory mask, "memory_mask" (B, M) bool, slid with the memory.
         """
         memory = ops.cast(memory, "float32")
         layers = [memory[:, layer] for layer in range(len(self.blocks))]
@@ -217,6 +300,8 @@ class TransformerXLBackbone(keras.layers.Layer):
             "keys": tuple(k for k, _ in projected),
             "values": tuple(v for _, v in projected),
         }
+        if memory_mask is not None:
+            cache["memory_mask"] = ops.cast(memory_mask, "bool")
         if self.relative:
             cache["positions"] = self._position_projections(
                 self.config.memory_length + segment_length
@@ -249,6 +334,9 @@ class TransformerXLBackbone(keras.layers.Layer):
         segment_length = ops.shape(token_ids)[1]
         x = self._embed(token_ids, False)  # (B, T, D)
         mask = self._attention_mask(segment_length)  # (T, K)
+        memory_mask = cache.get("memory_mask")
+        if memory_mask is not None:
+            mask = memory_attention_mask(mask, memory_mask)  # (B, T, K)
         positions = cache.get("positions")
         static_length = token_ids.shape[1]
         if self.relative and (
@@ -286,6 +374,10 @@ class TransformerXLBackbone(keras.layers.Layer):
             "keys": tuple(new_keys),
             "values": tuple(new_values),
         }
+        if memory_mask is not None:
+            new_cache["memory_mask"] = update_memory_mask(
+                memory_mask, segment_length, memory_length
+            )
         if "positions" in cache:
             new_cache["positions"] = cache["positions"]
         return x, new_cache
@@ -296,6 +388,14 @@ class TransformerXLBackbone(keras.layers.Layer):
         return ops.stack(cache["memory"], axis=1)
 
     def get_config(self):
+        # keras-hub style: the hyper-parameters flat beside name/dtype.
         config = super().get_config()
-        config.update(config=self.config.to_dict())
+        config.update(self.config.to_dict())
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "config" in config:  # written by keras-txl before 0.2
+            config.update(config.pop("config"))
+        return super().from_config(config)

@@ -11,14 +11,43 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
+from keras_hub.models import CausalLM
+from keras_hub.samplers import Sampler
 
 from keras_txl import checks
 from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.config import TransformerXLConfig
+from keras_txl.decoding import decode_loop
+from keras_txl.decoding import initial_cache
+from keras_txl.decoding import mask_after_stop
+from keras_txl.memory import update_memory_mask
 
 # initial_memory() refuses to allocate more than this by default (4 GiB).
 MAX_INITIAL_MEMORY_BYTES = 4 << 30
+
+
+def _is_string_spec(spec):
+    """True for a dataset element of strings (a tensor spec of tf.string)."""
+    return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string
+
+
+def check_preprocessor(preprocessor, vocabulary_size):
+    """A preprocessor whose tokenizer fits a model of `vocabulary_size`."""
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(
+            "`preprocessor` has no tokenizer; a TransformerXLCausalLM needs a "
+            "TransformerXLCausalLMPreprocessor with one."
+        )
+    size = tokenizer.vocabulary_size
+    size = size() if callable(size) else size
+    if int(size) != int(vocabulary_size):
+        raise ValueError(
+            f"`preprocessor`: its tokenizer has a vocabulary of {size} tokens "
+            f"but the model was built for vocabulary_size={vocabulary_size}; "
+            "the tokenizer belongs to another model."
+        )
 
 
 def _is_concrete(x):
@@ -34,33 +63,55 @@ def _is_concrete(x):
     )
 
 
+SAMPLERS = ("greedy", "top_k", "top_p", "random", "beam")
+
+
 @keras.saving.register_keras_serializable(package="keras_txl")
-class TransformerXLCausalLM(keras.Model):
+class TransformerXLCausalLM(CausalLM):
     """Transformer-XL language model with explicit or stateful memory.
 
-    `call_with_memory(token_ids, memory)` is pure: it returns the log-probs
-    and the new memory and touches no state. With `stateful=True` the memory
-    lives in a non-trainable variable of shape (batch_size, L, M, D) that
-    each call reads and overwrites (like a stateful Keras RNN): the batch
-    size is fixed, feed segments in order with `fit(shuffle=False)` and call
-    `reset_memory()` between unrelated texts. Under a `tf.distribute`
-    strategy `batch_size` is the per-replica batch and every replica keeps
-    its own memory.
+    A `keras_hub.models.CausalLM`: `from_preset` / `save_to_preset`,
+    `compile(sampler=...)` and `generate(["prompt", ...], max_length=...)`
+    work as for every keras-hub causal LM, with keras-hub's samplers and
+    the memory's key/value window as the sampler's cache
+    (`keras_txl.decoding`). On top of that:
+
+    - `call_with_memory(token_ids, memory)` is pure: it returns the
+      log-probs and the new memory and touches no state;
+    - with `stateful=True` the memory lives in a non-trainable variable of
+      shape (batch_size, L, M, D) that each call reads and overwrites (like
+      a stateful Keras RNN): the batch size is fixed, feed segments in
+      order with `fit(shuffle=False)` and call `reset_memory()` between
+      unrelated texts. Under a `tf.distribute` strategy `batch_size` is the
+      per-replica batch and every replica keeps its own memory. `fit()` on
+      a `tf.data.Dataset` of strings cuts them into ordered segments
+      (`TransformerXLCausalLMPreprocessor.ordered_segments`), so the memory
+      is carried across them;
+    - `build_cache` / `call_with_cache`: the memory key/value cache.
 
     Args:
-        config: `TransformerXLConfig` or its dict.
+        backbone: `TransformerXLBackbone`; or (as before keras-hub) a
+            `TransformerXLConfig` or its dict, from which one is built.
+        preprocessor: `TransformerXLCausalLMPreprocessor` or None. Needed
+            for string inputs to `generate()` and `fit()`.
         stateful: bool. Keep the memory in a variable across calls.
         batch_size: int. Batch each call sees; required when stateful.
 
     Call arguments:
-        token_ids: (B, T) int tensor.
+        token_ids: (B, T) int tensor, or keras-hub's dict with a
+            "token_ids" entry.
         training: bool.
 
     Returns:
-        (B, T, V) float32 log-probabilities.
+        (B, T, V) float32 log-probabilities (usable as logits: keras-hub's
+        default loss, `from_logits=True`, gives the same cross-entropy).
 
     Example:
     ```python
+    causal_lm = keras_txl.TransformerXLCausalLM.from_preset("runs/demo/model")
+    causal_lm.compile(sampler="greedy")
+    causal_lm.generate(["The history of", "In 1999 ,"], max_length=40)
+
     config = keras_txl.TransformerXLConfig.from_preset("tiny")
     model = keras_txl.TransformerXLCausalLM(config)
     out = model.call_with_memory(np.zeros((2, 8), "int32"))
@@ -71,14 +122,24 @@ class TransformerXLCausalLM(keras.Model):
         Dai et al., 2019, arXiv:1901.02860.
     """
 
-    def __init__(self, config, stateful=False, batch_size=None, **kwargs):
-        super().__init__(**kwargs)
-        if isinstance(config, dict):
-            config = TransformerXLConfig.from_dict(config)
-        if not isinstance(config, TransformerXLConfig):
+    backbone_cls = TransformerXLBackbone
+    preprocessor_cls = None  # set by keras_txl.causal_lm_preprocessor
+
+    def __init__(self, backbone=None, preprocessor=None, stateful=False,
+                 batch_size=None, compile=True, **kwargs):
+        if "config" in kwargs:  # the keyword of keras-txl before keras-hub
+            if backbone is not None:
+                raise ValueError("Pass either `backbone` or `config`, not both.")
+            backbone = kwargs.pop("config")
+        if isinstance(backbone, (TransformerXLConfig, dict)):
+            backbone = TransformerXLBackbone(
+                backbone, dtype=kwargs.get("dtype"), name="backbone"
+            )
+        if not isinstance(backbone, TransformerXLBackbone):
             raise ValueError(
-                "`config` must be a TransformerXLConfig or a dict, received "
-                f"{type(config).__name__}."
+                "`backbone` must be a TransformerXLBackbone (or a "
+                "TransformerXLConfig or its dict), received "
+                f"{type(backbone).__name__}."
             )
         if stateful:
             if (isinstance(batch_size, bool)
@@ -89,16 +150,18 @@ class TransformerXLCausalLM(keras.Model):
                     f"integer `batch_size`, received batch_size={batch_size!r}."
                 )
             batch_size = int(batch_size)
-        self.txl_config = config
+        kwargs.setdefault("dtype", backbone.dtype_policy)
+        super().__init__(compile=False, **kwargs)
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        if preprocessor is not None:
+            check_preprocessor(preprocessor, backbone.config.vocabulary_size)
+        config = backbone.config
         self.stateful = stateful
         self.batch_size = batch_size
-        self.backbone = TransformerXLBackbone(
-            config, dtype=self.dtype_policy, name="backbone"
-        )
         self.softmax = AdaptiveSoftmax(
             config, dtype=self.dtype_policy, name="softmax"
         )
-        self.backbone.build()
         self.softmax.build()
         self.memory = None
         if stateful:
@@ -114,6 +177,13 @@ class TransformerXLCausalLM(keras.Model):
                 name="memory",
             )
         self.built = True
+        if compile:
+            self.compile()
+
+    @property
+    def txl_config(self):
+        """The `TransformerXLConfig` of the backbone."""
+        return self.backbone.config
 
     # --- memory -----------------------------------------------------------
     def memory_shape(self, batch_size):
@@ -259,7 +329,8 @@ class TransformerXLCausalLM(keras.Model):
 
     # --- forward ----------------------------------------------------------
     def call_with_memory(
-        self, token_ids, memory=None, training=False, return_hidden=False
+        self, token_ids, memory=None, training=False, return_hidden=False,
+        memory_mask=None,
     ):
         """Pure forward pass over one segment.
 
@@ -268,10 +339,15 @@ class TransformerXLCausalLM(keras.Model):
             memory: (B, L, M, D) float tensor or None (all-zero memory).
             training: bool. Dropout on.
             return_hidden: bool. Also return the final hidden states.
+            memory_mask: (B, M) bool or None: which memory slots are real
+                (see `TransformerXLBackbone`). With it, or with
+                `empty_memory="masked"` and no memory, the result also holds
+                the next "memory_mask".
 
         Returns:
             dict with "log_probs" (B, T, V) float32 and "memory"
-            (B, L, M, D) float32 (and "hidden" (B, T, D)).
+            (B, L, M, D) float32 (and "hidden" (B, T, D), "memory_mask"
+            (B, M) bool).
 
         Raises:
             ValueError: on ids out of range, wrong dtype/rank, or memory of
@@ -280,34 +356,47 @@ class TransformerXLCausalLM(keras.Model):
         token_ids = self._check_token_ids(token_ids)
         if memory is not None:
             memory = self._check_memory(memory, token_ids)
+        memory_mask = self.backbone.resolve_memory_mask(
+            memory, memory_mask, ops.shape(token_ids)[0]
+        ) if memory_mask is not None or memory is None else None
         hidden, new_memory = self.backbone(
-            token_ids, memory, training=training
+            token_ids, memory, training=training, memory_mask=memory_mask
         )
         log_probs = self.log_probs_from_hidden(hidden)
         out = {"log_probs": log_probs, "memory": new_memory}
         if return_hidden:
             out["hidden"] = hidden
+        if memory_mask is not None:
+            out["memory_mask"] = update_memory_mask(
+                memory_mask, ops.shape(token_ids)[1], self.txl_config.memory_length
+            )
         return out
 
-    def build_cache(self, memory=None, batch_size=1, segment_length=1):
+    def build_cache(self, memory=None, batch_size=1, segment_length=1,
+                    memory_mask=None):
         """A memory key/value cache for fast decoding (see `call_with_cache`).
 
         Args:
             memory: (B, L, M, D) float tensor (e.g. the memory after the
-                prompt), or None for zeros of `batch_size` rows.
+                prompt), or None for an empty memory of `batch_size` rows
+                (zeros, or masked slots with `empty_memory="masked"`).
             batch_size: int. Used when `memory` is None.
             segment_length: int. T of the coming calls (1 to decode).
+            memory_mask: (B, M) bool validity of the memory's slots, or None.
 
         Returns:
             dict of per-layer tensors (see
             `TransformerXLBackbone.build_cache`).
         """
         if memory is None:
+            memory_mask = self.backbone.resolve_memory_mask(
+                None, memory_mask, batch_size
+            )
             memory = self.initial_memory(batch_size)
         else:
             ids = np.zeros((memory.shape[0] or 1, 1), "int32")
             memory = self._check_memory(memory, ids)
-        return self.backbone.build_cache(memory, segment_length)
+        return self.backbone.build_cache(memory, segment_length, memory_mask)
 
     def call_with_cache(self, token_ids, cache):
         """Inference over one segment with the memory key/value cache.
@@ -375,6 +464,8 @@ class TransformerXLCausalLM(keras.Model):
         return super().predict(x, batch_size, *args, **kwargs)
 
     def call(self, token_ids, training=False):
+        if isinstance(token_ids, dict):  # keras-hub's preprocessor output
+            token_ids = token_ids["token_ids"]
         if not self.stateful:
             return self.call_with_memory(token_ids, None, training)["log_probs"]
         token_ids = self._check_full_batch(token_ids)
@@ -383,6 +474,8 @@ class TransformerXLCausalLM(keras.Model):
         return out["log_probs"]
 
     def compute_output_spec(self, token_ids, training=False):
+        if isinstance(token_ids, dict):
+            token_ids = token_ids["token_ids"]
         shape = tuple(token_ids.shape)
         return keras.KerasTensor(
             (*shape, self.txl_config.vocabulary_size), dtype="float32"
@@ -397,15 +490,18 @@ class TransformerXLCausalLM(keras.Model):
         """
         config = self.txl_config.replace(**changes)
         clone = TransformerXLCausalLM(
-            config, stateful=stateful, batch_size=batch_size,
-            dtype=self.dtype_policy,
+            config, preprocessor=self.preprocessor, stateful=stateful,
+            batch_size=batch_size, dtype=self.dtype_policy,
         )
         clone.assign_weights_from(self)
         return clone
 
     def model_weights(self):
         """All weights but the stateful memory, in a fixed order."""
-        return [w for w in self.weights if w is not self.memory]
+        return [
+            w for w in self.weights
+            if w is not self.memory
+        ]
 
     def assign_weights_from(self, other):
         """Copies the weights of a model with the same architecture.
@@ -424,16 +520,211 @@ class TransformerXLCausalLM(keras.Model):
         for s, t in zip(source, target):
             t.assign(s)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            config=self.txl_config.to_dict(),
-            stateful=self.stateful,
-            batch_size=self.batch_size,
+    # --- keras-hub: compile, generate, fit ---------------------------------
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto",
+                sampler="top_k", **kwargs):
+        """keras-hub's `CausalLM.compile`, with the sampler checked here.
+
+        Args:
+            sampler: a keras-hub sampler name (one of `SAMPLERS`) or a
+                `keras_hub.samplers.Sampler`, used by `generate()`.
+            Other arguments: as `keras_hub.models.CausalLM.compile`.
+        """
+        if isinstance(sampler, str) and sampler not in SAMPLERS:
+            raise ValueError(
+                f"`sampler` must be one of {list(SAMPLERS)} or a "
+                f"keras_hub.samplers.Sampler, received sampler={sampler!r}."
+            )
+        if not isinstance(sampler, (str, Sampler)):
+            raise ValueError(
+                "`sampler` must be a sampler name or a "
+                f"keras_hub.samplers.Sampler, received {type(sampler).__name__}."
+            )
+        super().compile(
+            optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics,
+            sampler=sampler, **kwargs,
         )
+
+    def generate_step(self, inputs, stop_token_ids=None):
+        """One batch of generation (compiled by `make_generate_function`).
+
+        Args:
+            inputs: dict with "token_ids" (B, S) int and "padding_mask"
+                (B, S) bool, prompts right-padded to the length S to
+                generate up to; optionally "memory" (B, L, M, D) to continue
+                from and its "memory_mask" (B, M).
+            stop_token_ids: tuple of ints or None.
+
+        Returns:
+            dict: "token_ids", "padding_mask" (True up to each row's stop
+            token or the end), "memory" after the whole sequence.
+        """
+        sampler = self.sampler
+        if type(sampler).__call__ is not Sampler.__call__:
+            # Beam search keeps several hypotheses per row: keras-hub's own
+            # loop, with the memory window as its cache (no memory out).
+            return self._generate_with_sampler_loop(inputs, stop_token_ids)
+
+        def choose(log_probs):
+            return sampler.get_next_token(sampler.compute_probabilities(log_probs))
+
+        return decode_loop(
+            self, inputs["token_ids"], inputs["padding_mask"], choose,
+            memory=inputs.get("memory"), memory_mask=inputs.get("memory_mask"),
+            stop_token_ids=stop_token_ids,
+        )
+
+    def _generate_with_sampler_loop(self, inputs, stop_token_ids):
+        """Samplers with their own loop (beam search): the memory's
+        key/value window is the sampler's cache, fed one token per step
+        from position 0, as `decode_loop` does."""
+        from keras_hub.samplers import ContrastiveSampler
+
+        if isinstance(self.sampler, ContrastiveSampler):
+            raise ValueError(
+                "`sampler`: contrastive search compares hidden states of the "
+                "whole sequence, which Transformer-XL's sliding memory does "
+                "not keep; use 'greedy', 'top_k', 'top_p', 'random' or 'beam'."
+            )
+        token_ids = ops.cast(inputs["token_ids"], "int32")
+        padding_mask = ops.cast(inputs["padding_mask"], "bool")
+        cache = initial_cache(
+            self, ops.shape(token_ids)[0], inputs.get("memory"),
+            inputs.get("memory_mask"),
+        )
+        positions = cache.pop("positions", None)
+
+        def next(prompt, cache, index):
+            fed = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
+            step_cache = dict(cache)
+            if positions is not None:
+                step_cache["positions"] = positions
+            hidden, new_cache = self.backbone.call_with_cache(fed, step_cache)
+            new_cache.pop("positions", None)
+            return self.log_probs_from_hidden(hidden)[:, 0], hidden[:, 0], new_cache
+
+        token_ids = self.sampler(
+            next=next, prompt=token_ids, cache=cache, index=1, mask=padding_mask,
+            stop_token_ids=stop_token_ids, model=self,
+        )
+        return {
+            "token_ids": token_ids,
+            "padding_mask": mask_after_stop(token_ids, padding_mask, stop_token_ids),
+        }
+
+    def generate(self, inputs, max_length=None, stop_token_ids="auto",
+                 strip_prompt=False, memory=None, return_memory=False):
+        """Generates continuations of a batch of prompts (keras-hub's API).
+
+        Args:
+            inputs: a string, a list of strings (prompts of any lengths), a
+                list of lists of token ids, or keras-hub's dict of
+                "token_ids" and "padding_mask"; or a `tf.data.Dataset` of
+                such batches.
+            max_length: int. Length of prompt plus continuation (the
+                preprocessor's `sequence_length` when None). Must be at
+                least the longest prompt's length.
+            stop_token_ids: "auto" (the tokenizer's `end_token_id` when it
+                has one), None, or a tuple of ids.
+            strip_prompt: bool. Return only the continuations.
+            memory: (B, L, M, D) float memory to continue from (e.g. from
+                an earlier call with `return_memory=True`), or None.
+            return_memory: bool. Also return the memory after each row's
+                whole sequence.
+
+        Returns:
+            Strings for string prompts (a string for a single one), lists of
+            token ids for id prompts; with `return_memory`, a pair
+            `(outputs, memory)`.
+        """
+        from keras_txl.prompts import normalize_prompts
+
+        if self.stateful:
+            raise ValueError(
+                "generate() runs on a model built with stateful=False (its "
+                "memory is the sampler's cache): use "
+                "`model.with_settings(stateful=False)`."
+            )
+        if tf.is_tensor(inputs) is False and isinstance(inputs, tf.data.Dataset):
+            results = [
+                self.generate(batch, max_length, stop_token_ids, strip_prompt)
+                for batch in inputs
+            ]
+            return [item for batch in results for item in batch]
+        batch, kind, scalar = normalize_prompts(
+            inputs, self.preprocessor, max_length,
+            self.txl_config.vocabulary_size,
+        )
+        if stop_token_ids == "auto":
+            end = None if self.preprocessor is None else getattr(
+                self.preprocessor.tokenizer, "end_token_id", None
+            )
+            stop_token_ids = None if end is None else (int(end),)
+        elif stop_token_ids is not None:
+            stop_token_ids = tuple(
+                checks.non_negative_int("stop_token_ids", i) for i in stop_token_ids
+            )
+        if memory is not None:
+            memory = self._check_memory(memory, batch["token_ids"])
+            batch["memory"] = memory
+        generate_function = self.make_generate_function()
+        outputs = generate_function(batch, stop_token_ids=stop_token_ids)
+        prompt_mask = np.asarray(batch["padding_mask"])
+        token_ids = np.asarray(outputs["token_ids"])
+        keep = np.asarray(outputs["padding_mask"])
+        if strip_prompt:
+            keep = np.logical_and(keep, np.logical_not(prompt_mask))
+        rows = [ids[mask] for ids, mask in zip(token_ids, keep)]
+        if kind == "strings":
+            result = [
+                self.preprocessor.tokenizer.detokenize(
+                    tf.constant(row, tf.int32)
+                ).numpy().decode("utf-8", errors="replace")
+                for row in rows
+            ]
+        else:
+            result = [row.astype("int32") for row in rows]
+        if scalar:
+            result = result[0]
+        if return_memory:
+            return result, outputs["memory"]
+        return result
+
+    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+        """keras `fit`; a `tf.data.Dataset` of strings is cut into ordered
+        segments for the stateful model, so the memory is carried across
+        them (see `TransformerXLCausalLMPreprocessor.ordered_segments`)."""
+        if (
+            isinstance(x, tf.data.Dataset)
+            and _is_string_spec(x.element_spec)
+        ):
+            if not self.stateful or self.preprocessor is None:
+                raise ValueError(
+                    "fit() on a dataset of strings needs a stateful model "
+                    "with a preprocessor (the memory is carried across the "
+                    "ordered segments): build it with `stateful=True, "
+                    "batch_size=B` and a TransformerXLCausalLMPreprocessor."
+                )
+            if kwargs.get("shuffle"):
+                raise ValueError(
+                    "`shuffle` must be False for ordered segments: the "
+                    "memory carries each row's text from one batch to the next."
+                )
+            kwargs["shuffle"] = False
+            x = self.preprocessor.ordered_segments(x, self.batch_size)
+            return keras.Model.fit(self, x, **kwargs)
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()  # backbone, preprocessor, name
+        config.update(stateful=self.stateful, batch_size=self.batch_size)
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        if "backbone" in config and isinstance(config["backbone"], dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        if "preprocessor" in config and isinstance(config["preprocessor"], dict):
+            config["preprocessor"] = keras.layers.deserialize(config["preprocessor"])
         return cls(**config)

@@ -12,6 +12,7 @@ from typing import Any
 
 SAME_LENGTH_CONVENTIONS = ("official_tf", "pytorch")
 ATTENTION_TYPES = ("relative", "vanilla")
+EMPTY_MEMORY = ("zeros", "masked")
 
 
 def _python_number(value):
@@ -72,6 +73,13 @@ class TransformerXLConfig:
     # "official_tf": a query sees M+1 keys (the TF code behind the paper's
     # numbers); "pytorch": M keys (PyTorch and Hugging Face).
     same_length_convention: str = "official_tf"
+    # Memory slots not yet filled (a first segment with no memory given):
+    # "zeros" attends to M zero vectors like real memory (the official TF
+    # code and Hugging Face; the default, for parity); "masked" attends to
+    # none of them (the PyTorch reference's empty memory), so a row's result
+    # does not depend on how its text was cut into segments while the text
+    # fits in the memory.
+    empty_memory: str = "zeros"
     # Pre-LN blocks instead of the paper's post-LN. [pre_lnorm]
     pre_layer_norm: bool = False
     # Separate u/v biases per layer instead of shared ones. [untie_r]
@@ -291,6 +299,12 @@ class TransformerXLConfig:
                     f"(len(cutoffs) + 1 = {len(cutoffs) + 1}), received "
                     f"{list(self.tie_projections)}."
                 )
+
+        if self.empty_memory not in EMPTY_MEMORY:
+            raise ValueError(
+                f"`empty_memory` must be one of {list(EMPTY_MEMORY)}, received "
+                f"empty_memory={self.empty_memory!r}."
+            )
 
     # --- serialisation --------------------------------------------------
     def to_dict(self) -> dict:

@@ -80,3 +80,34 @@ def zero_memory(batch_size, num_layers, memory_length, hidden_dim):
     return ops.zeros(
         (batch_size, num_layers, memory_length, hidden_dim), dtype="float32"
     )
+
+
+def memory_attention_mask(attention_mask, memory_mask):
+    """Per-row attention mask with invalid memory slots blocked.
+
+    Args:
+        attention_mask: (T, K) bool, from `attention_mask`.
+        memory_mask: (B, M) bool, True where a memory slot holds real memory
+            (the PyTorch reference's empty memory: slots not yet filled are
+            not attended, instead of attending to zero vectors).
+
+    Returns:
+        (B, T, K) bool.
+    """
+    memory_mask = ops.cast(memory_mask, "bool")
+    segment_length = ops.shape(attention_mask)[0]
+    segment = ops.ones((ops.shape(memory_mask)[0], segment_length), "bool")
+    keys = ops.concatenate([memory_mask, segment], axis=1)  # (B, K)
+    return ops.logical_and(attention_mask[None], keys[:, None, :])
+
+
+def update_memory_mask(memory_mask, segment_length, memory_length):
+    """The (B, M) validity after a segment of T real positions: the last M
+    of `[memory_mask ; T x True]`, as `update_memory` slides the memory."""
+    memory_mask = ops.cast(memory_mask, "bool")
+    if memory_length == 0:
+        return memory_mask
+    segment = ops.ones((ops.shape(memory_mask)[0], segment_length), "bool")
+    return last_positions(
+        ops.concatenate([memory_mask, segment], axis=1), memory_length
+    )

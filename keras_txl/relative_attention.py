@@ -59,7 +59,10 @@ def shift_padded(padded):
 
 
 def masking_bias(attention_mask):
-    """(T, K) bool mask -> (T, K) float32 additive bias (0 or the lowest float).
+    """Bool mask -> float32 additive bias (0 or the lowest float), shaped to
+    add to (N, B, T, K) scores: a (T, K) mask (the same for every row) gives
+    (1, 1, T, K); a (B, T, K) mask (per row: a memory validity mask) gives
+    (1, B, T, K).
 
     Adding the most negative finite float32 to a blocked score gives that
     same value (scores are far below its rounding step), so this equals
@@ -67,7 +70,10 @@ def masking_bias(attention_mask):
     blocked row becomes uniform, as in the references. An add is cheaper
     than a select and its gradient is the identity.
     """
-    return ops.where(attention_mask, 0.0, -3.4028234663852886e38)
+    bias = ops.where(attention_mask, 0.0, -3.4028234663852886e38)
+    if len(attention_mask.shape) == 2:
+        return bias[None, None]  # (1, 1, T, K)
+    return bias[None]  # (1, B, T, K)
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -98,7 +104,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         position_embedding: (K, D) sinusoid matrix R (relative mode).
         content_bias: (N, H) u (relative mode).
         position_bias: (N, H) v (relative mode).
-        attention_mask: (T, K) bool, True where attending is allowed.
+        attention_mask: (T, K) or (B, T, K) bool, True where attending is
+            allowed (per row: with a memory validity mask).
         training: bool.
         return_scores: bool. Also return the score terms and probabilities.
 
@@ -195,7 +202,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         the position scores of all B*T queries of a head come from one
         (B*T, H) x (H, K+1) product. The 1/sqrt(H) scale goes on the
         (B, T, N, H) queries rather than on the scores: same products, one
-        small multiply. `bias` is the (T, K) additive mask or None.
+        small multiply. `bias` is the additive mask from `masking_bias`
+        ((1, 1, T, K) or (1, B, T, K)) or None.
         """
         scale = 1.0 / (self.head_dim**0.5)
         batch_size, query_length = ops.shape(q)[0], ops.shape(q)[1]
@@ -226,7 +234,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 ops.transpose(q * scale, (2, 0, 1, 3)), keys_t
             ), "float32")  # (N, B, T, K)
         if bias is not None:
-            scores = scores + bias[None, None]
+            scores = scores + bias
         return scores, position
 
     def _mix(self, probabilities, v):
@@ -293,7 +301,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             w = ops.cast(position_bias, dtype)
         bias = None
         if attention_mask is not None:
-            bias = masking_bias(attention_mask)  # (T, K) float32
+            bias = masking_bias(attention_mask)  # (1, 1 or B, T, K) float32
         scores, position = self._scores(q, k, r, u, w, bias)
         probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) float32
         dropped = self._probability_dropout(probabilities, training=training)
@@ -358,7 +366,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 u = ops.cast(content_bias, dtype)
                 w = ops.cast(position_bias, dtype)
             if attention_mask is not None:
-                bias = masking_bias(attention_mask)  # (T, K) float32
+                bias = masking_bias(attention_mask)  # (1, 1 or B, T, K) float32
             if self.attention_dropout:
                 seed = self._dropout_seed()
             context = self._context_recomputed(query, keys_in, r, u, w, bias, seed)

@@ -45,7 +45,8 @@ def test_the_public_names_are_the_ones_tested_here():
               if isinstance(getattr(keras_txl, name), type)
               and issubclass(getattr(keras_txl, name), keras.layers.Layer)}
     assert layers == {"AdaptiveEmbedding", "AdaptiveSoftmax", "RelativeMultiHeadAttention",
-                      "TransformerXLBlock", "TransformerXLBackbone", "TransformerXLCausalLM"}
+                      "TransformerXLBlock", "TransformerXLBackbone", "TransformerXLCausalLM",
+                      "TransformerXLCausalLMPreprocessor"}
 
 
 def test_hand_counts_agree_with_the_config_formula():

@@ -1,0 +1,129 @@
+"""`TransformerXLCausalLMPreprocessor`: strings in, token ids out, in the graph.
+
+keras-hub's `CausalLMPreprocessor` with Transformer-XL's conventions: no
+start token (the model's context is its memory, not a `<bos>`), no end
+token added by default (the word tokenizers already turn each newline into
+`<eos>`), and one more way to read text besides keras-hub's independent
+samples: `ordered_segments`, the paper's ordered batching for the stateful
+model, so `fit()` on strings carries the memory across segments.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras_hub.models import CausalLMPreprocessor
+
+from keras_txl.causal_lm import TransformerXLCausalLM
+from keras_txl.checks import positive_int
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
+    """Tokenizes and packs text for `TransformerXLCausalLM`.
+
+    Called on a batch of strings it returns keras-hub's
+    `({"token_ids", "padding_mask"}, labels, sample_weight)` for
+    independent samples of `sequence_length` tokens; `generate_preprocess`
+    / `generate_postprocess` serve `generate()`; `ordered_segments` cuts a
+    stream of texts into the ordered `(inputs, targets)` segments of the
+    paper for the stateful model.
+
+    Args:
+        tokenizer: a `keras_txl.tokenizers.TransformerXLTokenizer`.
+        sequence_length: int. Segment length T of training samples.
+        add_start_token: bool. Default False (Transformer-XL has none).
+        add_end_token: bool. Default False.
+
+    Example:
+    ```python
+    preprocessor = TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=64)
+    x, y, sample_weight = preprocessor(["a line of text", "another"])
+    segments = preprocessor.ordered_segments(tf.data.Dataset.from_tensor_slices(texts), 8)
+    ```
+    """
+
+    backbone_cls = TransformerXLCausalLM.backbone_cls
+
+    def __init__(self, tokenizer, sequence_length=128, add_start_token=False,
+                 add_end_token=False, **kwargs):
+        if tokenizer is None or not hasattr(tokenizer, "detokenize"):
+            raise ValueError(
+                "`tokenizer` must be a keras-txl tokenizer layer (with "
+                f"tokenize/detokenize), received {type(tokenizer).__name__}."
+            )
+        sequence_length = positive_int("sequence_length", sequence_length)
+        super().__init__(
+            tokenizer, sequence_length=sequence_length,
+            add_start_token=add_start_token, add_end_token=add_end_token,
+            **kwargs,
+        )
+
+    def ordered_segments(self, texts, batch_size, sequence_length=None,
+                         drop_remainder=True):
+        """The paper's ordered batches of a dataset of texts, in the graph.
+
+        The texts are tokenized in order into one stream, which is split
+        into `batch_size` contiguous streams of `N // batch_size` tokens
+        (the last `N % batch_size` dropped); batch k holds segment k of
+        every stream: `inputs[b] = stream_b[kT:(k+1)T]`, `targets[b] =
+        stream_b[kT+1:(k+1)T+1]`. The same layout as
+        `keras_txl.training.data.lm_dataset`, so the memory a stateful
+        model carries from one batch to the next belongs to the same text.
+
+        The stream is read twice (once to count its tokens, once per row
+        to cut it), never held in memory.
+
+        Args:
+            texts: `tf.data.Dataset` of scalar strings, in order.
+            batch_size: int. Number of streams B.
+            sequence_length: int. Segment length T (this preprocessor's
+                when None).
+            drop_remainder: bool. Drop the last, shorter segment.
+
+        Returns:
+            `tf.data.Dataset` of `(inputs (B, T) int32, targets (B, T)
+            int32)`.
+        """
+        batch_size = positive_int("batch_size", batch_size)
+        length = positive_int(
+            "sequence_length", sequence_length or self.sequence_length
+        )
+        if not isinstance(texts, tf.data.Dataset) or texts.element_spec != tf.TensorSpec([], tf.string):
+            raise ValueError(
+                "`texts` must be a tf.data.Dataset of scalar strings, "
+                f"received {getattr(texts, 'element_spec', type(texts).__name__)}."
+            )
+        tokenizer = self.tokenizer
+        tokens = texts.map(
+            lambda text: tf.cast(tokenizer.tokenize(text), tf.int32)
+        ).unbatch()
+        total = int(tokens.reduce(np.int64(0), lambda count, _: count + 1))
+        per_stream = total // batch_size
+        if per_stream < 2:
+            raise ValueError(
+                f"`texts` hold {total} tokens: too few for batch_size="
+                f"{batch_size} streams of at least 2 tokens."
+            )
+        segments = (per_stream - 1) // length
+        if drop_remainder and segments == 0:
+            raise ValueError(
+                f"`texts` hold {total} tokens: each of the batch_size="
+                f"{batch_size} streams has {per_stream}, fewer than "
+                f"sequence_length + 1 = {length + 1}."
+            )
+
+        def stream(row):
+            tokens_of_row = tokens.skip(row * per_stream).take(per_stream)
+            # Windows of T + 1 tokens every T: inputs and shifted targets.
+            windows = tokens_of_row.window(length + 1, shift=length, drop_remainder=drop_remainder)
+            return windows.flat_map(lambda w: w.batch(length + 1))
+
+        rows = tuple(stream(row) for row in range(batch_size))
+        batches = tf.data.Dataset.zip(rows).map(lambda *row: tf.stack(row))
+        batches = batches.filter(lambda window: tf.shape(window)[1] > 1)
+        return batches.map(
+            lambda window: (window[:, :-1], window[:, 1:])
+        ).prefetch(tf.data.AUTOTUNE)
+
+
+TransformerXLCausalLM.preprocessor_cls = TransformerXLCausalLMPreprocessor

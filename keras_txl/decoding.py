@@ -1,0 +1,156 @@
+"""The in-graph decoding loop: batched prompts, the memory's key/value cache.
+
+`decode_loop` is the one loop behind `TransformerXLCausalLM.generate()`
+(keras-hub samplers choose each token) and the SavedModel `generate`
+signature (a seeded, stateless choice per request). It runs inside a
+`tf.function` (XLA-compilable: every tensor keeps its shape from step to
+step).
+
+How a batch of prompts of different lengths is decoded. Prompts are
+right-padded to one length S, as keras-hub's preprocessors pack them, and
+every row is fed one token per step from position 0, the model's memory
+cache sliding by one each step: at step i each row feeds its token i-1,
+keeps its own prompt token i where it has one and otherwise writes the
+token chosen from the log-probabilities. So every row is processed exactly
+as it would be alone (same cache states, same keys; only the batch's other
+rows differ), and generating a batch equals generating each prompt alone.
+Feeding the prompt one token at a time is also what a token-by-token
+TFLite model does, so the two agree under either `empty_memory` setting
+(a prompt fed as one segment sees M zero vectors at every position; fed
+one token at a time, the zero vectors leave the window as the prompt
+enters it).
+
+A row that writes a stop token (after its prompt) stops: its stop token
+is fed once more, so the returned memory covers the whole row, and its
+cache is then frozen. The loop ends when every row has stopped or the
+length S is reached.
+
+Shape legend: B batch, S padded length, L num_layers, M memory_length,
+D hidden_dim, V vocabulary_size.
+"""
+
+from keras import ops
+from keras import tree
+
+from keras_txl.memory import zero_memory
+
+
+def stop_mask(token_ids, stop_token_ids):
+    """(B,) bool: `token_ids` (B,) is one of `stop_token_ids` (a tuple)."""
+    hit = ops.zeros_like(token_ids, "bool")
+    for stop in stop_token_ids:
+        hit = ops.logical_or(hit, ops.equal(token_ids, stop))
+    return hit
+
+
+def initial_cache(model, batch_size, memory=None, memory_mask=None):
+    """The key/value cache for one-token steps from `memory`, or from an
+    empty memory of `batch_size` rows (zeros, or masked slots with
+    `empty_memory="masked"`). Works on symbolic batch sizes."""
+    backbone = model.backbone
+    config = model.txl_config
+    if memory is None:
+        memory_mask = backbone.resolve_memory_mask(None, memory_mask, batch_size)
+        memory = zero_memory(
+            batch_size, config.num_layers, config.memory_length, config.hidden_dim
+        )
+    return backbone.build_cache(memory, segment_length=1, memory_mask=memory_mask)
+
+
+def mask_after_stop(token_ids, padding_mask, stop_token_ids):
+    """(B, S) bool: True up to each row's first stop token after its prompt
+    (included), everywhere without stop tokens."""
+    length = ops.shape(token_ids)[1]
+    if not stop_token_ids:
+        return ops.ones_like(token_ids, "bool")
+    hits = ops.zeros_like(token_ids, "bool")
+    for stop in stop_token_ids:
+        hits = ops.logical_or(hits, ops.equal(token_ids, stop))
+    hits = ops.logical_and(hits, ops.logical_not(ops.cast(padding_mask, "bool")))
+    first = ops.cast(ops.argmax(ops.cast(hits, "int32"), axis=1), "int32")
+    last = ops.where(ops.any(hits, axis=1), first, length - 1)
+    return ops.arange(length)[None, :] <= last[:, None]
+
+
+def decode_loop(model, token_ids, padding_mask, choose, memory=None,
+                memory_mask=None, stop_token_ids=None):
+    """Fills the padding after each prompt with chosen tokens.
+
+    Args:
+        model: `TransformerXLCausalLM`.
+        token_ids: (B, S) int32, prompts right-padded to S.
+        padding_mask: (B, S) bool, True on prompt tokens (each row's prompt
+            is a prefix: at least one token).
+        choose: function `(log_probs (B, V) float32) -> (B,) int` picking
+            the next token of every row (a keras-hub sampler's
+            `get_next_token(compute_probabilities(...))`, or a seeded
+            stateless draw).
+        memory: (B, L, M, D) float32 memory to continue from, or None.
+        memory_mask: (B, M) bool validity of `memory`'s slots, or None.
+        stop_token_ids: tuple of ints or None.
+
+    Returns:
+        dict: "token_ids" (B, S) int32 (prompts and chosen tokens),
+        "padding_mask" (B, S) bool (True up to each row's last token, its
+        stop token included), "memory" (B, L, M, D) float32 after feeding
+        every row's tokens up to its last, and "memory_mask" (B, M) bool
+        when the memory has a validity mask.
+    """
+    token_ids = ops.cast(token_ids, "int32")
+    padding_mask = ops.cast(padding_mask, "bool")
+    batch_size, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+    backbone = model.backbone
+    cache = initial_cache(model, batch_size, memory, memory_mask)
+    # W_R R is the same for every step: a constant, not a loop variable.
+    positions = cache.pop("positions", None)
+    last = ops.full((batch_size,), length - 1, "int32")  # each row's last token
+    stops = tuple(stop_token_ids or ())
+
+    def cond(index, token_ids, cache, last):
+        return ops.logical_and(
+            index <= length, ops.any(index - 1 <= last)
+        )
+
+    def body(index, token_ids, cache, last):
+        fed = ops.slice(token_ids, [0, index - 1], [batch_size, 1])  # (B, 1)
+        step_cache = dict(cache)
+        if positions is not None:
+            step_cache["positions"] = positions
+        hidden, new_cache = backbone.call_with_cache(fed, step_cache)
+        new_cache.pop("positions", None)
+        active = index - 1 <= last  # (B,) rows still feeding
+
+        def keep_active(new, old):
+            shape = [-1] + [1] * (len(new.shape) - 1)
+            return ops.where(ops.reshape(active, shape), new, old)
+
+        new_cache = tree.map_structure(keep_active, new_cache, cache)
+        # Position `index` (the last step only feeds: nothing to write).
+        write = min_index = ops.minimum(index, length - 1)
+        log_probs = model.log_probs_from_hidden(hidden)[:, 0]  # (B, V)
+        chosen = ops.cast(choose(log_probs), "int32")
+        in_prompt = ops.take(padding_mask, min_index, axis=1)
+        current = ops.take(token_ids, min_index, axis=1)
+        writing = ops.logical_and(
+            ops.logical_and(index < length, active),
+            ops.logical_not(in_prompt),
+        )
+        column = ops.where(writing, chosen, current)
+        token_ids = ops.slice_update(token_ids, [0, write], column[:, None])
+        if stops:
+            stopped = ops.logical_and(writing, stop_mask(column, stops))
+            last = ops.where(stopped, write, last)
+        return index + 1, token_ids, new_cache, last
+
+    index = ops.convert_to_tensor(1, "int32")
+    _, token_ids, cache, last = ops.while_loop(
+        cond, body, (index, token_ids, cache, last), maximum_iterations=length
+    )
+    out = {
+        "token_ids": token_ids,
+        "padding_mask": ops.arange(length)[None, :] <= last[:, None],
+        "memory": backbone.stack_memory(cache),
+    }
+    if "memory_mask" in cache:
+        out["memory_mask"] = cache["memory_mask"]
+    return out

@@ -30,9 +30,11 @@ _EXPORTS = {
     "load_hf_checkpoint": "keras_txl.hf_checkpoint",
     "load_official_checkpoint": "keras_txl.official_checkpoint",
     "load_pretrained": "keras_txl.io",
+    "load_preset": "keras_txl.io",
     "release_free_memory": "keras_txl.host_memory",
     "relative_shift": "keras_txl.relative_attention",
     "save_pretrained": "keras_txl.io",
+    "save_preset": "keras_txl.io",
     "update_memory": "keras_txl.memory",
 }
 

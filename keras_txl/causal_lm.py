@@ -6,6 +6,7 @@ D hidden_dim, V vocabulary_size.
 
 import math
 import numbers
+import os
 
 import keras
 import numpy as np
@@ -15,6 +16,7 @@ from keras_hub.models import CausalLM
 from keras_hub.samplers import Sampler
 
 from keras_txl import checks
+from keras_txl import folders
 from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.config import TransformerXLConfig
@@ -25,6 +27,33 @@ from keras_txl.memory import update_memory_mask
 
 # initial_memory() refuses to allocate more than this by default (4 GiB).
 MAX_INITIAL_MEMORY_BYTES = 4 << 30
+
+
+class ResetMemory(keras.callbacks.Callback):
+    """Zeroes a stateful model's memory at each epoch start (the ordered
+    segments start again from the beginning of every stream) and around
+    evaluation (so validation starts clean and does not leak into
+    training)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.reset_memory()
+
+    def on_test_begin(self, logs=None):
+        self.model.reset_memory()
+
+    def on_test_end(self, logs=None):
+        self.model.reset_memory()
+
+
+def _as_text(value):
+    """A detokenized string (tf scalar, bytes or str) as a Python str."""
+    if tf.is_tensor(value):
+        value = value.numpy()
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
 
 
 def _is_string_spec(spec):
@@ -520,6 +549,42 @@ class TransformerXLCausalLM(CausalLM):
         for s, t in zip(source, target):
             t.assign(s)
 
+    # --- keras-hub: presets -------------------------------------------------
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):
+        """keras-hub's `from_preset`, with a local folder checked first.
+
+        A local preset folder's config must be a TransformerXLBackbone's
+        within `limits` (see `keras_txl.limits`), its weights file and, when
+        it has a preprocessor, its tokenizer must be there, all before a
+        layer is built; the tokenizer's vocabulary must match the model's.
+        `hf://` and `kaggle://` handles go to keras-hub as they are.
+
+        Args:
+            preset: a local preset folder or a keras-hub handle.
+            load_weights: bool.
+            limits: None, a dict or a `keras_txl.limits.Limits`.
+            **kwargs: passed to keras-hub (e.g. `dtype`).
+        """
+        if isinstance(preset, (str, os.PathLike)) and os.path.isdir(preset):
+            preset = os.fspath(preset)
+            layout = folders.folder_format(preset, limits)
+            if layout != "keras-hub":
+                raise ValueError(
+                    f"`preset`: {preset!r} is a {layout} folder, not a keras-hub "
+                    f"preset; load it with keras_txl.load_pretrained({preset!r})."
+                )
+            folders.load_config(preset, limits)
+            folders.check_preset_files(preset, limits)
+            try:
+                return super().from_preset(preset, load_weights=load_weights, **kwargs)
+            except (OSError, KeyError) as error:
+                raise ValueError(
+                    f"Could not read the preset {preset!r}: {error} (a missing, "
+                    "truncated or corrupted file?)"
+                ) from None
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+
     # --- keras-hub: compile, generate, fit ---------------------------------
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto",
                 sampler="top_k", **kwargs):
@@ -676,11 +741,9 @@ class TransformerXLCausalLM(CausalLM):
             keep = np.logical_and(keep, np.logical_not(prompt_mask))
         rows = [ids[mask] for ids, mask in zip(token_ids, keep)]
         if kind == "strings":
+            detokenize = self.preprocessor.tokenizer.detokenize
             result = [
-                self.preprocessor.tokenizer.detokenize(
-                    tf.constant(row, tf.int32)
-                ).numpy().decode("utf-8", errors="replace")
-                for row in rows
+                _as_text(detokenize(tf.constant(row, tf.int32))) for row in rows
             ]
         else:
             result = [row.astype("int32") for row in rows]
@@ -711,6 +774,9 @@ class TransformerXLCausalLM(CausalLM):
                     "memory carries each row's text from one batch to the next."
                 )
             kwargs["shuffle"] = False
+            kwargs["callbacks"] = [
+                *(kwargs.get("callbacks") or []), ResetMemory()
+            ]
             x = self.preprocessor.ordered_segments(x, self.batch_size)
             return keras.Model.fit(self, x, **kwargs)
         return super().fit(x, y, batch_size=batch_size, **kwargs)

@@ -1,7 +1,22 @@
-"""A model folder: `config.json` + `model.safetensors` (+ `tokenizer/`).
+"""Model folders: keras-hub presets, keras-txl weight folders, both checked.
 
-The portable, pickle-free format that training writes, and that export,
-evaluation and generation read. Weight names are the Keras variable paths
+Two layouts, one loader (`load_pretrained`, which `txl eval|generate|export`
+and `TransformerXLCausalLM.from_preset` use):
+
+- a **keras-hub preset** (`save_preset`, what `txl train` writes as
+  `workdir/model/`): `config.json` (the serialized
+  `TransformerXLBackbone`), `model.weights.h5`, `task.json`,
+  `task.weights.h5`, `preprocessor.json`, `tokenizer.json` and
+  `assets/tokenizer/`, `metadata.json`: keras-hub's own format, read by
+  `keras_hub.models.CausalLM.from_preset` too;
+- a **keras-txl weights folder** (`save_pretrained`): `config.json` (the
+  `TransformerXLConfig`) + `model.safetensors` (+ `tokenizer/`): no HDF5,
+  no code, the tensors' names, shapes and offsets checked against the
+  config before anything is read; training checkpoints use it.
+
+Hugging Face TransfoXL folders load through `hf_checkpoint`. Whatever the
+layout, the config is checked against `keras_txl.limits` before any layer
+is built. Weight names are the Keras variable paths
 (`backbone/block_0/attention/qkv_kernel`, ...). Files are written to a
 temporary name and renamed, so a killed writer never leaves a half file
 under the final name.
@@ -14,13 +29,13 @@ import tempfile
 
 import numpy as np
 
-from keras_txl.config import TransformerXLConfig
+from keras_txl.folders import CONFIG_FILE
+from keras_txl.folders import PRESET_TOKENIZER_FILE
+from keras_txl.folders import TOKENIZER_DIR
+from keras_txl.folders import WEIGHTS_FILE
+from keras_txl.folders import folder_format
+from keras_txl.folders import load_config
 from keras_txl.limits import check_config
-from keras_txl.safe_files import read_json
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_DIR = "tokenizer"
 
 
 def atomic_write_bytes(path, data):
@@ -70,20 +85,81 @@ def save_pretrained(model, directory, tokenizer=None):
     return directory
 
 
-def load_config(directory, limits=None):
-    """The checked `TransformerXLConfig` of a model folder.
+def load_preset(directory, stateful=False, batch_size=None, limits=None,
+                load_weights=True, **changes):
+    """A `TransformerXLCausalLM` from a keras-hub preset folder, checked.
 
-    `config.json` must be a regular file of bounded size and depth, and the
-    config must stay within `limits` (see `keras_txl.limits`).
+    The config (and every JSON file keras-hub reads) is bounded by
+    `limits` before a layer is built; a preset whose tokenizer is missing
+    or has another vocabulary size than the model is refused by name.
+
+    Args:
+        directory: str. A local preset folder (from `save_preset` /
+            `save_to_preset`).
+        stateful, batch_size, limits, **changes: as `load_pretrained`.
     """
-    path = os.path.join(directory, CONFIG_FILE)
-    if not os.path.lexists(path):
-        raise ValueError(
-            f"No {CONFIG_FILE} in {directory!r}: not a keras-txl model folder."
+    from keras_txl.causal_lm import TransformerXLCausalLM
+
+    model = TransformerXLCausalLM.from_preset(
+        os.fspath(directory), load_weights=load_weights, limits=limits
+    )
+    if stateful or changes:
+        clone = model.with_settings(stateful=stateful, batch_size=batch_size, **changes)
+        if changes:
+            check_config(clone.txl_config, limits, source="the overrides")
+        model = clone
+    return model
+
+
+def save_preset(model, directory, tokenizer=None, sequence_length=None):
+    """Writes `model` (and its tokenizer) as a keras-hub preset folder.
+
+    The folder is written beside `directory` under a temporary name and
+    then renamed into place, so a killed writer leaves the previous preset
+    (or nothing), never half of one.
+
+    Args:
+        model: `TransformerXLCausalLM`.
+        directory: str.
+        tokenizer: a keras-txl tokenizer layer, or None to keep the model's
+            own preprocessor (if any).
+        sequence_length: the preprocessor's sequence length (default: the
+            config's `segment_length`).
+    """
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+
+    directory = os.path.abspath(os.fspath(directory))
+    preprocessor = model.preprocessor
+    if tokenizer is not None:
+        preprocessor = TransformerXLCausalLMPreprocessor(
+            tokenizer,
+            sequence_length=sequence_length or model.txl_config.segment_length,
         )
-    config = TransformerXLConfig.from_dict(read_json(path, limits))
-    check_config(config, limits, source=path)
-    return config
+    task = model.with_settings(stateful=False)
+    task.preprocessor = preprocessor
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=".tmp-preset-")
+    try:
+        task.save_to_preset(staging)
+        _replace_directory(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def _replace_directory(new, target):
+    """Moves folder `new` to `target`, replacing what is there."""
+    old = None
+    if os.path.lexists(target):
+        old = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".old-preset-")
+        os.rmdir(old)
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
 
 
 def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
@@ -110,6 +186,13 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
     from keras_txl.weights_file import read_safetensors
     from keras_txl.weights_file import read_safetensors_header
 
+    layout = folder_format(directory, limits)
+    if layout == "keras-hub":
+        return load_preset(directory, stateful, batch_size, limits, **changes)
+    if layout == "hugging-face":
+        from keras_txl.hf_checkpoint import load_hf_checkpoint
+
+        return load_hf_checkpoint(directory, stateful, batch_size, limits, **changes)
     config = load_config(directory, limits)
     if changes:
         config = config.replace(**changes)
@@ -138,6 +221,10 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
 
 
 def tokenizer_directory(directory):
-    """The tokenizer folder saved beside a model, or None."""
+    """The folder holding a model's tokenizer, or None: the preset itself
+    (`tokenizer.json` + `assets/tokenizer/`) or a keras-txl folder's
+    `tokenizer/`."""
+    if os.path.isfile(os.path.join(directory, PRESET_TOKENIZER_FILE)):
+        return os.fspath(directory)
     path = os.path.join(directory, TOKENIZER_DIR)
     return path if os.path.isdir(path) else None

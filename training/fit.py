@@ -18,8 +18,10 @@ import os
 import keras
 import numpy as np
 import tensorflow as tf
+from keras_hub.metrics import Perplexity  # on log-probs as logits: log_softmax is the identity on them
 
 from keras_txl import host_memory
+from keras_txl.causal_lm import ResetMemory
 from keras_txl.io import save_pretrained
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
@@ -28,25 +30,10 @@ from keras_txl.training.data import lm_dataset
 from keras_txl.training.loop import StopOnSignals
 from keras_txl.training.loop import TrainingInterrupted
 from keras_txl.training.metrics import BitsPerCharacter
-from keras_txl.training.metrics import Perplexity
 from keras_txl.training.metrics import TokenNLL
 from keras_txl.training.optimizers import setup_model_and_optimizer
 
 logger = logging.getLogger(__name__)
-
-
-class ResetMemory(keras.callbacks.Callback):
-    """Zeroes a stateful model's memory at each epoch start and around
-    evaluation (so validation starts clean and does not leak into training)."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.model.reset_memory()
-
-    def on_test_begin(self, logs=None):
-        self.model.reset_memory()
-
-    def on_test_end(self, logs=None):
-        self.model.reset_memory()
 
 
 class ReleaseCompilationMemory(keras.callbacks.Callback):
@@ -145,7 +132,8 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
     with strategy.scope():
         model.compile(
             optimizer=optimizer, loss=TokenNLL(),
-            metrics=[Perplexity(), BitsPerCharacter()], jit_compile=jit,
+            metrics=[Perplexity(from_logits=True, name="ppl"), BitsPerCharacter()],
+            weighted_metrics=None, jit_compile=jit,
         )
     if replicas > 1:
         # Keras 3 builds a distributed model from the MEAN of the first

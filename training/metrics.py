@@ -48,19 +48,11 @@ class _MeanNLL(keras.metrics.Metric):
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
-class Perplexity(_MeanNLL):
-    """exp(token-weighted mean NLL)."""
-
-    def __init__(self, name="ppl", **kwargs):
-        super().__init__(name=name, **kwargs)
-
-    def result(self):
-        return ops.exp(self.mean())
-
-
-@keras.saving.register_keras_serializable(package="keras_txl")
 class BitsPerCharacter(_MeanNLL):
-    """Token-weighted mean NLL in bits (bpc for character/byte models)."""
+    """Token-weighted mean NLL in bits (bpc for character/byte models).
+
+    Hand-written: neither Keras nor keras-hub has a bits metric (keras-hub's
+    `Perplexity` is exp of the same mean)."""
 
     def __init__(self, name="bpc", **kwargs):
         super().__init__(name=name, **kwargs)

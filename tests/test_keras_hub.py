@@ -1,0 +1,201 @@
+"""The keras-hub model family: base classes, batched generation, the
+memory validity option, fit from strings, presets and bad input."""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+from testing import random_ids
+from testing import tiny_config
+
+from keras_txl import TransformerXLBackbone
+from keras_txl import TransformerXLCausalLM
+from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+from keras_txl.generation import KerasBackend
+from keras_txl.generation import generate as host_generate
+from keras_txl.training.data import lm_dataset
+
+LENGTHS = (5, 17, 40)
+
+
+def generation_model(**overrides):
+    """A model whose memory (48) holds the longest prompt (40)."""
+    keras.utils.set_random_seed(0)
+    config = tiny_config(
+        vocabulary_size=31, memory_length=48, segment_length=8, **overrides
+    )
+    model = TransformerXLCausalLM(config)
+    model.compile(sampler="greedy")
+    return model
+
+
+def prompts(vocabulary_size=31):
+    return [list(random_ids((n,), vocabulary_size, seed=n)) for n in LENGTHS]
+
+
+def byte_preprocessor(sequence_length=8):
+    return TransformerXLCausalLMPreprocessor(
+        keras_hub.tokenizers.ByteTokenizer(), sequence_length=sequence_length
+    )
+
+
+def test_the_family_is_built_on_keras_hub_base_classes():
+    model = generation_model()
+    assert isinstance(model, keras_hub.models.CausalLM)
+    assert isinstance(model.backbone, keras_hub.models.Backbone)
+    assert isinstance(byte_preprocessor(), keras_hub.models.CausalLMPreprocessor)
+    # keras-hub style config: the hyper-parameters flat, and back.
+    config = model.backbone.get_config()
+    assert config["memory_length"] == 48 and "config" not in config
+    clone = TransformerXLBackbone.from_config(config)
+    assert clone.config == model.backbone.config
+
+
+def test_a_batch_of_prompts_equals_each_prompt_alone_and_the_host_loop():
+    model = generation_model()
+    batch = model.generate(prompts(), max_length=60, stop_token_ids=None)
+    for prompt, row in zip(prompts(), batch):
+        assert len(row) == 60
+        np.testing.assert_array_equal(row[: len(prompt)], prompt)
+        alone = model.generate([prompt], max_length=60, stop_token_ids=None)[0]
+        np.testing.assert_array_equal(row, alone)
+        # The host loop of keras_txl.generation, one token at a time.
+        host = host_generate(
+            KerasBackend(model), np.asarray(prompt), 60 - len(prompt),
+            temperature=0, segment_length=1,
+        )
+        np.testing.assert_array_equal(row[len(prompt):], host)
+
+
+def test_the_returned_memory_continues_the_text():
+    model = generation_model()
+    first = prompts()[0]
+    out, memory = model.generate([first], max_length=12, stop_token_ids=None,
+                                 return_memory=True)
+    assert memory.shape == (1, 2, 48, 8)
+    more = [3, 4, 5]
+    continued = model.generate([more], max_length=10, stop_token_ids=None,
+                               memory=memory)[0]
+    whole = model.generate([list(out[0]) + more], max_length=19,
+                           stop_token_ids=None)[0]
+    np.testing.assert_array_equal(continued[3:7], whole[15:19])
+
+
+def test_a_row_stops_at_its_stop_token_and_the_others_go_on():
+    model = generation_model()
+    free = model.generate(prompts(), max_length=60, stop_token_ids=None)
+    stop = int(free[0][5])  # the first token row 0 generates
+    stopped, memory = model.generate(prompts(), max_length=60,
+                                     stop_token_ids=(stop,), return_memory=True)
+    assert len(stopped[0]) == 6 and stopped[0][-1] == stop
+    for prompt, row, free_row in zip(prompts(), stopped, free):
+        # Each row is the free row cut after its first generated stop token.
+        np.testing.assert_array_equal(row, free_row[: len(row)])
+        generated = list(row[len(prompt):])
+        if len(row) < 60:
+            assert generated[-1] == stop and stop not in generated[:-1]
+        else:
+            assert stop not in generated
+    # Row 0's memory is the memory after its 6 tokens, fed alone.
+    _, alone = model.generate([list(stopped[0])], max_length=6,
+                              stop_token_ids=None, return_memory=True)
+    np.testing.assert_allclose(np.asarray(memory)[0], np.asarray(alone)[0], atol=1e-6)
+
+
+def test_keras_hub_samplers_work_and_seeded_sampling_repeats():
+    model = generation_model()
+    model.compile(sampler="beam")
+    beams = model.generate(prompts(), max_length=45, stop_token_ids=None)
+    for prompt, row in zip(prompts(), beams):
+        assert len(row) == 45
+        np.testing.assert_array_equal(row[: len(prompt)], prompt)
+    runs = []
+    for _ in range(2):
+        model.compile(sampler=keras_hub.samplers.TopKSampler(k=5, seed=7))
+        runs.append(model.generate(prompts(), max_length=50, stop_token_ids=None))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_masked_empty_memory_makes_chunking_irrelevant():
+    # With empty_memory="masked", a text fed as one segment or in pieces
+    # (the memory and its validity carried) gives the same log-probs while
+    # the text fits in the memory; with zero memory it does not.
+    keras.utils.set_random_seed(3)
+    masked = TransformerXLCausalLM(tiny_config(memory_length=12, empty_memory="masked"))
+    zeros = TransformerXLCausalLM(tiny_config(memory_length=12))
+    zeros.set_weights(masked.get_weights())
+    ids = random_ids((2, 12))
+    for model, equal in ((masked, True), (zeros, False)):
+        whole = model.call_with_memory(ids)["log_probs"]
+        first = model.call_with_memory(ids[:, :5])
+        second = model.call_with_memory(
+            ids[:, 5:], first["memory"], memory_mask=first.get("memory_mask")
+        )
+        pieces = np.concatenate([first["log_probs"], second["log_probs"]], axis=1)
+        close = np.allclose(whole, pieces, atol=1e-5)
+        assert close == equal, model.txl_config.empty_memory
+    # Masked slots are not attended at all: the first segment equals a
+    # model without memory.
+    no_memory = TransformerXLCausalLM(tiny_config(memory_length=0))
+    no_memory.set_weights(masked.get_weights())
+    np.testing.assert_allclose(
+        masked.call_with_memory(ids)["log_probs"],
+        no_memory.call_with_memory(ids)["log_probs"], atol=1e-5,
+    )
+
+
+def test_fit_on_strings_carries_the_memory_like_the_ordered_id_pipeline():
+    texts = ["hello world\n", "the quick brown fox jumps\n", "over the lazy dog " * 5]
+    ids = np.frombuffer("".join(texts).encode(), np.uint8).astype("int32")
+    config = tiny_config(vocabulary_size=256, segment_length=8, memory_length=8)
+    losses = []
+    for source in ("strings", "ids"):
+        keras.utils.set_random_seed(5)
+        model = TransformerXLCausalLM(
+            config, preprocessor=byte_preprocessor(), stateful=True, batch_size=3
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), weighted_metrics=None)
+        if source == "strings":
+            history = model.fit(tf.data.Dataset.from_tensor_slices(texts), epochs=2, verbose=0)
+        else:
+            model.reset_memory()
+            history = keras.Model.fit(
+                model, lm_dataset(ids, 3, 8), epochs=2, verbose=0, shuffle=False,
+                callbacks=[__import__("keras_txl.causal_lm", fromlist=["x"]).ResetMemory()],
+            )
+        losses.append(history.history["loss"])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+
+
+def test_bad_generate_input_is_named():
+    model = generation_model()
+    model.preprocessor = None
+    with pytest.raises(ValueError, match="empty list"):
+        model.generate([], max_length=10)
+    with pytest.raises(ValueError, match="`inputs`"):
+        model.generate([1.5, 2.5], max_length=10)
+    with pytest.raises(ValueError, match="`inputs`"):
+        model.generate([[1, 2], "text"], max_length=10)
+    with pytest.raises(ValueError, match="no preprocessor"):
+        model.generate(["text"], max_length=10)
+    with pytest.raises(ValueError, match="`max_length`=8 is shorter than the longest prompt"):
+        model.generate(prompts(), max_length=8)
+    with pytest.raises(ValueError, match="vocabulary_size=31"):
+        model.generate([[1, 40]], max_length=8)
+    with pytest.raises(ValueError, match="`sampler` must be one of"):
+        model.compile(sampler="nucleus")
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused():
+    with pytest.raises(ValueError, match="vocabulary of 256 tokens .* vocabulary_size=31"):
+        TransformerXLCausalLM(tiny_config(vocabulary_size=31), preprocessor=byte_preprocessor())
+
+
+def test_fit_on_strings_needs_a_stateful_model():
+    model = TransformerXLCausalLM(
+        tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor()
+    )
+    with pytest.raises(ValueError, match="stateful"):
+        model.fit(tf.data.Dataset.from_tensor_slices(["some text"]))

@@ -248,8 +248,30 @@ def test_the_checker_catches_stale_names():
 # --- run for real ----------------------------------------------------------------
 
 
-def test_readme_python_quick_start_runs(tmp_path, monkeypatch):
+def test_readme_keras_hub_quick_start_runs(tmp_path, monkeypatch):
+    """The first Python block, verbatim, on a preset folder where `make demo` leaves one."""
+    from keras_txl.tokenizers import ByteTokenizer
+
     code = blocks(REPO / "README.md", ("python",))[0]
+    config = keras_txl.TransformerXLConfig(
+        vocabulary_size=256, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=32,
+        segment_length=16, memory_length=16, dropout=0.0)
+    model = keras_txl.TransformerXLCausalLM(config)
+    keras_txl.save_preset(model, str(tmp_path / "runs" / "demo" / "model"), tokenizer=ByteTokenizer())
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    texts = scope["texts"]
+    assert len(texts) == 2 and texts[0].startswith("The history of") and texts[1].startswith("def main():")
+    saved = keras_txl.TransformerXLCausalLM.from_preset(str(tmp_path / "my_preset"))
+    for a, b in zip(saved.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    saved.compile(sampler="greedy")
+    assert saved.generate(["The history of", "def main():"], max_length=64) == texts
+
+
+def test_readme_python_quick_start_runs(tmp_path, monkeypatch):
+    code = blocks(REPO / "README.md", ("python",))[1]
     monkeypatch.chdir(tmp_path)
     scope = {}
     exec(compile(code, "README.md", "exec"), scope)

@@ -109,10 +109,10 @@ def test_attention_pictures_without_matplotlib_say_how_to_install_it(monkeypatch
         insight.attention_report(None, [1, 2, 3], "unused")
 
 
-def readme_python_quick_start():
+def readme_python_quick_start(index=0):
     with open(os.path.join(REPO, "README.md")) as f:
         text = f.read()
-    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    return re.findall(r"```python\n(.*?)```", text, re.S)[index]
 
 
 def test_txl_help_does_not_import_tensorflow():
@@ -173,20 +173,24 @@ def test_non_editable_install_beside_the_users_own_training_and_export(tmp_path)
         (user / name).write_text(poison)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("PYTHONPATH", None)
-    quick = subprocess.run([python, "-c", readme_python_quick_start()], cwd=user, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert quick.returncode == 0, quick.stderr[-3000:]
+    corpus = user / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    # `txl train` writes the preset the README's quick start reads (runs/demo/model).
+    train = subprocess.run(
+        [str(venv / "bin" / "txl"), "train", "--data", str(corpus), "--workdir",
+         str(user / "runs" / "demo"), "--preset", "tiny", "--tokenizer", "byte", "--steps", "4",
+         "--batch-size", "2", "--segment-length", "16", "--memory-length", "16",
+         "--set", "train.warmup_steps=1"],
+        cwd=user, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert (user / "runs" / "demo" / "model" / "model.weights.h5").is_file()
+    assert (user / "runs" / "demo" / "model" / "tokenizer.json").is_file()
+    for index in (0, 1):
+        quick = subprocess.run([python, "-c", readme_python_quick_start(index)], cwd=user,
+                               env=env, capture_output=True, text=True, timeout=600)
+        assert quick.returncode == 0, quick.stderr[-3000:]
+    assert (user / "my_preset" / "model.weights.h5").is_file()
     where = subprocess.run([python, "-c", "import keras_txl.training.run as r; print(r.__file__)"],
                            cwd=user, env=env, capture_output=True, text=True, timeout=300)
     assert where.stdout.strip().startswith(site), where.stdout + where.stderr
-
-    corpus = user / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
-    train = subprocess.run(
-        [str(venv / "bin" / "txl"), "train", "--data", str(corpus), "--workdir", str(user / "run"),
-         "--preset", "tiny", "--tokenizer", "byte", "--steps", "4", "--batch-size", "2",
-         "--segment-length", "16", "--memory-length", "16", "--set", "train.warmup_steps=1"],
-        cwd=user, env=env, capture_output=True, text=True, timeout=600)
-    assert train.returncode == 0, train.stderr[-3000:]
-    assert (user / "run" / "model" / "model.safetensors").is_file()
     assert not marker.exists(), marker.read_text()

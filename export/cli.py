@@ -124,8 +124,8 @@ def _load(args):
         model_dir = os.path.join(args.workdir, "model")
         if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
             raise ValueError(
-                f"No model in {model_dir}/ (expected {io.CONFIG_FILE} and "
-                f"{io.WEIGHTS_FILE} written by training). Train first, or "
+                f"No model in {model_dir}/ (expected the preset "
+                "written by training: config.json and its weights). Train first, or "
                 "pass --from-hf for a Hugging Face checkpoint."
             )
         model = keras_txl.load_pretrained(model_dir)

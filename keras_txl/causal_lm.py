@@ -61,8 +61,14 @@ def _is_string_spec(spec):
     return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string
 
 
-def check_preprocessor(preprocessor, vocabulary_size):
-    """A preprocessor whose tokenizer fits a model of `vocabulary_size`."""
+def check_preprocessor(preprocessor, vocabulary_size, loaded=False):
+    """A preprocessor whose tokenizer fits a model of `vocabulary_size`.
+
+    Args:
+        loaded: bool. The tokenizer's vocabulary must be there (after a
+            preset's assets are read); otherwise a tokenizer still waiting
+            for its assets (keras-hub builds the task first) passes.
+    """
     tokenizer = getattr(preprocessor, "tokenizer", None)
     if tokenizer is None:
         raise ValueError(
@@ -70,7 +76,17 @@ def check_preprocessor(preprocessor, vocabulary_size):
             "TransformerXLCausalLMPreprocessor with one."
         )
     size = tokenizer.vocabulary_size
-    size = size() if callable(size) else size
+    try:
+        size = size() if callable(size) else size
+    except (ValueError, AttributeError, TypeError, RuntimeError):
+        size = None
+    if size is None:
+        if loaded:
+            raise ValueError(
+                "`preprocessor`: its tokenizer has no vocabulary (its asset "
+                "files were not read)."
+            )
+        return
     if int(size) != int(vocabulary_size):
         raise ValueError(
             f"`preprocessor`: its tokenizer has a vocabulary of {size} tokens "
@@ -577,13 +593,19 @@ class TransformerXLCausalLM(CausalLM):
             folders.load_config(preset, limits)
             folders.check_preset_files(preset, limits)
             try:
-                return super().from_preset(preset, load_weights=load_weights, **kwargs)
+                model = super().from_preset(preset, load_weights=load_weights, **kwargs)
             except (OSError, KeyError) as error:
                 raise ValueError(
                     f"Could not read the preset {preset!r}: {error} (a missing, "
                     "truncated or corrupted file?)"
                 ) from None
-        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+        else:
+            model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+        if model.preprocessor is not None:
+            check_preprocessor(
+                model.preprocessor, model.txl_config.vocabulary_size, loaded=True
+            )
+        return model
 
     # --- keras-hub: compile, generate, fit ---------------------------------
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto",

@@ -452,8 +452,8 @@ def _generation_source(args):
             model_dir = _workdir_model_dir(args)
             if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
                 raise ValueError(
-                    f"No model in {model_dir}/ (expected {io.CONFIG_FILE} and "
-                    f"{io.WEIGHTS_FILE} written by training)."
+                    f"No model in {model_dir}/ (expected the preset "
+                    "written by training: config.json and its weights)."
                 )
             model = io.load_pretrained(model_dir)
         else:

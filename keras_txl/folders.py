@@ -103,3 +103,13 @@ def check_preset_files(directory, limits):
         )
 
 
+
+
+def model_weights_file(directory):
+    """The weights file of a model folder (a preset's `model.weights.h5` or a
+    keras-txl folder's `model.safetensors`), or None."""
+    for name in (PRESET_WEIGHTS_FILE, WEIGHTS_FILE):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return path
+    return None

@@ -121,8 +121,8 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     Args:
         model: `TransformerXLCausalLM`.
         directory: str.
-        tokenizer: a keras-txl tokenizer layer, or None to keep the model's
-            own preprocessor (if any).
+        tokenizer: a keras-txl tokenizer layer or a tokenizer folder, or
+            None to keep the model's own preprocessor (if any).
         sequence_length: the preprocessor's sequence length (default: the
             config's `segment_length`).
     """
@@ -130,6 +130,10 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
 
     directory = os.path.abspath(os.fspath(directory))
     preprocessor = model.preprocessor
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from keras_txl.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
     if tokenizer is not None:
         preprocessor = TransformerXLCausalLMPreprocessor(
             tokenizer,

@@ -25,6 +25,7 @@ import tempfile
 
 import numpy as np
 
+from keras_txl.folders import model_weights_file
 from keras_txl.io import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
@@ -375,13 +376,13 @@ def workdir_model_source(workdir, checkpoint=None):
         CheckpointManager.verify(path)
         return "checkpoint", path
     model_dir = os.path.join(workdir, "model")
-    weights = os.path.join(model_dir, "model.safetensors")
+    weights = model_weights_file(model_dir)
     directory = os.path.join(workdir, "checkpoints")
     newest = None
     if os.path.isdir(directory):
         found = CheckpointManager(directory).newest_intact()
         newest = found[0] if found else None
-    if os.path.isfile(weights):
+    if weights is not None:
         if newest is None or os.path.getmtime(weights) >= os.path.getmtime(
             os.path.join(newest, STATE)
         ):
@@ -420,13 +421,13 @@ def materialize_model_folder(workdir, checkpoint=None, out=None):
     """A model folder for `workdir`: WORKDIR/model, or one written from a
     checkpoint to `out` (default: a new temporary folder) with the
     workdir's tokenizer. Returns its path."""
-    from keras_txl.io import save_pretrained
+    from keras_txl.io import save_preset
 
     kind, path = workdir_model_source(workdir, checkpoint)
     if kind == "model":
         return path
     out = out or tempfile.mkdtemp(prefix="txl-ckpt-model-")
     tokenizer = os.path.join(workdir, "tokenizer")
-    save_pretrained(model_from_checkpoint(path), out,
-                    tokenizer=tokenizer if os.path.isdir(tokenizer) else None)
+    save_preset(model_from_checkpoint(path), out,
+                tokenizer=tokenizer if os.path.isdir(tokenizer) else None)
     return out

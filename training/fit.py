@@ -22,7 +22,7 @@ from keras_hub.metrics import Perplexity  # on log-probs as logits: log_softmax 
 
 from keras_txl import host_memory
 from keras_txl.causal_lm import ResetMemory
-from keras_txl.io import save_pretrained
+from keras_txl.io import save_preset
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
 from keras_txl.training.data import LMBatches
@@ -183,7 +183,7 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
     if checkpoint is not None:
         checkpoint.step = int(model.optimizer.iterations.numpy())
         path = checkpoint.save()
-        save_pretrained(model, os.path.join(workdir, "model"), tokenizer=tokenizer)
+        save_preset(model, os.path.join(workdir, "model"), tokenizer=tokenizer)
     if signals.received:
         raise TrainingInterrupted(signals.received, int(model.optimizer.iterations.numpy()),
                                   train_config.steps, path)

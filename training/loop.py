@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl.host_memory import CompiledFunction
-from keras_txl.io import save_pretrained
+from keras_txl.io import save_preset
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
 from keras_txl.training.data import LMBatches
@@ -419,8 +419,8 @@ class Trainer:
     def save_model(self):
         """Writes the model folder (what eval, export and generate read)."""
         if self.workdir and self.chief:
-            save_pretrained(self.model, os.path.join(self.workdir, "model"),
-                            tokenizer=self.tokenizer)
+            save_preset(self.model, os.path.join(self.workdir, "model"),
+                        tokenizer=self.tokenizer)
 
     def _stop_on_signal(self, name, total):
         path = self.save_checkpoint()

@@ -31,12 +31,13 @@ SMALL_OPTIONS = {
     "sentencepiece": {"vocabulary_size": 120},
     "wordpiece": {"vocabulary_size": 150},
 }
+# keras-hub's layout: tokenizer.json plus assets/tokenizer/<files>.
 SAVED_FILES = {
-    "char": {"tokenizer.json"},
+    "char": {"tokenizer.json", "assets/tokenizer/vocabulary.json"},
     "byte": {"tokenizer.json"},
-    "word": {"tokenizer.json", "vocab.txt"},
-    "sentencepiece": {"tokenizer.json", "sentencepiece.model"},
-    "wordpiece": {"tokenizer.json", "vocab.txt"},
+    "word": {"tokenizer.json", "assets/tokenizer/vocabulary.txt"},
+    "sentencepiece": {"tokenizer.json", "assets/tokenizer/vocabulary.spm"},
+    "wordpiece": {"tokenizer.json", "assets/tokenizer/vocabulary.txt"},
 }
 
 
@@ -53,18 +54,23 @@ def test_save_load_gives_identical_ids(kind, fitted, tmp_path):
     tokenizer = fitted[kind]
     ids = tokenizer.encode(TEXT)
     assert ids.dtype == np.int32 and ids.ndim == 1 and ids.size > 0
-    assert 0 <= ids.min() and ids.max() < tokenizer.vocabulary_size
+    assert 0 <= ids.min() and ids.max() < tokenizer.vocabulary_size()
 
     tokenizer.save(tmp_path / "tok")
-    files = {path.name for path in (tmp_path / "tok").iterdir()}
+    files = {
+        path.relative_to(tmp_path / "tok").as_posix()
+        for path in (tmp_path / "tok").rglob("*")
+        if path.is_file()
+    }
     assert files == SAVED_FILES[kind]
     config = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    assert config["registered_name"].startswith("keras_txl>")
     assert config["kind"] == kind
-    assert config["vocabulary_size"] == tokenizer.vocabulary_size
+    assert config["vocabulary_size"] == tokenizer.vocabulary_size()
 
     loaded = tokenizers.load_tokenizer(tmp_path / "tok")
     assert type(loaded) is type(tokenizer)
-    assert loaded.vocabulary_size == tokenizer.vocabulary_size
+    assert loaded.vocabulary_size() == tokenizer.vocabulary_size()
     assert loaded.get_config() == tokenizer.get_config()
     assert loaded.kind == loaded.get_config()["kind"] == kind
     np.testing.assert_array_equal(loaded.encode(TEXT), ids)
@@ -140,7 +146,7 @@ def test_char_vocabulary_and_unknown_characters():
 
 def test_byte_tokenizer_is_fixed_and_lossless():
     tokenizer = tokenizers.build_tokenizer("byte")
-    assert tokenizer.vocabulary_size == 256
+    assert tokenizer.vocabulary_size() == 256
     assert tokenizer.encode("hé").tolist() == [104, 195, 169]
     text = "naïve 日本語 🙂\n"
     assert tokenizer.decode(tokenizer.encode(text)) == text
@@ -156,7 +162,7 @@ def test_sentencepiece_matches_the_sentencepiece_package(fitted):
     import sentencepiece
 
     tokenizer = fitted["sentencepiece"]
-    assert tokenizer.vocabulary_size <= 120
+    assert tokenizer.vocabulary_size() <= 120
     assert (tokenizer.eos_id, tokenizer.unk_id) == (0, 1)
     processor = sentencepiece.SentencePieceProcessor()
     processor.LoadFromSerializedProto(tokenizer.model_proto)
@@ -198,8 +204,8 @@ def test_chunked_encoding_matches_one_piece(kind, fitted, monkeypatch):
 
 def test_check_model_vocabulary(fitted):
     tokenizer = fitted["word"]
-    tokenizer.check_model_vocabulary(tokenizer.vocabulary_size)
-    size = tokenizer.vocabulary_size
+    tokenizer.check_model_vocabulary(tokenizer.vocabulary_size())
+    size = tokenizer.vocabulary_size()
     with pytest.raises(
         ValueError,
         match=re.escape(
@@ -279,11 +285,13 @@ def test_load_errors_name_the_path(tmp_path, fitted):
     ):
         tokenizers.load_tokenizer(tmp_path)
     fitted["word"].save(tmp_path / "word")
-    (tmp_path / "word" / "vocab.txt").write_text("<eos>\n<unk>\nonly\n")
+    vocabulary = tmp_path / "word" / "assets" / "tokenizer" / "vocabulary.txt"
+    vocabulary.write_text("<eos>\n<unk>\nonly\n")
     with pytest.raises(
         ValueError, match=r"says vocabulary_size=\d+, but the files in"
     ):
         tokenizers.load_tokenizer(tmp_path / "word")
+    # A tokenizer.json of the old layout without its version.
     (tmp_path / "word" / "tokenizer.json").write_text('{"kind": "word"}')
     with pytest.raises(ValueError, match="format_version=None"):
         tokenizers.load_tokenizer(tmp_path / "word")

@@ -1990,7 +1990,8 @@ def _load_keras_hub_layout(directory, path, data):
     config = {k: v for k, v in config.items() if k != "dtype"}
     try:
         tokenizer = cls.from_config(config)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
+        # Keras rejects unknown keyword arguments with a ValueError.
         raise ValueError(f"{path} has invalid 'config': {error}") from None
     assets = directory / ASSET_DIR
     for file_name in tokenizer.file_assets:

@@ -28,7 +28,9 @@ For whole documents or corpus splits (eager, numpy):
   `assets/tokenizer/` (`vocabulary.txt`, `vocabulary.json` or
   `vocabulary.spm`; never pickle). `load_tokenizer(directory)` reads it
   with bounded sizes; so does `keras_hub.tokenizers.Tokenizer.from_preset`
-  in a folder that also holds the backbone's `config.json`.
+  in a folder that also holds the backbone's `config.json` (without the
+  size bounds and the class allow-list: use `load_tokenizer` for folders
+  from elsewhere).
   `load_tokenizer` also reads the OLD keras-txl layout (`tokenizer.json`
   with `kind` and `format_version: 1`, plus `vocab.txt` or
   `sentencepiece.model`) that earlier runs and shipped fixtures have; that
@@ -93,7 +95,6 @@ import keras
 import keras_hub
 import numpy as np
 import tensorflow as tf
-from keras_hub.src.utils import preset_utils as keras_hub_preset_utils
 
 from keras_txl import checks
 from keras_txl import safe_files
@@ -611,7 +612,9 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         return self.tokenize(inputs)
 
     def compute_output_spec(self, inputs):
-        return keras.KerasTensor([None], dtype="int32")
+        # (N,) ids for a scalar string, (B, None) for a batch.
+        rank = len(getattr(inputs, "shape", ()) or ())
+        return keras.KerasTensor([None] * (rank + 1), dtype="int32")
 
     def get_vocabulary(self) -> list[str]:
         raise NotImplementedError
@@ -657,26 +660,13 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     def load_preset_assets(self, preset):
         # keras-hub's version needs at least one asset file (the byte
         # tokenizer has none).
-        if not self.file_assets:
-            return
-        path = None
-        for name in self.file_assets:
-            path = keras_hub_preset_utils.get_file(
-                preset, os.path.join(keras_hub_preset_utils.ASSET_DIR,
-                                     "tokenizer", name)
-            )
-        self.load_assets(os.path.dirname(path))
+        if self.file_assets:
+            super().load_preset_assets(preset)
 
     def get_config(self) -> dict:
         config = super().get_config()
         config["kind"] = self.kind
         return config
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config.pop("kind", None)
-        return cls(**config)
 
     # --- keras-txl API ---
 
@@ -930,6 +920,10 @@ class ByteTokenizer(TransformerXLTokenizer):
     @property
     def unit(self) -> str:
         return "character"
+
+    @property
+    def newline_handling(self) -> str:
+        return "byte"
 
     def unknown_characters(self, text: str) -> list[str]:
         # Every character is bytes here, except the lone surrogates that
@@ -1920,8 +1914,7 @@ _LOADABLE = {**_TOKENIZERS, OfficialSymbolTokenizer.kind: OfficialSymbolTokenize
 # The classes a tokenizer.json may name (an allow-list: a folder from
 # elsewhere never makes Keras import or build anything else).
 _REGISTERED = {
-    keras.saving.get_registered_name(cls): cls
-    for cls in (*_LOADABLE.values(),)
+    keras.saving.get_registered_name(cls): cls for cls in _LOADABLE.values()
 }
 
 
@@ -1987,6 +1980,7 @@ def _load_keras_hub_layout(directory, path, data):
             f"under 'config'. Received: {type(config).__name__}."
         )
     cls = _REGISTERED[name]
+    # Ids are int32: a serialized dtype policy from the file is not built.
     config = {k: v for k, v in config.items() if k != "dtype"}
     try:
         tokenizer = cls.from_config(config)
@@ -2141,11 +2135,10 @@ def export_vocabulary(tokenizer, path) -> pathlib.Path:
         )
     directory = pathlib.Path(path)
     directory.mkdir(parents=True, exist_ok=True)
+    newline = tokenizer.newline_handling
     if isinstance(tokenizer, ByteTokenizer):
-        newline = "byte"
         tokens = [str(byte) for byte in range(BYTE_VOCABULARY_SIZE)]
     else:
-        newline = tokenizer.newline_handling
         tokens = [
             "\\n" if token == "\n" else token
             for token in tokenizer.get_vocabulary()

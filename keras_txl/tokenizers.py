@@ -578,6 +578,20 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     Subclasses set `kind` and implement `_tokenize_batch` (`(B,)` strings
     to ragged ids), `_detokenize_batch`, `vocabulary_size` and
     `get_vocabulary`; they may override `encode`/`decode`.
+
+    Example:
+
+    >>> tokenizer = WordTokenizer(["<eos>", "<unk>", "a", "b"])
+    >>> tokenizer("a b\\nb").numpy().tolist()
+    [2, 3, 0, 3]
+    >>> dataset = tf.data.Dataset.from_tensor_slices(["a", "b c"])
+    >>> [ids.numpy().tolist() for ids in dataset.map(tokenizer)]
+    [[2], [3, 1]]
+    >>> tokenizer.detokenize([2, 3, 0, 3]).numpy()
+    b'a b\\nb'
+
+    Reference: Dai et al., "Transformer-XL", arXiv:1901.02860, section 4
+    (word, character and byte-level benchmarks).
     """
 
     kind = ""

@@ -599,3 +599,17 @@ def test_load_errors_for_foreign_classes_and_large_vocabularies(
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="has invalid 'config'"):
         tokenizers.load_tokenizer(tmp_path / "word")
+
+
+def test_a_kind_that_contradicts_the_class_is_an_error(fitted, tmp_path):
+    fitted["word"].save(tmp_path / "word")
+    path = tmp_path / "word" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["config"]["kind"] = "char"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError,
+        match=re.escape("`kind` of a WordTokenizer must be 'word'. "
+                        "Received: kind='char'"),
+    ):
+        tokenizers.load_tokenizer(tmp_path / "word")

@@ -1,23 +1,51 @@
-"""Tokenizers for language-model corpora, built on tensorflow-text.
+"""Tokenizers for language-model corpora: keras-hub layers on tensorflow-text.
 
-Every tokenizer turns a whole document (or a whole corpus split) into one
-1-D stream of int32 ids and back, and has the same small interface:
+Every tokenizer is a Keras layer, a `keras_hub.tokenizers.Tokenizer`
+(through `TransformerXLTokenizer`), that travels inside a saved model:
 
-- `encode(text) -> np.ndarray` (int32, shape `(N,)`);
+- `tokenize(inputs)` (also `tokenizer(inputs)`): a string scalar gives 1-D
+  int32 ids, a `(B,)` batch a `tf.RaggedTensor` `(B, None)`; graph ops
+  only (tf.strings, tensorflow-text, tf.lookup), so it runs in
+  `tf.data.Dataset.map`, a `tf.function` and a SavedModel;
+- `detokenize(ids)`: the inverse, 1-D ids to a string scalar, `(B, N)`
+  (dense or ragged) to `(B,)` strings;
+- keras-hub's `vocabulary_size()` (a method), `get_vocabulary()`,
+  `id_to_token`, `token_to_id`, `end_token_id`, `start_token_id`,
+  `pad_token_id`, `save_assets` / `load_assets`, `get_config`.
+
+For whole documents or corpus splits (eager, numpy):
+
+- `encode(text) -> np.ndarray` (int32, shape `(N,)`), cut into pieces at
+  newlines so that a corpus never becomes one huge tensor; equal to
+  `tokenize(text)`;
 - `decode(ids) -> str`;
-- `vocabulary_size` (int), `eos_id` / `unk_id` (int or None);
-- `save(directory)`, which writes plain files (`tokenizer.json`, plus a
-  `vocab.txt` or a `sentencepiece.model`; never pickle), read back by
-  `load_tokenizer(directory)`;
+- `eos_id` / `unk_id` (int or None), `unit`, `bits_metric`,
+  `unknown_characters(text)`;
 - `check_model_vocabulary(vocabulary_size)`, which raises a `ValueError`
-  when a model was built for a different vocabulary.
+  when a model was built for a different vocabulary;
+- `save(directory)`, which writes keras-hub's preset layout:
+  `tokenizer.json` (the layer's Keras serialization) and
+  `assets/tokenizer/` (`vocabulary.txt`, `vocabulary.json` or
+  `vocabulary.spm`; never pickle). `load_tokenizer(directory)` reads it
+  with bounded sizes; so does `keras_hub.tokenizers.Tokenizer.from_preset`
+  in a folder that also holds the backbone's `config.json` (without the
+  size bounds and the class allow-list: use `load_tokenizer` for folders
+  from elsewhere).
+  `load_tokenizer` also reads the OLD keras-txl layout (`tokenizer.json`
+  with `kind` and `format_version: 1`, plus `vocab.txt` or
+  `sentencepiece.model`) that earlier runs and shipped fixtures have; that
+  layout is read-only: `save` writes only the keras-hub one.
+- `export_vocabulary(tokenizer, path)` writes the vocabulary (one token a
+  line, in id order) and a JSON sidecar for an app beside a TFLite model,
+  which takes ids (LiteRT has no tensorflow-text ops).
 
 `build_tokenizer(kind, texts, **options)` fits one on training text. Kinds:
 
 - `"char"`: Unicode characters (`tensorflow_text.UnicodeCharTokenizer`).
   The vocabulary is `<unk>` followed by the characters of the training text
   in decreasing frequency. Lossless for characters seen in training.
-- `"byte"`: UTF-8 bytes, a fixed vocabulary of 256. Lossless for any text.
+- `"byte"`: UTF-8 bytes, a fixed vocabulary of 256 (keras-hub's
+  `ByteTokenizer` in the graph). Lossless for any text.
 - `"word"`: WikiText-103 style. Lines are split on whitespace
   (`tensorflow_text.WhitespaceTokenizer`) and every newline becomes
   `<eos>`; words are looked up in a `tf.lookup.StaticHashTable`. The
@@ -63,11 +91,14 @@ import os
 import pathlib
 from typing import Iterable
 
+import keras
+import keras_hub
 import numpy as np
 import tensorflow as tf
 
 from keras_txl import checks
 from keras_txl import safe_files
+from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.limits import resolve_limits
 
 try:
@@ -95,17 +126,30 @@ __all__ = [
     "OfficialSymbolTokenizer",
     "SentencePieceTokenizer",
     "Tokenizer",
+    "TransformerXLTokenizer",
     "WordPieceTokenizer",
     "WordTokenizer",
     "build_tokenizer",
+    "export_vocabulary",
     "load_tokenizer",
     "official_tokenizer",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
+# keras-hub's layout: assets beside tokenizer.json, in assets/tokenizer/.
+ASSET_DIR = os.path.join("assets", "tokenizer")
+VOCABULARY_FILE_NAME = "vocabulary.txt"  # word, wordpiece (as keras-hub)
+VOCABULARY_JSON = "vocabulary.json"  # char, official symbols ("\\n" is one)
+SENTENCEPIECE_ASSET = "vocabulary.spm"  # as keras-hub
+# Written as a top-level key of tokenizer.json in keras-hub's layout.
+FORMAT_VERSION = 2
+# The old keras-txl layout (read only).
+OLD_FORMAT_VERSION = 1
 VOCABULARY_FILE = "vocab.txt"
 SENTENCEPIECE_FILE = "sentencepiece.model"
-FORMAT_VERSION = 1
+# For export_vocabulary.
+EXPORT_VOCABULARY_FILE = "vocabulary.txt"
+EXPORT_INFO_FILE = "tokenizer_info.json"
 UNK_TOKEN = "<unk>"
 EOS_TOKEN = "<eos>"
 BYTE_VOCABULARY_SIZE = 256
@@ -184,36 +228,6 @@ def _line_chunks(text: str, size: int | None = None) -> Iterable[str]:
                 return
         yield text[start : cut + 1]
         start = cut + 1
-
-
-def _split_lines(chunk: str) -> tf.Tensor:
-    # (num_lines,) string; k newlines give k + 1 lines, the last possibly ""
-    return tf.strings.split(tf.constant(_utf8(chunk)), sep="\n")
-
-
-def _append_eos(lines_ids: tf.RaggedTensor, eos_id: int) -> np.ndarray:
-    """Flattens `(lines, None)` ids with `eos_id` after all but the last."""
-    rows = lines_ids.nrows()
-    eos = tf.RaggedTensor.from_tensor(
-        tf.fill(tf.stack([rows, 1]), tf.cast(eos_id, lines_ids.dtype))
-    )
-    flat = tf.concat([lines_ids, eos], axis=1).flat_values.numpy()
-    return flat[:-1]  # a newline follows every line but the last
-
-
-def _wrap_lines(lines_ids: tf.RaggedTensor, eos_id: int, ends_with_newline: bool) -> np.ndarray:
-    """Flattens `(lines, None)` ids with `eos_id` before and after every line.
-
-    The official LM1B stream (`add_double_eos`): each line of the file is
-    `<S> words <S>`. The empty piece after a final newline is no line.
-    """
-    if ends_with_newline:
-        lines_ids = lines_ids[:-1]
-    rows = lines_ids.nrows()
-    eos = tf.RaggedTensor.from_tensor(
-        tf.fill(tf.stack([rows, 1]), tf.cast(eos_id, lines_ids.dtype))
-    )
-    return tf.concat([eos, lines_ids, eos], axis=1).flat_values.numpy()
 
 
 def _frequency_order(counts: dict) -> list:
@@ -323,18 +337,6 @@ def _ids_array(ids, vocabulary_size: int) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _rows_between(ids: np.ndarray, eos_id: int) -> tf.RaggedTensor:
-    """Groups ids into lines separated by `eos_id` (dropped)."""
-    is_eos = ids == eos_id
-    row_of_token = np.cumsum(is_eos) - is_eos  # eos before each token
-    keep = ~is_eos
-    return tf.RaggedTensor.from_value_rowids(
-        tf.constant(ids[keep], tf.int32),
-        tf.constant(row_of_token[keep], tf.int64),
-        nrows=int(is_eos.sum()) + 1,
-    )
-
-
 def _write_json(path: pathlib.Path, data: dict) -> None:
     path.write_text(
         json.dumps(data, indent=2, ensure_ascii=False) + "\n",
@@ -380,31 +382,344 @@ def _read_vocabulary(path: pathlib.Path) -> list[str]:
     return text.split("\n") if text else []
 
 
+# --- Graph helpers (tf.strings / tensorflow-text only: they run in
+# tf.data, tf.function and a SavedModel) ---
+
+
+def _string_input(inputs):
+    """`inputs` as a tf.string tensor of rank 0 or 1, else a ValueError."""
+    if isinstance(inputs, (tf.Tensor, tf.RaggedTensor)):
+        tensor = inputs
+    else:
+        try:
+            tensor = tf.convert_to_tensor(inputs)
+        except (TypeError, ValueError):
+            tensor = None
+    if tensor is None or tensor.dtype != tf.string:
+        received = getattr(tensor, "dtype", None) or type(inputs).__name__
+        raise ValueError(
+            "`inputs` must be a string tensor (a str, a list of str or a "
+            f"tf.string tensor of rank 0 or 1). Received: {received}."
+        )
+    if isinstance(tensor, tf.RaggedTensor) or tensor.shape.rank not in (0, 1):
+        raise ValueError(
+            "`inputs` must be a scalar string or a 1-D batch of strings. "
+            f"Received shape {tensor.shape}."
+        )
+    return tensor
+
+
+def _id_input(inputs):
+    """`inputs` as int ids of rank 1 or 2 (dense or ragged) and its rank."""
+    if not isinstance(inputs, (tf.Tensor, tf.RaggedTensor)):
+        inputs = tf.ragged.constant(inputs) if (
+            isinstance(inputs, (list, tuple))
+            and inputs
+            and isinstance(inputs[0], (list, tuple, np.ndarray))
+        ) else tf.convert_to_tensor(inputs)
+    if not inputs.dtype.is_integer:
+        raise ValueError(
+            f"`inputs` must be integer token ids. Received dtype "
+            f"{inputs.dtype.name}."
+        )
+    rank = inputs.shape.rank
+    if rank not in (1, 2):
+        raise ValueError(
+            "`inputs` must be ids of shape (N,) or (B, N). Received shape "
+            f"{inputs.shape}."
+        )
+    if rank == 1:
+        inputs = tf.expand_dims(inputs, 0)
+    if not isinstance(inputs, tf.RaggedTensor):
+        inputs = tf.RaggedTensor.from_tensor(inputs)
+    return tf.cast(inputs, tf.int32), rank
+
+
+def _over_batch(function, inputs):
+    """Runs `function` on a (B,) batch; a scalar goes through as (1,)."""
+    inputs = _string_input(inputs)
+    if inputs.shape.rank == 0:
+        return function(tf.expand_dims(inputs, 0))[0]
+    return function(inputs)
+
+
+def _with_eos(line_ids, eos_id, double_eos=False):
+    """`(B, lines, None)` ids -> `(B, None)`: `eos_id` between lines.
+
+    `double_eos`: every line is written `eos words eos` (the official LM1B
+    stream) and nothing is dropped; else an `eos_id` follows every line
+    but the last of each text (one per newline).
+    """
+    lines = line_ids.values  # (all lines, None)
+    count = lines.nrows()
+    eos = tf.RaggedTensor.from_row_lengths(
+        tf.fill([count], tf.cast(eos_id, lines.dtype)),
+        tf.ones([count], lines.row_splits.dtype),
+    )  # (all lines, 1)
+    pieces = [eos, lines, eos] if double_eos else [lines, eos]
+    texts = line_ids.with_values(tf.concat(pieces, axis=1)).merge_dims(1, 2)
+    return texts if double_eos else texts[:, :-1]
+
+
+def _split_documents(documents, drop_final_empty_line=False):
+    """(B,) strings -> (B, lines) strings, split at each newline."""
+    lines = tf.strings.split(documents, sep="\n")
+    if drop_final_empty_line:
+        # LM1B: the empty piece after a final newline (or of an empty
+        # text) is no line.
+        lengths = lines.row_lengths()
+        position = tf.ragged.range(lengths)
+        last = tf.equal(position, tf.expand_dims(lengths - 1, 1))
+        empty = tf.equal(lines, "")
+        lines = tf.ragged.boolean_mask(
+            lines, tf.logical_not(tf.logical_and(last, empty))
+        )
+    return lines
+
+
+def _lines_between_eos(ids, eos_id):
+    """`(B, None)` ids -> (`(lines, None)` ids without eos, lines per text).
+
+    Every text has one line more than it has `eos_id`s.
+    """
+    values = ids.values
+    is_eos = tf.cast(tf.equal(values, eos_id), tf.int64)
+    eos_per_text = tf.reduce_sum(ids.with_values(is_eos), axis=1)  # (B,)
+    text_of_token = ids.value_rowids()
+    eos_before = tf.cumsum(is_eos, exclusive=True) - tf.gather(
+        tf.cumsum(eos_per_text, exclusive=True), text_of_token
+    )  # eos tokens before each token within its text
+    lines_per_text = eos_per_text + 1
+    line_of_token = (
+        tf.gather(tf.cumsum(lines_per_text, exclusive=True), text_of_token)
+        + eos_before
+    )
+    keep = tf.equal(is_eos, 0)
+    lines = tf.RaggedTensor.from_value_rowids(
+        tf.boolean_mask(values, keep),
+        tf.boolean_mask(line_of_token, keep),
+        nrows=tf.reduce_sum(lines_per_text),
+    )
+    return lines, lines_per_text
+
+
+def _join_lines(line_texts, lines_per_text):
+    """(lines,) strings and lines per text -> (B,) texts joined by "\\n"."""
+    texts = tf.RaggedTensor.from_row_lengths(line_texts, lines_per_text)
+    return tf.strings.reduce_join(texts, axis=1, separator="\n")
+
+
+def _strings_table(tokens, default):
+    """A `StaticHashTable` from str token to its index (int64)."""
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant([_utf8(token) for token in tokens], tf.string),
+            tf.range(len(tokens), dtype=tf.int64),
+        ),
+        default_value=default,
+    )
+
+
+def _write_json_list(path: pathlib.Path, tokens: list[str]) -> None:
+    path.write_text(json.dumps(tokens, ensure_ascii=False), encoding="utf-8")
+
+
+def _read_json_list(path: pathlib.Path) -> list[str]:
+    data = _read_tokenizer_file(path, "vocabulary file")
+    limits = resolve_limits()
+    tokens = safe_files.parse_json(data, os.fspath(path), limits)
+    if not isinstance(tokens, list):
+        raise ValueError(
+            f"vocabulary file {path} must hold a JSON list of str tokens. "
+            f"Received a JSON {type(tokens).__name__}."
+        )
+    return tokens
+
+
+def _asset(directory, name) -> pathlib.Path:
+    """`directory/name` for a tokenizer asset, which must stay inside."""
+    return pathlib.Path(
+        safe_files.resolve_inside(directory, name, "tokenizer asset")
+    )
+
+
 # === Tokenizers ===
 
 
-class Tokenizer:
-    """Base class: the interface shared by all tokenizers.
+@keras.saving.register_keras_serializable(package="keras_txl")
+class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
+    """Base class of the keras-txl tokenizers: a keras-hub `Tokenizer`.
 
-    Subclasses set `kind`, implement `encode`, `decode`,
-    `vocabulary_size`, `get_config` and the class methods `fit` and
-    `_from_directory`, and may write extra files in `_save_files`.
+    A Keras layer that travels inside a saved model. `tokenize` (also
+    `__call__`) and `detokenize` use only graph ops (tf.strings,
+    tensorflow-text, tf.lookup), so they run in `tf.data`, `tf.function`
+    and a SavedModel:
+
+    - `tokenize(inputs)`: a string scalar gives 1-D int32 ids; a `(B,)`
+      batch gives a `tf.RaggedTensor` `(B, None)` int32.
+    - `detokenize(inputs)`: 1-D ids give a string scalar; `(B, N)` ids
+      (dense or ragged) give `(B,)` strings.
+
+    The convenience API for whole documents and corpora (eager, numpy):
+    `encode(text) -> np.ndarray` (cut into pieces at newlines, so a corpus
+    never becomes one huge tensor), `decode(ids) -> str`, `eos_id`,
+    `unk_id`, `unit`, `bits_metric`, `unknown_characters(text)`,
+    `check_model_vocabulary(vocabulary_size)` and `save(directory)` (read
+    back with `load_tokenizer`).
+
+    keras-hub's API: `vocabulary_size()` (a method), `get_vocabulary()`,
+    `id_to_token(id)`, `token_to_id(token)`, `end_token_id` (`<eos>`, or
+    None for kinds without one), `start_token_id` (None), `pad_token_id`
+    (`<eos>` where the kind has one, else 0: padded positions are masked,
+    and a real token keeps the embedding lookup in range), `save_assets` /
+    `load_assets` and `get_config` (without the vocabulary, which lives in
+    the assets; `vocabulary=None` then `load_assets`, as keras-hub does).
+
+    Subclasses set `kind` and implement `_tokenize_batch` (`(B,)` strings
+    to ragged ids), `_detokenize_batch`, `vocabulary_size` and
+    `get_vocabulary`; they may override `encode`/`decode`.
+
+    Example:
+
+    >>> tokenizer = WordTokenizer(["<eos>", "<unk>", "a", "b"])
+    >>> tokenizer("a b\\nb").numpy().tolist()
+    [2, 3, 0, 3]
+    >>> dataset = tf.data.Dataset.from_tensor_slices(["a", "b c"])
+    >>> [ids.numpy().tolist() for ids in dataset.map(tokenizer)]
+    [[2], [3, 1]]
+    >>> tokenizer.detokenize([2, 3, 0, 3]).numpy()
+    b'a b\\nb'
+
+    Reference: Dai et al., "Transformer-XL", arXiv:1901.02860, section 4
+    (word, character and byte-level benchmarks).
     """
 
     kind = ""
+    backbone_cls = TransformerXLBackbone
+    # Names of the files `save_assets` writes (keras-hub's `file_assets`).
+    asset_files = ()
+
+    def __init__(self, **kwargs):
+        kind = kwargs.pop("kind", self.kind)
+        if kind != self.kind:
+            raise ValueError(
+                f"`kind` of a {type(self).__name__} must be {self.kind!r}. "
+                f"Received: kind={kind!r}."
+            )
+        kwargs.setdefault("dtype", "int32")
+        super().__init__(**kwargs)
+        self.file_assets = list(self.asset_files)
+
+    # --- keras-hub API ---
+
+    def tokenize(self, inputs):
+        self._check_ready()
+        return _over_batch(self._tokenize_batch, inputs)
+
+    def detokenize(self, inputs):
+        self._check_ready()
+        ids, rank = _id_input(inputs)
+        texts = self._detokenize_batch(ids)
+        return texts[0] if rank == 1 else texts
+
+    def call(self, inputs):
+        return self.tokenize(inputs)
+
+    def compute_output_spec(self, inputs):
+        # (N,) ids for a scalar string, (B, None) for a batch.
+        rank = len(getattr(inputs, "shape", ()) or ())
+        return keras.KerasTensor([None] * (rank + 1), dtype="int32")
+
+    def get_vocabulary(self) -> list[str]:
+        raise NotImplementedError
+
+    def id_to_token(self, id) -> str:
+        vocabulary = self.get_vocabulary()
+        if not isinstance(id, numbers.Integral) or not (
+            0 <= id < len(vocabulary)
+        ):
+            raise ValueError(
+                f"`id` must be an int in [0, {len(vocabulary)}). Received: "
+                f"id={id!r}."
+            )
+        return vocabulary[id]
+
+    def token_to_id(self, token) -> int:
+        vocabulary = self.get_vocabulary()
+        if token not in vocabulary:
+            raise ValueError(
+                f"`token` {token!r} is not in the vocabulary of "
+                f"{len(vocabulary)} tokens."
+            )
+        return vocabulary.index(token)
+
+    @property
+    def end_token_id(self):
+        return self.eos_id
+
+    @property
+    def start_token_id(self):
+        return None
+
+    @property
+    def pad_token_id(self) -> int:
+        return 0 if self.eos_id is None else self.eos_id
+
+    def save_assets(self, dir_path):
+        pass
+
+    def load_assets(self, dir_path):
+        pass
+
+    def load_preset_assets(self, preset):
+        # keras-hub's version needs at least one asset file (the byte
+        # tokenizer has none).
+        if self.file_assets:
+            super().load_preset_assets(preset)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["kind"] = self.kind
+        return config
+
+    # --- keras-txl API ---
+
+    def _check_ready(self):
+        pass
+
+    def _tokenize_batch(self, texts):
+        raise NotImplementedError
+
+    def _detokenize_batch(self, ids):
+        raise NotImplementedError
+
+    def _tokenize_text(self, text: str) -> np.ndarray:
+        """Eager ids of one piece of text (see `encode`)."""
+        return self._tokenize_batch(tf.constant([_utf8(text)]))[0].numpy()
 
     def encode(self, text: str) -> np.ndarray:
-        """Token ids of `text`, a whole document, as int32 `(N,)`."""
-        raise NotImplementedError
+        """Token ids of `text`, a whole document, as int32 `(N,)`.
+
+        The text is cut after newlines into pieces of about 4M characters,
+        each tokenized alone: the ids equal `tokenize(text)`.
+        """
+        self._check_ready()
+        pieces = [
+            self._tokenize_text(chunk)
+            for chunk in _line_chunks(_check_text(text))
+        ]
+        if not pieces:
+            return np.zeros([0], np.int32)
+        return np.concatenate(pieces).astype(np.int32)
 
     def decode(self, ids) -> str:
         """Text of the token ids `ids` (1-D)."""
-        raise NotImplementedError
-
-    @property
-    def vocabulary_size(self) -> int:
-        """int. Number of token ids; ids are in `[0, vocabulary_size)`."""
-        raise NotImplementedError
+        self._check_ready()
+        array = _ids_array(ids, self.vocabulary_size())
+        text = self._detokenize_batch(
+            tf.RaggedTensor.from_tensor(tf.constant(array[None], tf.int32))
+        )[0]
+        return text.numpy().decode("utf-8", "replace")
 
     @property
     def eos_id(self) -> int | None:
@@ -430,6 +745,11 @@ class Tokenizer:
         `"bits_per_word"` or `"bits_per_token"`."""
         return "bpc" if self.unit == "character" else f"bits_per_{self.unit}"
 
+    @property
+    def newline_handling(self) -> str:
+        """str. How a newline of the text reaches the model (for apps)."""
+        return "eos" if self.eos_id is not None else "dropped"
+
     def unknown_characters(self, text: str) -> list[str]:
         """The distinct characters of `text` that do not reach a model as
         themselves (they become `<unk>` or U+FFFD), in order of first
@@ -438,10 +758,6 @@ class Tokenizer:
         _check_text(text)
         return []
 
-    def get_config(self) -> dict:
-        """JSON-serializable settings: `kind` and the kind's options."""
-        return {"kind": self.kind}
-
     def check_model_vocabulary(self, vocabulary_size: int) -> None:
         """Checks that a model's vocabulary matches this tokenizer.
 
@@ -449,19 +765,28 @@ class Tokenizer:
             vocabulary_size: int. The model's `vocabulary_size`.
 
         Raises:
-            ValueError: if it differs from `self.vocabulary_size`.
+            ValueError: if it differs from `self.vocabulary_size()`.
         """
-        if vocabulary_size != self.vocabulary_size:
+        size = self.vocabulary_size()
+        if vocabulary_size != size:
             raise ValueError(
                 f"the tokenizer (kind={self.kind!r}) has vocabulary_size="
-                f"{self.vocabulary_size}, but the model has vocabulary_size="
+                f"{size}, but the model has vocabulary_size="
                 f"{vocabulary_size!r}; they must be equal. Build the model "
-                f"with vocabulary_size={self.vocabulary_size} or load the "
-                "tokenizer the model was trained with."
+                f"with vocabulary_size={size} or load the tokenizer the "
+                "model was trained with."
             )
 
     def save(self, directory) -> pathlib.Path:
-        """Writes the tokenizer to `directory` as plain files.
+        """Writes the tokenizer as keras-hub writes one inside a preset.
+
+        `directory/tokenizer.json` is the Keras serialization of the layer
+        (as `keras_hub`'s preset saver writes it, plus the informative
+        keys `kind`, `vocabulary_size` and `format_version`, which Keras
+        ignores) and `directory/assets/tokenizer/` holds the vocabulary or
+        SentencePiece model. `keras_hub.tokenizers.Tokenizer.from_preset`
+        reads it when the folder also has the backbone's `config.json`;
+        `load_tokenizer(directory)` reads it alone.
 
         Args:
             directory: str or path-like. Created if needed.
@@ -470,41 +795,114 @@ class Tokenizer:
             The directory, as a `pathlib.Path`.
         """
         directory = pathlib.Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        data = {
-            "format_version": FORMAT_VERSION,
-            "kind": self.kind,
-            "vocabulary_size": self.vocabulary_size,
-            **self.get_config(),
-        }
-        data.update(self._save_files(directory))
+        assets = directory / ASSET_DIR
+        assets.mkdir(parents=True, exist_ok=True)
+        data = keras.saving.serialize_keras_object(self)
+        for key in ("build_config", "compile_config"):
+            data.pop(key, None)
+        data.update(
+            {
+                "kind": self.kind,
+                "vocabulary_size": self.vocabulary_size(),
+                "format_version": FORMAT_VERSION,
+            }
+        )
+        self.save_assets(str(assets))
         _write_json(directory / TOKENIZER_FILE, data)
         logger.info("Saved %r to %s", self, directory)
         return directory
-
-    def _save_files(self, directory: pathlib.Path) -> dict:
-        return {}
 
     def __repr__(self):
         options = ", ".join(
             f"{key}={value!r}"
             for key, value in self.get_config().items()
-            if key not in ("kind", "vocabulary")
+            if key not in _KERAS_CONFIG_KEYS
         )
         options = ", " + options if options else ""
         return (
-            f"{type(self).__name__}(vocabulary_size={self.vocabulary_size}"
+            f"{type(self).__name__}(vocabulary_size={self.vocabulary_size()}"
             f"{options})"
         )
 
 
-class ByteTokenizer(Tokenizer):
+# Keys of a Layer's config that say nothing about the tokenizer.
+_KERAS_CONFIG_KEYS = ("name", "trainable", "dtype", "config_file", "kind")
+
+# Kept for code that names the old base class.
+Tokenizer = TransformerXLTokenizer
+
+
+class _VocabularyTokenizer(TransformerXLTokenizer):
+    """A tokenizer whose vocabulary is a list of str (in the assets)."""
+
+    asset_files = (VOCABULARY_JSON,)
+
+    def __init__(self, vocabulary=None, **kwargs):
+        super().__init__(**kwargs)
+        self._vocabulary = None
+        if vocabulary is not None:
+            self.set_vocabulary(vocabulary)
+
+    def set_vocabulary(self, vocabulary):
+        """Sets the vocabulary (list of str) and builds the lookup ops."""
+        vocabulary = self._validate(vocabulary)
+        self._vocabulary = vocabulary
+        # Detokenize: id -> token string.
+        self._tokens = tf.constant([_utf8(t) for t in vocabulary], tf.string)
+        self._build_tables(vocabulary)
+
+    def _validate(self, vocabulary):
+        raise NotImplementedError
+
+    def _build_tables(self, vocabulary):
+        raise NotImplementedError
+
+    def _check_ready(self):
+        if self._vocabulary is None:
+            raise ValueError(
+                f"this {type(self).__name__} has no vocabulary yet: pass "
+                "`vocabulary` or call `load_assets(dir_path)`."
+            )
+
+    def get_vocabulary(self) -> list[str]:
+        self._check_ready()
+        return list(self._vocabulary)
+
+    @property
+    def vocabulary(self) -> list[str]:
+        """list of str. The token of each id."""
+        return self.get_vocabulary()
+
+    def vocabulary_size(self) -> int:
+        self._check_ready()
+        return len(self._vocabulary)
+
+    def save_assets(self, dir_path):
+        _write_json_list(
+            pathlib.Path(dir_path) / self.asset_files[0], self.get_vocabulary()
+        )
+
+    def load_assets(self, dir_path):
+        path = _asset(dir_path, self.asset_files[0])
+        if path.suffix == ".json":
+            self.set_vocabulary(_read_json_list(path))
+        else:
+            self.set_vocabulary(_read_vocabulary(path))
+
+
+@keras.saving.register_keras_serializable(package="keras_txl")
+class ByteTokenizer(TransformerXLTokenizer):
     """UTF-8 bytes: ids 0-255, nothing to fit, lossless.
 
     `encode` uses the `surrogateescape` error handler, so text decoded from
     arbitrary bytes that way (as `corpora` does for raw enwik8) encodes to
-    exactly the original bytes. `decode` replaces invalid UTF-8 (which a
-    model may generate) with U+FFFD.
+    exactly the original bytes. `decode` (and `detokenize`) replace invalid
+    UTF-8, which a model may generate, with U+FFFD.
+
+    `tokenize`/`detokenize` use the same ops as keras-hub's
+    `ByteTokenizer` but not the class: its eager calls give Python lists
+    for a batch (not a `tf.RaggedTensor`), and its `detokenize` drops byte
+    0, which here is a byte like any other.
 
     Example:
 
@@ -515,22 +913,31 @@ class ByteTokenizer(Tokenizer):
 
     kind = "byte"
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Detokenize: id -> its byte.
+        self._bytes = tf.constant(
+            [bytes([byte]) for byte in range(BYTE_VOCABULARY_SIZE)]
+        )
+
     @classmethod
     def fit(cls, texts=None):
         """Returns a `ByteTokenizer`; `texts` is ignored (fixed vocabulary)."""
         return cls()
 
-    @classmethod
-    def _from_directory(cls, directory, config):
-        return cls()
-
-    @property
     def vocabulary_size(self) -> int:
         return BYTE_VOCABULARY_SIZE
+
+    def get_vocabulary(self) -> list[str]:
+        return [chr(byte) for byte in range(BYTE_VOCABULARY_SIZE)]
 
     @property
     def unit(self) -> str:
         return "character"
+
+    @property
+    def newline_handling(self) -> str:
+        return "byte"
 
     def unknown_characters(self, text: str) -> list[str]:
         # Every character is bytes here, except the lone surrogates that
@@ -541,6 +948,21 @@ class ByteTokenizer(Tokenizer):
             c for c in _check_text(text) if "\ud800" <= c <= "\udfff"
         ))
 
+    def _tokenize_batch(self, texts):
+        values = tf.ragged.map_flat_values(
+            tf.io.decode_raw, tf.strings.bytes_split(texts), tf.uint8
+        )  # (B, None, 1)
+        return tf.cast(values.merge_dims(1, 2), tf.int32)
+
+    def _detokenize_batch(self, ids):
+        data = tf.ragged.map_flat_values(tf.gather, self._bytes, ids)
+        return tf.strings.unicode_transcode(
+            tf.strings.reduce_join(data, axis=1),
+            "UTF-8",
+            "UTF-8",
+            errors="replace",
+        )
+
     def encode(self, text: str) -> np.ndarray:
         data = _check_text(text).encode("utf-8", "surrogateescape")
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
@@ -550,16 +972,20 @@ class ByteTokenizer(Tokenizer):
         return array.astype(np.uint8).tobytes().decode("utf-8", "replace")
 
 
-class CharTokenizer(Tokenizer):
+@keras.saving.register_keras_serializable(package="keras_txl")
+class CharTokenizer(_VocabularyTokenizer):
     """Unicode characters, with a vocabulary fitted on training text.
 
     Characters are split with `tensorflow_text.UnicodeCharTokenizer` and
     mapped to ids with a `tf.lookup.StaticHashTable`; characters not in the
     vocabulary map to `<unk>` (id 0), which decodes as the string `<unk>`.
+    Hand-written rather than keras-hub's `UnicodeCodepointTokenizer`, whose
+    ids are the code points themselves: this vocabulary is frequency
+    ordered (the adaptive softmax's clusters) with an `<unk>`.
 
     Args:
-        vocabulary: list of str. `unk_token` followed by single characters;
-            the list index is the id.
+        vocabulary: list of str, or None (then `load_assets`). `unk_token`
+            followed by single characters; the list index is the id.
         unk_token: str. The unknown token, which must be in `vocabulary`.
 
     Example:
@@ -571,7 +997,13 @@ class CharTokenizer(Tokenizer):
 
     kind = "char"
 
-    def __init__(self, vocabulary, unk_token: str = UNK_TOKEN):
+    def __init__(self, vocabulary=None, unk_token: str = UNK_TOKEN, **kwargs):
+        self._unk_token = unk_token
+        self._splitter = tf_text.UnicodeCharTokenizer()
+        super().__init__(vocabulary, **kwargs)
+
+    def _validate(self, vocabulary):
+        unk_token = self._unk_token
         vocabulary = _check_vocabulary(vocabulary, {"unknown": unk_token})
         for index, token in enumerate(vocabulary):
             if token != unk_token and len(token) != 1:
@@ -580,23 +1012,23 @@ class CharTokenizer(Tokenizer):
                     f"unk_token={unk_token!r}. Received {token!r} at index "
                     f"{index}."
                 )
-        self._vocabulary = vocabulary
-        self._unk_token = unk_token
-        self._unk_id = vocabulary.index(unk_token)
-        self._id_to_token = np.array(vocabulary, dtype=object)
-        self._known = frozenset(vocabulary) - {unk_token}
+        return vocabulary
+
+    def _build_tables(self, vocabulary):
+        self._unk_id = vocabulary.index(self._unk_token)
+        self._known = frozenset(vocabulary) - {self._unk_token}
         chars = [
             (ord(token), index)
             for index, token in enumerate(vocabulary)
-            if token != unk_token
+            if token != self._unk_token
         ]
-        keys = tf.constant([c for c, _ in chars], tf.int64)
-        values = tf.constant([i for _, i in chars], tf.int64)
         self._table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(keys, values),
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant([c for c, _ in chars], tf.int64),
+                tf.constant([i for _, i in chars], tf.int64),
+            ),
             default_value=self._unk_id,
         )
-        self._splitter = tf_text.UnicodeCharTokenizer()
 
     @classmethod
     def fit(
@@ -637,30 +1069,23 @@ class CharTokenizer(Tokenizer):
         )
         return tokenizer
 
-    @classmethod
-    def _from_directory(cls, directory, config):
-        return cls(config["vocabulary"], unk_token=config["unk_token"])
-
-    @property
-    def vocabulary(self) -> list[str]:
-        """list of str. The token of each id."""
-        return list(self._vocabulary)
-
-    @property
-    def vocabulary_size(self) -> int:
-        return len(self._vocabulary)
-
     @property
     def unk_id(self) -> int:
+        self._check_ready()
         return self._unk_id
 
     @property
     def unit(self) -> str:
         return "character"
 
+    @property
+    def newline_handling(self) -> str:
+        return "character"
+
     def unknown_characters(self, text: str) -> list[str]:
         # Characters not in the vocabulary become <unk>; a lone surrogate
         # is never itself in it (it is encoded as "?", see `_utf8`).
+        self._check_ready()
         known = self._known
         return list(dict.fromkeys(
             c for c in _check_text(text)
@@ -668,29 +1093,22 @@ class CharTokenizer(Tokenizer):
         ))
 
     def get_config(self) -> dict:
-        # The characters may include "\n", so they live in the JSON file.
-        return {
-            **super().get_config(),
-            "unk_token": self._unk_token,
-            "vocabulary": self.vocabulary,
-        }
+        return {**super().get_config(), "unk_token": self._unk_token}
 
-    def encode(self, text: str) -> np.ndarray:
-        pieces = []
-        for chunk in _line_chunks(_check_text(text)):
-            points = self._splitter.tokenize(_utf8(chunk))  # (n,) int32
-            ids = self._table.lookup(tf.cast(points, tf.int64))
-            pieces.append(ids.numpy().astype(np.int32))
-        if not pieces:
-            return np.zeros([0], np.int32)
-        return np.concatenate(pieces)
+    def _tokenize_batch(self, texts):
+        points = self._splitter.tokenize(texts)  # (B, None) int32
+        ids = tf.ragged.map_flat_values(
+            self._table.lookup, tf.cast(points, tf.int64)
+        )
+        return tf.cast(ids, tf.int32)
 
-    def decode(self, ids) -> str:
-        array = _ids_array(ids, self.vocabulary_size)
-        return "".join(self._id_to_token[array].tolist())
+    def _detokenize_batch(self, ids):
+        tokens = tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
+        return tf.strings.reduce_join(tokens, axis=1)
 
 
-class WordTokenizer(Tokenizer):
+@keras.saving.register_keras_serializable(package="keras_txl")
+class WordTokenizer(_VocabularyTokenizer):
     """Whitespace-split words with `<eos>` for newlines (WikiText-103).
 
     Lines are split on Unicode whitespace with
@@ -702,14 +1120,21 @@ class WordTokenizer(Tokenizer):
     newlines are dropped, as the reference code does for the
     space-separated enwik8/text8 symbol files.
 
+    Hand-written rather than keras-hub's `WordPieceTokenizer` (whose
+    vocabulary lookup is similar): newlines become `<eos>` ids, unknown
+    words whole `<unk>`s, and the vocabulary keeps the frequency order the
+    adaptive softmax's clusters need.
+
     Args:
-        vocabulary: list of str. Tokens; the list index is the id. Must
-            contain `unk_token` (and `eos_token` when `add_eos`).
+        vocabulary: list of str, or None (then `load_assets`). Tokens; the
+            list index is the id. Must contain `unk_token` (and
+            `eos_token` when `add_eos`).
         add_eos: bool. Whether newlines become `eos_token`.
         lower_case: bool. Lower-case the text before the lookup.
         unk_token: str or None. Token for words not in the vocabulary;
             None (a vocabulary without one, as some official releases
-            have) makes `encode` raise on an unknown word.
+            have) makes `encode` raise on an unknown word (`tokenize`
+            fails with an `InvalidArgumentError`).
         eos_token: str. End-of-line token.
         double_eos: bool. Write every line as `eos words eos` (the official
             LM1B stream, `add_double_eos`) instead of `words eos`.
@@ -724,45 +1149,48 @@ class WordTokenizer(Tokenizer):
     """
 
     kind = "word"
+    asset_files = (VOCABULARY_FILE_NAME,)
 
     def __init__(
         self,
-        vocabulary,
+        vocabulary=None,
         *,
         add_eos: bool = True,
         lower_case: bool = False,
-        unk_token: str = UNK_TOKEN,
+        unk_token: str | None = UNK_TOKEN,
         eos_token: str = EOS_TOKEN,
         double_eos: bool = False,
+        **kwargs,
     ):
-        required = {} if unk_token is None else {"unknown": unk_token}
-        if add_eos:
-            required["end-of-line"] = eos_token
-        elif double_eos:
+        if double_eos and not add_eos:
             raise ValueError("`double_eos=True` needs `add_eos=True`.")
-        vocabulary = _check_vocabulary(vocabulary, required)
-        self._vocabulary = vocabulary
         self._add_eos = bool(add_eos)
         self._double_eos = bool(double_eos)
         self._lower_case = bool(lower_case)
         self._unk_token = unk_token
         self._eos_token = eos_token
-        self._unk_id = None if unk_token is None else vocabulary.index(unk_token)
-        self._eos_id = vocabulary.index(eos_token) if add_eos else None
-        self._id_to_token = np.array(vocabulary, dtype=object)
-        self._table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(
-                tf.constant([_utf8(token) for token in vocabulary]),
-                tf.range(len(vocabulary), dtype=tf.int64),
-            ),
-            default_value=-1 if self._unk_id is None else self._unk_id,
-        )
         self._splitter = tf_text.WhitespaceTokenizer()
+        super().__init__(vocabulary, **kwargs)
 
-    def _words(self, lines: tf.Tensor) -> tf.RaggedTensor:
-        if self._lower_case:
-            lines = tf.strings.lower(lines, encoding="utf-8")
-        return self._splitter.tokenize(lines)  # (lines, None) string
+    def _validate(self, vocabulary):
+        required = {} if self._unk_token is None else {
+            "unknown": self._unk_token
+        }
+        if self._add_eos:
+            required["end-of-line"] = self._eos_token
+        return _check_vocabulary(vocabulary, required)
+
+    def _build_tables(self, vocabulary):
+        self._unk_id = (
+            None if self._unk_token is None
+            else vocabulary.index(self._unk_token)
+        )
+        self._eos_id = (
+            vocabulary.index(self._eos_token) if self._add_eos else None
+        )
+        self._table = _strings_table(
+            vocabulary, -1 if self._unk_id is None else self._unk_id
+        )
 
     @classmethod
     def fit(
@@ -801,7 +1229,7 @@ class WordTokenizer(Tokenizer):
         counts: dict = {}
         for text in _as_texts(texts):
             for chunk in _line_chunks(text):
-                lines = _split_lines(chunk)
+                lines = tf.strings.split(tf.constant(_utf8(chunk)), sep="\n")
                 if lower_case:
                     lines = tf.strings.lower(lines, encoding="utf-8")
                 _add_counts(counts, splitter.tokenize(lines).flat_values)
@@ -825,38 +1253,20 @@ class WordTokenizer(Tokenizer):
             eos_token=eos_token,
         )
 
-    @classmethod
-    def _from_directory(cls, directory, config):
-        return cls(
-            _read_vocabulary(
-                _file_in(directory, config["vocabulary_file"], "vocabulary_file")
-            ),
-            add_eos=config["add_eos"],
-            lower_case=config["lower_case"],
-            unk_token=config["unk_token"],
-            eos_token=config["eos_token"],
-            double_eos=config.get("double_eos", False),
+    def save_assets(self, dir_path):
+        _write_vocabulary(
+            pathlib.Path(dir_path) / VOCABULARY_FILE_NAME,
+            self.get_vocabulary(),
         )
-
-    def _save_files(self, directory):
-        _write_vocabulary(directory / VOCABULARY_FILE, self._vocabulary)
-        return {"vocabulary_file": VOCABULARY_FILE}
-
-    @property
-    def vocabulary(self) -> list[str]:
-        """list of str. The token of each id."""
-        return list(self._vocabulary)
-
-    @property
-    def vocabulary_size(self) -> int:
-        return len(self._vocabulary)
 
     @property
     def eos_id(self) -> int | None:
+        self._check_ready()
         return self._eos_id
 
     @property
     def unk_id(self) -> int | None:
+        self._check_ready()
         return self._unk_id
 
     @property
@@ -864,6 +1274,12 @@ class WordTokenizer(Tokenizer):
         # Without <eos> this is the reference's setting for the enwik8/text8
         # symbol files, where a "word" is one character (or byte).
         return "word" if self._add_eos else "character"
+
+    @property
+    def newline_handling(self) -> str:
+        if self._double_eos:
+            return "double_eos"
+        return "eos" if self._add_eos else "dropped"
 
     def get_config(self) -> dict:
         return {
@@ -875,45 +1291,55 @@ class WordTokenizer(Tokenizer):
             "double_eos": self._double_eos,
         }
 
-    def encode(self, text: str) -> np.ndarray:
-        pieces = []
-        for chunk in _line_chunks(_check_text(text)):
-            words = self._words(_split_lines(chunk))
-            ids = tf.ragged.map_flat_values(self._table.lookup, words)
-            if self._unk_id is None:
-                unknown = ids.flat_values.numpy() < 0
-                if unknown.any():
-                    word = words.flat_values.numpy()[unknown][0]
-                    raise ValueError(
-                        f"word {word.decode('utf-8')!r} is not in the "
-                        "vocabulary, which has no unknown token."
-                    )
-            if self._double_eos:
-                pieces.append(_wrap_lines(ids, self._eos_id, chunk.endswith("\n")))
-            elif self._add_eos:
-                pieces.append(_append_eos(ids, self._eos_id))
-            else:
-                pieces.append(ids.flat_values.numpy())
-        if not pieces:
-            return np.zeros([0], np.int32)
-        return np.concatenate(pieces).astype(np.int32)
+    def _word_ids(self, texts):
+        """(B,) strings -> (words, ids), each (B, lines, None)."""
+        lines = _split_documents(texts, drop_final_empty_line=self._double_eos)
+        if self._lower_case:
+            lines = tf.ragged.map_flat_values(
+                tf.strings.lower, lines, encoding="utf-8"
+            )
+        words = lines.with_values(self._splitter.tokenize(lines.values))
+        ids = tf.ragged.map_flat_values(self._table.lookup, words)
+        return words, tf.cast(ids, tf.int32)
 
-    def decode(self, ids) -> str:
-        tokens = self._id_to_token[_ids_array(ids, self.vocabulary_size)]
+    def _tokenize_batch(self, texts):
+        _, ids = self._word_ids(texts)
+        if self._unk_id is None:
+            check = tf.debugging.assert_non_negative(
+                ids.flat_values,
+                message="a word is not in the vocabulary, which has no "
+                "unknown token",
+            )
+            with tf.control_dependencies([check]):
+                ids = tf.identity(ids)
+        if self._add_eos:
+            return _with_eos(ids, self._eos_id, self._double_eos)
+        return ids.merge_dims(1, 2)
+
+    def _tokenize_text(self, text):
+        if self._unk_id is None:
+            words, ids = self._word_ids(tf.constant([_utf8(text)]))
+            unknown = ids.flat_values.numpy() < 0
+            if unknown.any():
+                word = words.flat_values.numpy()[unknown][0]
+                raise ValueError(
+                    f"word {word.decode('utf-8')!r} is not in the "
+                    "vocabulary, which has no unknown token."
+                )
+        return super()._tokenize_text(text)
+
+    def _detokenize_batch(self, ids):
         if not self._add_eos:
-            return " ".join(tokens.tolist())
-        lines, words = [], []
-        for token in tokens.tolist():
-            if token == self._eos_token:
-                lines.append(" ".join(words))
-                words = []
-            else:
-                words.append(token)
-        lines.append(" ".join(words))
-        return "\n".join(lines)
+            tokens = tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
+            return tf.strings.reduce_join(tokens, axis=1, separator=" ")
+        lines, lines_per_text = _lines_between_eos(ids, self._eos_id)
+        words = tf.ragged.map_flat_values(tf.gather, self._tokens, lines)
+        line_texts = tf.strings.reduce_join(words, axis=1, separator=" ")
+        return _join_lines(line_texts, lines_per_text)
 
 
-class SentencePieceTokenizer(Tokenizer):
+@keras.saving.register_keras_serializable(package="keras_txl")
+class SentencePieceTokenizer(TransformerXLTokenizer):
     """SentencePiece subwords, applied with tensorflow-text.
 
     Each line is tokenized with `tensorflow_text.SentencepieceTokenizer`
@@ -922,15 +1348,18 @@ class SentencePieceTokenizer(Tokenizer):
     dummy prefix, so decoding is exact for characters the model covers
     (`tensorflow_text`'s detokenizer drops the leading spaces of a line when
     the model adds a dummy prefix, which the `sentencepiece` package does
-    not).
+    not). keras-hub's `SentencePieceTokenizer` wraps the same op but has no
+    notion of lines: this class adds the newline-as-`<eos>` step, and
+    stores the model as keras-hub does (`assets/tokenizer/vocabulary.spm`).
 
     `tf.random.set_seed` (called by `keras.utils.set_random_seed`) deletes
     the resource behind an eager `SentencepieceTokenizer`; this class
     rebuilds the op when that happens.
 
     Args:
-        model_proto: bytes. A serialized SentencePiece model; it must have
-            an end-of-sentence piece (used for newlines).
+        model_proto: bytes, or None (then `load_assets`). A serialized
+            SentencePiece model; it must have an end-of-sentence piece
+            (used for newlines).
 
     Example:
 
@@ -940,8 +1369,16 @@ class SentencePieceTokenizer(Tokenizer):
     """
 
     kind = "sentencepiece"
+    asset_files = (SENTENCEPIECE_ASSET,)
 
-    def __init__(self, model_proto: bytes):
+    def __init__(self, model_proto=None, **kwargs):
+        super().__init__(**kwargs)
+        self._model_proto = None
+        if model_proto is not None:
+            self.set_proto(model_proto)
+
+    def set_proto(self, model_proto):
+        """Sets the SentencePiece model (bytes) and builds the op."""
         import sentencepiece
 
         if not isinstance(model_proto, (bytes, bytearray)):
@@ -969,6 +1406,9 @@ class SentencePieceTokenizer(Tokenizer):
         self._eos_id = int(processor.eos_id())
         unk = int(processor.unk_id())
         self._unk_id = unk if unk >= 0 else None
+        self._pieces = [
+            processor.IdToPiece(index) for index in range(self._size)
+        ]
         self._tokenizer = self._new_tf_tokenizer()
 
     def _new_tf_tokenizer(self):
@@ -986,6 +1426,13 @@ class SentencePieceTokenizer(Tokenizer):
             logger.debug("Rebuilding the SentencePiece op after a reset")
             self._tokenizer = self._new_tf_tokenizer()
             return getattr(self._tokenizer, method)(values)
+
+    def _check_ready(self):
+        if self._model_proto is None:
+            raise ValueError(
+                "this SentencePieceTokenizer has no model yet: pass "
+                "`model_proto` or call `load_assets(dir_path)`."
+            )
 
     @classmethod
     def fit(
@@ -1063,52 +1510,55 @@ class SentencePieceTokenizer(Tokenizer):
             "sentencepiece (%s): %d lines, %d pieces",
             model_type,
             len(lines),
-            tokenizer.vocabulary_size,
+            tokenizer.vocabulary_size(),
         )
         return tokenizer
 
-    @classmethod
-    def _from_directory(cls, directory, config):
-        path = _file_in(directory, config["model_file"], "model_file")
-        return cls(_read_tokenizer_file(path, "SentencePiece model"))
+    def save_assets(self, dir_path):
+        self._check_ready()
+        path = pathlib.Path(dir_path) / SENTENCEPIECE_ASSET
+        path.write_bytes(self._model_proto)
 
-    def _save_files(self, directory):
-        (directory / SENTENCEPIECE_FILE).write_bytes(self._model_proto)
-        return {"model_file": SENTENCEPIECE_FILE}
+    def load_assets(self, dir_path):
+        path = _asset(dir_path, SENTENCEPIECE_ASSET)
+        self.set_proto(_read_tokenizer_file(path, "SentencePiece model"))
 
     @property
     def model_proto(self) -> bytes:
         """bytes. The serialized SentencePiece model."""
+        self._check_ready()
         return self._model_proto
 
-    @property
     def vocabulary_size(self) -> int:
+        self._check_ready()
         return self._size
+
+    def get_vocabulary(self) -> list[str]:
+        self._check_ready()
+        return list(self._pieces)
 
     @property
     def eos_id(self) -> int:
+        self._check_ready()
         return self._eos_id
 
     @property
     def unk_id(self) -> int | None:
+        self._check_ready()
         return self._unk_id
 
-    def encode(self, text: str) -> np.ndarray:
-        pieces = []
-        for chunk in _line_chunks(_check_text(text)):
-            ids = self._call("tokenize", _split_lines(chunk))
-            pieces.append(_append_eos(ids, self._eos_id))
-        if not pieces:
-            return np.zeros([0], np.int32)
-        return np.concatenate(pieces).astype(np.int32)
+    def _tokenize_batch(self, texts):
+        lines = _split_documents(texts)  # (B, lines)
+        ids = lines.with_values(self._call("tokenize", lines.values))
+        return _with_eos(ids, self._eos_id)
 
-    def decode(self, ids) -> str:
-        array = _ids_array(ids, self.vocabulary_size)
-        lines = self._call("detokenize", _rows_between(array, self._eos_id))
-        return "\n".join(line.decode("utf-8") for line in lines.numpy())
+    def _detokenize_batch(self, ids):
+        lines, lines_per_text = _lines_between_eos(ids, self._eos_id)
+        return _join_lines(self._call("detokenize", lines), lines_per_text)
 
 
-class WordPieceTokenizer(Tokenizer):
+@keras.saving.register_keras_serializable(package="keras_txl")
+class WordPieceTokenizer(_VocabularyTokenizer):
     """WordPiece subwords (BERT style), applied with tensorflow-text.
 
     Lines are normalized with `tensorflow_text.FastBertNormalizer` (lower
@@ -1116,11 +1566,15 @@ class WordPieceTokenizer(Tokenizer):
     and punctuation and into word pieces by
     `tensorflow_text.FastWordpieceTokenizer`; each newline becomes `<eos>`.
     `decode` joins words with single spaces (so `"a, b"` comes back as
-    `"a , b"`): the round trip is not exact.
+    `"a , b"`): the round trip is not exact. Not keras-hub's
+    `WordPieceTokenizer`: its own pre-splitting gives other ids than the
+    vocabularies this kind has always produced, and it has no `<eos>` for
+    newlines.
 
     Args:
-        vocabulary: list of str. Tokens; continuation pieces start with
-            `suffix_indicator`. Must contain `unk_token` and `eos_token`.
+        vocabulary: list of str, or None (then `load_assets`). Tokens;
+            continuation pieces start with `suffix_indicator`. Must contain
+            `unk_token` and `eos_token`.
         lower_case: bool. Normalize as uncased BERT does.
         suffix_indicator: str. Prefix of word-continuation pieces.
         unk_token: str. Token for words that cannot be split.
@@ -1134,35 +1588,42 @@ class WordPieceTokenizer(Tokenizer):
     """
 
     kind = "wordpiece"
+    asset_files = (VOCABULARY_FILE_NAME,)
 
     def __init__(
         self,
-        vocabulary,
+        vocabulary=None,
         *,
         lower_case: bool = True,
         suffix_indicator: str = "##",
         unk_token: str = UNK_TOKEN,
         eos_token: str = EOS_TOKEN,
+        **kwargs,
     ):
-        vocabulary = _check_vocabulary(
-            vocabulary, {"unknown": unk_token, "end-of-line": eos_token}
-        )
-        self._vocabulary = vocabulary
         self._lower_case = bool(lower_case)
         self._suffix_indicator = suffix_indicator
         self._unk_token = unk_token
         self._eos_token = eos_token
-        self._unk_id = vocabulary.index(unk_token)
-        self._eos_id = vocabulary.index(eos_token)
         self._normalizer = (
             tf_text.FastBertNormalizer(lower_case_nfd_strip_accents=True)
             if lower_case
             else None
         )
+        super().__init__(vocabulary, **kwargs)
+
+    def _validate(self, vocabulary):
+        return _check_vocabulary(
+            vocabulary,
+            {"unknown": self._unk_token, "end-of-line": self._eos_token},
+        )
+
+    def _build_tables(self, vocabulary):
+        self._unk_id = vocabulary.index(self._unk_token)
+        self._eos_id = vocabulary.index(self._eos_token)
         self._tokenizer = tf_text.FastWordpieceTokenizer(
             vocab=vocabulary,
-            suffix_indicator=suffix_indicator,
-            unknown_token=unk_token,
+            suffix_indicator=self._suffix_indicator,
+            unknown_token=self._unk_token,
             no_pretokenization=False,
             support_detokenization=True,
             token_out_type=tf.int32,
@@ -1223,37 +1684,20 @@ class WordPieceTokenizer(Tokenizer):
             eos_token=eos_token,
         )
 
-    @classmethod
-    def _from_directory(cls, directory, config):
-        return cls(
-            _read_vocabulary(
-                _file_in(directory, config["vocabulary_file"], "vocabulary_file")
-            ),
-            lower_case=config["lower_case"],
-            suffix_indicator=config["suffix_indicator"],
-            unk_token=config["unk_token"],
-            eos_token=config["eos_token"],
+    def save_assets(self, dir_path):
+        _write_vocabulary(
+            pathlib.Path(dir_path) / VOCABULARY_FILE_NAME,
+            self.get_vocabulary(),
         )
-
-    def _save_files(self, directory):
-        _write_vocabulary(directory / VOCABULARY_FILE, self._vocabulary)
-        return {"vocabulary_file": VOCABULARY_FILE}
-
-    @property
-    def vocabulary(self) -> list[str]:
-        """list of str. The token of each id."""
-        return list(self._vocabulary)
-
-    @property
-    def vocabulary_size(self) -> int:
-        return len(self._vocabulary)
 
     @property
     def eos_id(self) -> int:
+        self._check_ready()
         return self._eos_id
 
     @property
     def unk_id(self) -> int:
+        self._check_ready()
         return self._unk_id
 
     def get_config(self) -> dict:
@@ -1265,27 +1709,21 @@ class WordPieceTokenizer(Tokenizer):
             "eos_token": self._eos_token,
         }
 
-    def encode(self, text: str) -> np.ndarray:
-        pieces = []
-        for chunk in _line_chunks(_check_text(text)):
-            lines = _split_lines(chunk)
-            if self._normalizer is not None:
-                lines = self._normalizer.normalize(lines)
-            ids = self._tokenizer.tokenize(lines)  # (lines, None) int32
-            pieces.append(_append_eos(ids, self._eos_id))
-        if not pieces:
-            return np.zeros([0], np.int32)
-        return np.concatenate(pieces).astype(np.int32)
+    def _tokenize_batch(self, texts):
+        lines = _split_documents(texts)  # (B, lines)
+        values = lines.values
+        if self._normalizer is not None:
+            values = self._normalizer.normalize(values)
+        ids = lines.with_values(self._tokenizer.tokenize(values))
+        return _with_eos(ids, self._eos_id)
 
-    def decode(self, ids) -> str:
-        array = _ids_array(ids, self.vocabulary_size)
-        lines = self._tokenizer.detokenize(_rows_between(array, self._eos_id))
-        return "\n".join(line.decode("utf-8") for line in lines.numpy())
+    def _detokenize_batch(self, ids):
+        lines, lines_per_text = _lines_between_eos(ids, self._eos_id)
+        return _join_lines(self._tokenizer.detokenize(lines), lines_per_text)
 
 
-
-
-class OfficialSymbolTokenizer(Tokenizer):
+@keras.saving.register_keras_serializable(package="keras_txl")
+class OfficialSymbolTokenizer(_VocabularyTokenizer):
     """The symbols of the official enwik8 and text8 releases.
 
     The official preprocessing writes enwik8 as the decimal values of its
@@ -1295,10 +1733,12 @@ class OfficialSymbolTokenizer(Tokenizer):
     datasets). This tokenizer applies the same steps to raw text, so its
     ids are the ids the official models were trained and evaluated on. The
     official vocabularies have no unknown symbol: a symbol outside the
-    vocabulary raises a `ValueError`.
+    vocabulary raises a `ValueError` in `encode` (an `InvalidArgumentError`
+    in `tokenize`).
 
     Args:
-        vocabulary: list of str. The release's symbols in id order (see
+        vocabulary: list of str, or None (then `load_assets`). The
+            release's symbols in id order (see
             `docs/official_checkpoints.md`): decimal byte values for
             enwik8, single characters for text8.
         dataset: str. "enwik8" or "text8".
@@ -1315,29 +1755,51 @@ class OfficialSymbolTokenizer(Tokenizer):
     unit = "character"
     DATASETS = ("enwik8", "text8")
 
-    def __init__(self, vocabulary, dataset: str):
+    def __init__(self, vocabulary=None, dataset: str = None, **kwargs):
         if dataset not in self.DATASETS:
             raise ValueError(
                 f"`dataset` must be one of {self.DATASETS}, received "
                 f"dataset={dataset!r}."
             )
+        self._dataset = dataset
+        self._splitter = tf_text.UnicodeCharTokenizer()
+        super().__init__(vocabulary, **kwargs)
+
+    def _validate(self, vocabulary):
         vocabulary = _check_vocabulary(vocabulary, {})
         for index, token in enumerate(vocabulary):
-            if dataset == "enwik8" and not (
+            if self._dataset == "enwik8" and not (
                 token.isdigit() and 0 <= int(token) < 256
             ):
                 raise ValueError(
                     "an enwik8 vocabulary holds byte values 0-255 written in "
                     f"decimal. Received {token!r} at index {index}."
                 )
-            if dataset == "text8" and len(token) != 1:
+            if self._dataset == "text8" and len(token) != 1:
                 raise ValueError(
                     "a text8 vocabulary holds single characters. Received "
                     f"{token!r} at index {index}."
                 )
-        self._vocabulary = vocabulary
-        self._dataset = dataset
+        return vocabulary
+
+    def _build_tables(self, vocabulary):
         self._ids = {token: index for index, token in enumerate(vocabulary)}
+        if self._dataset == "enwik8":
+            keys = [int(token) for token in vocabulary]
+            # Detokenize: id -> its byte.
+            self._symbols = tf.constant([bytes([k]) for k in keys], tf.string)
+        else:
+            keys = [ord(token) for token in vocabulary]
+            self._symbols = tf.constant(
+                [_utf8(" " if t == "_" else t) for t in vocabulary], tf.string
+            )
+        self._table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(keys, tf.int64),
+                tf.range(len(keys), dtype=tf.int64),
+            ),
+            default_value=-1,
+        )
 
     @classmethod
     def fit(cls, texts, *, dataset: str):
@@ -1356,27 +1818,44 @@ class OfficialSymbolTokenizer(Tokenizer):
             return [str(byte) for byte in data if byte != 10]
         return ["_" if c == " " else c for c in text if c != "\n"]
 
-    @classmethod
-    def _from_directory(cls, directory, config):
-        return cls(config["vocabulary"], config["dataset"])
-
     @property
-    def vocabulary(self) -> list[str]:
-        """list of str. The symbol of each id."""
-        return list(self._vocabulary)
-
-    @property
-    def vocabulary_size(self) -> int:
-        return len(self._vocabulary)
+    def newline_handling(self) -> str:
+        return "dropped"
 
     def get_config(self) -> dict:
-        return {
-            **super().get_config(),
-            "dataset": self._dataset,
-            "vocabulary": self.vocabulary,
-        }
+        return {**super().get_config(), "dataset": self._dataset}
+
+    def _tokenize_batch(self, texts):
+        if self._dataset == "enwik8":
+            keys = tf.ragged.map_flat_values(
+                tf.io.decode_raw, tf.strings.bytes_split(texts), tf.uint8
+            )  # (B, None, 1)
+            keys = tf.cast(keys.merge_dims(1, 2), tf.int64)
+        else:
+            keys = tf.cast(self._splitter.tokenize(texts), tf.int64)
+            keys = tf.ragged.map_flat_values(
+                tf.where, tf.equal(keys, ord(" ")), tf.constant(ord("_"), tf.int64), keys
+            )
+        keys = tf.ragged.boolean_mask(keys, tf.not_equal(keys, 10))
+        ids = tf.ragged.map_flat_values(self._table.lookup, keys)
+        check = tf.debugging.assert_non_negative(
+            ids.flat_values,
+            message=f"a symbol is not in the {self._dataset} vocabulary",
+        )
+        with tf.control_dependencies([check]):
+            return tf.cast(ids, tf.int32)
+
+    def _detokenize_batch(self, ids):
+        symbols = tf.ragged.map_flat_values(tf.gather, self._symbols, ids)
+        texts = tf.strings.reduce_join(symbols, axis=1)
+        if self._dataset == "enwik8":
+            texts = tf.strings.unicode_transcode(
+                texts, "UTF-8", "UTF-8", errors="replace"
+            )
+        return texts
 
     def encode(self, text: str) -> np.ndarray:
+        self._check_ready()
         symbols = self._symbols_of(_check_text(text), self._dataset)
         try:
             ids = [self._ids[symbol] for symbol in symbols]
@@ -1389,14 +1868,18 @@ class OfficialSymbolTokenizer(Tokenizer):
         return np.asarray(ids, dtype=np.int32)
 
     def decode(self, ids) -> str:
-        tokens = [self._vocabulary[i] for i in _ids_array(ids, self.vocabulary_size)]
+        self._check_ready()
+        tokens = [
+            self._vocabulary[i]
+            for i in _ids_array(ids, self.vocabulary_size())
+        ]
         if self._dataset == "enwik8":
             data = bytes(int(token) for token in tokens)
             return data.decode("utf-8", "replace")
         return "".join(" " if token == "_" else token for token in tokens)
 
 
-def official_tokenizer(vocabulary, dataset: str) -> Tokenizer:
+def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
     """The tokenizer of an official Transformer-XL release.
 
     Args:
@@ -1418,14 +1901,16 @@ def official_tokenizer(vocabulary, dataset: str) -> Tokenizer:
         return WordTokenizer(vocabulary, unk_token=unk, eos_token=EOS_TOKEN)
     if dataset == "lm1b":
         unk = "<UNK>" if "<UNK>" in vocabulary else None
-        return WordTokenizer(vocabulary, unk_token=unk, eos_token="<S>", double_eos=True)
+        return WordTokenizer(
+            vocabulary, unk_token=unk, eos_token="<S>", double_eos=True
+        )
     raise ValueError(
         "`dataset` must be one of ('wt103', 'lm1b', 'enwik8', 'text8'), "
         f"received dataset={dataset!r}."
     )
 
 
-# === Building and loading ===
+# === Building, loading and exporting ===
 
 _TOKENIZERS = {
     cls.kind: cls
@@ -1440,6 +1925,11 @@ _TOKENIZERS = {
 TOKENIZER_KINDS = tuple(_TOKENIZERS)
 # Kinds that are read back but not fitted by `build_tokenizer`.
 _LOADABLE = {**_TOKENIZERS, OfficialSymbolTokenizer.kind: OfficialSymbolTokenizer}
+# The classes a tokenizer.json may name (an allow-list: a folder from
+# elsewhere never makes Keras import or build anything else).
+_REGISTERED = {
+    keras.saving.get_registered_name(cls): cls for cls in _LOADABLE.values()
+}
 
 
 def _tokenizer_class(kind) -> type:
@@ -1450,7 +1940,7 @@ def _tokenizer_class(kind) -> type:
     return _TOKENIZERS[kind]
 
 
-def build_tokenizer(kind: str, texts=None, **options) -> Tokenizer:
+def build_tokenizer(kind: str, texts=None, **options) -> TransformerXLTokenizer:
     """Fits a tokenizer of the given kind on training text.
 
     Args:
@@ -1464,7 +1954,7 @@ def build_tokenizer(kind: str, texts=None, **options) -> Tokenizer:
             kinds.
 
     Returns:
-        A `Tokenizer`.
+        A `TransformerXLTokenizer`.
 
     Raises:
         ValueError: for an unknown kind, an option the kind does not take,
@@ -1490,20 +1980,102 @@ def build_tokenizer(kind: str, texts=None, **options) -> Tokenizer:
     return cls.fit(texts, **options)
 
 
-def load_tokenizer(directory, limits=None) -> Tokenizer:
-    """Reads a tokenizer written by `Tokenizer.save`.
+def _load_keras_hub_layout(directory, path, data):
+    name = data.get("registered_name")
+    if name not in _REGISTERED:
+        raise ValueError(
+            f"{path} names the class registered_name={name!r}; a keras-txl "
+            f"tokenizer is one of {sorted(_REGISTERED)}."
+        )
+    config = data.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{path} must hold the tokenizer's settings as a JSON object "
+            f"under 'config'. Received: {type(config).__name__}."
+        )
+    cls = _REGISTERED[name]
+    # Ids are int32: a serialized dtype policy from the file is not built.
+    config = {k: v for k, v in config.items() if k != "dtype"}
+    try:
+        tokenizer = cls.from_config(config)
+    except (TypeError, ValueError) as error:
+        # Keras rejects unknown keyword arguments with a ValueError.
+        raise ValueError(f"{path} has invalid 'config': {error}") from None
+    assets = directory / ASSET_DIR
+    for file_name in tokenizer.file_assets:
+        if not os.path.lexists(assets / file_name):
+            raise ValueError(
+                f"the tokenizer in {directory} has no {ASSET_DIR}/"
+                f"{file_name}: the {tokenizer.kind} tokenizer needs it."
+            )
+    tokenizer.load_assets(str(assets))
+    return tokenizer
+
+
+def _load_old_layout(directory, path, config):
+    version = config.get("format_version")
+    if version != OLD_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version={version!r}; this version of "
+            f"keras-txl reads format_version={OLD_FORMAT_VERSION} (and "
+            "keras-hub's layout)."
+        )
+    kind = config["kind"]
+    cls = _LOADABLE[kind] if kind in _LOADABLE else _tokenizer_class(kind)
+    if cls is ByteTokenizer:
+        return cls()
+    if cls is CharTokenizer:
+        return cls(config["vocabulary"], unk_token=config["unk_token"])
+    if cls is OfficialSymbolTokenizer:
+        return cls(config["vocabulary"], config["dataset"])
+    if cls is SentencePieceTokenizer:
+        model = _file_in(directory, config["model_file"], "model_file")
+        return cls(_read_tokenizer_file(model, "SentencePiece model"))
+    vocabulary = _read_vocabulary(
+        _file_in(directory, config["vocabulary_file"], "vocabulary_file")
+    )
+    if cls is WordTokenizer:
+        return cls(
+            vocabulary,
+            add_eos=config["add_eos"],
+            lower_case=config["lower_case"],
+            unk_token=config["unk_token"],
+            eos_token=config["eos_token"],
+            double_eos=config.get("double_eos", False),
+        )
+    return cls(
+        vocabulary,
+        lower_case=config["lower_case"],
+        suffix_indicator=config["suffix_indicator"],
+        unk_token=config["unk_token"],
+        eos_token=config["eos_token"],
+    )
+
+
+def load_tokenizer(directory, limits=None) -> TransformerXLTokenizer:
+    """Reads a tokenizer written by `TransformerXLTokenizer.save`.
+
+    Reads keras-hub's layout (`tokenizer.json` naming a registered
+    keras-txl class, plus `assets/tokenizer/`) and, read-only, the old
+    keras-txl layout (`tokenizer.json` with `kind` and
+    `format_version: 1`, plus `vocab.txt` or `sentencepiece.model`).
+    Only keras-txl tokenizer classes are built, every file must be a
+    regular file inside the folder (symlinks are followed: hub caches use
+    them), and sizes are bounded by `limits`.
 
     Args:
-        directory: str or path-like. Holds `tokenizer.json` (which names the
-            kind) and the kind's vocabulary or model file, which must lie
-            inside the folder.
-        limits: bounds on tokenizer.json (see `keras_txl.limits`).
+        directory: str or path-like. The tokenizer's folder.
+        limits: bounds on tokenizer.json and the vocabulary size (see
+            `keras_txl.limits`).
 
     Returns:
-        The `Tokenizer`, which encodes exactly like the saved one.
+        The `TransformerXLTokenizer`, which encodes exactly like the saved
+        one.
 
     Raises:
-        ValueError: if the directory or a file is missing or invalid.
+        ValueError: if the directory or a file is missing or invalid, names
+            an unknown class or kind, or the vocabulary exceeds
+            `max_vocabulary_size`.
     """
     directory = pathlib.Path(directory)
     path = directory / TOKENIZER_FILE
@@ -1512,25 +2084,93 @@ def load_tokenizer(directory, limits=None) -> Tokenizer:
             f"no tokenizer in {directory}: {path} does not exist. Save one "
             "with tokenizer.save(directory)."
         )
-    config = safe_files.read_json(path, limits)
-    if not isinstance(config, dict) or "kind" not in config:
-        raise ValueError(f"{path} must be a JSON object with a 'kind' key.")
-    version = config.get("format_version")
-    if version != FORMAT_VERSION:
+    resolved = resolve_limits(limits)
+    data = safe_files.read_json(path, limits)
+    if not isinstance(data, dict) or not (
+        "kind" in data or "registered_name" in data
+    ):
         raise ValueError(
-            f"{path} has format_version={version!r}; this version of "
-            f"keras-txl reads format_version={FORMAT_VERSION}."
+            f"{path} must be a JSON object with a 'registered_name' (keras-hub"
+            " layout) or a 'kind' key (old keras-txl layout)."
         )
     try:
-        kind = config["kind"]
-        cls = _LOADABLE[kind] if kind in _LOADABLE else _tokenizer_class(kind)
-        tokenizer = cls._from_directory(directory, config)
+        if "registered_name" in data:
+            tokenizer = _load_keras_hub_layout(directory, path, data)
+        else:
+            tokenizer = _load_old_layout(directory, path, data)
     except KeyError as error:
         raise ValueError(f"{path} is missing the key {error}.") from None
-    expected = config.get("vocabulary_size")
-    if expected is not None and expected != tokenizer.vocabulary_size:
+    size = tokenizer.vocabulary_size()
+    if size > resolved.max_vocabulary_size:
+        raise ValueError(
+            f"the tokenizer in {directory} has vocabulary_size={size}, "
+            f"which exceeds the limit max_vocabulary_size="
+            f"{resolved.max_vocabulary_size}."
+        )
+    expected = data.get("vocabulary_size")
+    if expected is not None and expected != size:
         raise ValueError(
             f"{path} says vocabulary_size={expected}, but the files in "
-            f"{directory} give {tokenizer.vocabulary_size}."
+            f"{directory} give {size}."
         )
     return tokenizer
+
+
+def export_vocabulary(tokenizer, path) -> pathlib.Path:
+    """Writes a tokenizer's vocabulary for an app beside a TFLite model.
+
+    LiteRT has no tensorflow-text ops, so TFLite models take token ids and
+    the app tokenizes. This writes, into the folder `path`:
+
+    - `vocabulary.txt`: one token per line, line i = id i (UTF-8). A token
+      that is itself a newline character (a char vocabulary) is written as
+      the two characters `\\n`; the byte kind writes the decimal byte
+      values 0-255 (its id is the byte value);
+    - `vocabulary.spm`: the SentencePiece model, for that kind (apps apply
+      it with the SentencePiece library, then the newline rule below);
+    - `tokenizer_info.json`: `kind`, `vocabulary_size`, `eos_id`,
+      `unk_id`, `pad_id`, `newline` (how a newline of the text becomes
+      ids: `"eos"` one `eos_id` per newline, `"double_eos"` every line
+      written as `eos words eos`, `"character"` the newline's own id,
+      `"dropped"`, or `"byte"` byte 10) and `lower_case` where the kind
+      has it.
+
+    Args:
+        tokenizer: `TransformerXLTokenizer`.
+        path: str or path-like. A folder, created if needed.
+
+    Returns:
+        The folder, as a `pathlib.Path`.
+    """
+    if not isinstance(tokenizer, TransformerXLTokenizer):
+        raise ValueError(
+            "`tokenizer` must be a keras-txl TransformerXLTokenizer. "
+            f"Received type {type(tokenizer).__name__}."
+        )
+    directory = pathlib.Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    newline = tokenizer.newline_handling
+    if isinstance(tokenizer, ByteTokenizer):
+        tokens = [str(byte) for byte in range(BYTE_VOCABULARY_SIZE)]
+    else:
+        tokens = [
+            "\\n" if token == "\n" else token
+            for token in tokenizer.get_vocabulary()
+        ]
+    _write_vocabulary(directory / EXPORT_VOCABULARY_FILE, tokens)
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        (directory / SENTENCEPIECE_ASSET).write_bytes(tokenizer.model_proto)
+    info = {
+        "kind": tokenizer.kind,
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        "eos_id": tokenizer.eos_id,
+        "unk_id": tokenizer.unk_id,
+        "pad_id": tokenizer.pad_token_id,
+        "newline": newline,
+    }
+    config = tokenizer.get_config()
+    for key in ("lower_case", "dataset", "eos_token", "unk_token"):
+        if key in config:
+            info[key] = config[key]
+    _write_json(directory / EXPORT_INFO_FILE, info)
+    return directory

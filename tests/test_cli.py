@@ -129,7 +129,7 @@ def char_workdir(tmp_path_factory):
     tokenizer = CharTokenizer.fit(["abc cab bca\n"])
     tokenizer.save(tmp / "tokenizer")
     model = keras_txl.TransformerXLCausalLM(
-        tiny_config(vocabulary_size=tokenizer.vocabulary_size, segment_length=4, memory_length=4))
+        tiny_config(vocabulary_size=tokenizer.vocabulary_size(), segment_length=4, memory_length=4))
     keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tmp / "tokenizer"))
     return tmp / "run"
 

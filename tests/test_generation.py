@@ -214,7 +214,7 @@ def exported(tmp_path_factory):
 
     keras.utils.set_random_seed(0)
     tokenizer = CharTokenizer.fit([CYCLE])
-    config = tiny(vocabulary_size=tokenizer.vocabulary_size, hidden_dim=16,
+    config = tiny(vocabulary_size=tokenizer.vocabulary_size(), hidden_dim=16,
                   intermediate_dim=32, memory_length=4, init_std=0.02,
                   projection_init_std=0.01)
     model = TransformerXLCausalLM(config)

@@ -44,7 +44,7 @@ def test_txl_attention_writes_the_pictures(tmp_path, capsys):
     from keras_txl.tokenizers import CharTokenizer
 
     tokenizer = CharTokenizer.fit([TEXT])
-    config = tiny(vocabulary_size=tokenizer.vocabulary_size)
+    config = tiny(vocabulary_size=tokenizer.vocabulary_size())
     save_pretrained(TransformerXLCausalLM(config), str(tmp_path / "run" / "model"),
                     tokenizer=tokenizer)
     text = tmp_path / "text.txt"

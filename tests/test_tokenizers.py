@@ -31,12 +31,13 @@ SMALL_OPTIONS = {
     "sentencepiece": {"vocabulary_size": 120},
     "wordpiece": {"vocabulary_size": 150},
 }
+# keras-hub's layout: tokenizer.json plus assets/tokenizer/<files>.
 SAVED_FILES = {
-    "char": {"tokenizer.json"},
+    "char": {"tokenizer.json", "assets/tokenizer/vocabulary.json"},
     "byte": {"tokenizer.json"},
-    "word": {"tokenizer.json", "vocab.txt"},
-    "sentencepiece": {"tokenizer.json", "sentencepiece.model"},
-    "wordpiece": {"tokenizer.json", "vocab.txt"},
+    "word": {"tokenizer.json", "assets/tokenizer/vocabulary.txt"},
+    "sentencepiece": {"tokenizer.json", "assets/tokenizer/vocabulary.spm"},
+    "wordpiece": {"tokenizer.json", "assets/tokenizer/vocabulary.txt"},
 }
 
 
@@ -53,18 +54,23 @@ def test_save_load_gives_identical_ids(kind, fitted, tmp_path):
     tokenizer = fitted[kind]
     ids = tokenizer.encode(TEXT)
     assert ids.dtype == np.int32 and ids.ndim == 1 and ids.size > 0
-    assert 0 <= ids.min() and ids.max() < tokenizer.vocabulary_size
+    assert 0 <= ids.min() and ids.max() < tokenizer.vocabulary_size()
 
     tokenizer.save(tmp_path / "tok")
-    files = {path.name for path in (tmp_path / "tok").iterdir()}
+    files = {
+        path.relative_to(tmp_path / "tok").as_posix()
+        for path in (tmp_path / "tok").rglob("*")
+        if path.is_file()
+    }
     assert files == SAVED_FILES[kind]
     config = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    assert config["registered_name"].startswith("keras_txl>")
     assert config["kind"] == kind
-    assert config["vocabulary_size"] == tokenizer.vocabulary_size
+    assert config["vocabulary_size"] == tokenizer.vocabulary_size()
 
     loaded = tokenizers.load_tokenizer(tmp_path / "tok")
     assert type(loaded) is type(tokenizer)
-    assert loaded.vocabulary_size == tokenizer.vocabulary_size
+    assert loaded.vocabulary_size() == tokenizer.vocabulary_size()
     assert loaded.get_config() == tokenizer.get_config()
     assert loaded.kind == loaded.get_config()["kind"] == kind
     np.testing.assert_array_equal(loaded.encode(TEXT), ids)
@@ -140,7 +146,7 @@ def test_char_vocabulary_and_unknown_characters():
 
 def test_byte_tokenizer_is_fixed_and_lossless():
     tokenizer = tokenizers.build_tokenizer("byte")
-    assert tokenizer.vocabulary_size == 256
+    assert tokenizer.vocabulary_size() == 256
     assert tokenizer.encode("hé").tolist() == [104, 195, 169]
     text = "naïve 日本語 🙂\n"
     assert tokenizer.decode(tokenizer.encode(text)) == text
@@ -156,7 +162,7 @@ def test_sentencepiece_matches_the_sentencepiece_package(fitted):
     import sentencepiece
 
     tokenizer = fitted["sentencepiece"]
-    assert tokenizer.vocabulary_size <= 120
+    assert tokenizer.vocabulary_size() <= 120
     assert (tokenizer.eos_id, tokenizer.unk_id) == (0, 1)
     processor = sentencepiece.SentencePieceProcessor()
     processor.LoadFromSerializedProto(tokenizer.model_proto)
@@ -198,8 +204,8 @@ def test_chunked_encoding_matches_one_piece(kind, fitted, monkeypatch):
 
 def test_check_model_vocabulary(fitted):
     tokenizer = fitted["word"]
-    tokenizer.check_model_vocabulary(tokenizer.vocabulary_size)
-    size = tokenizer.vocabulary_size
+    tokenizer.check_model_vocabulary(tokenizer.vocabulary_size())
+    size = tokenizer.vocabulary_size()
     with pytest.raises(
         ValueError,
         match=re.escape(
@@ -279,11 +285,331 @@ def test_load_errors_name_the_path(tmp_path, fitted):
     ):
         tokenizers.load_tokenizer(tmp_path)
     fitted["word"].save(tmp_path / "word")
-    (tmp_path / "word" / "vocab.txt").write_text("<eos>\n<unk>\nonly\n")
+    vocabulary = tmp_path / "word" / "assets" / "tokenizer" / "vocabulary.txt"
+    vocabulary.write_text("<eos>\n<unk>\nonly\n")
     with pytest.raises(
         ValueError, match=r"says vocabulary_size=\d+, but the files in"
     ):
         tokenizers.load_tokenizer(tmp_path / "word")
+    # A tokenizer.json of the old layout without its version.
     (tmp_path / "word" / "tokenizer.json").write_text('{"kind": "word"}')
     with pytest.raises(ValueError, match="format_version=None"):
+        tokenizers.load_tokenizer(tmp_path / "word")
+
+
+# === Keras layer: graph tokenize/detokenize, keras-hub API and files ===
+
+import keras  # noqa: E402
+import keras_hub  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Newlines, an empty line, characters outside the vocabularies, the empty
+# string, non-ASCII text and no final newline.
+SAMPLES = [
+    "the memory is not trained\n\nthe lazy dog\n",
+    "",
+    "  zebra ☃ café\n\n   x",
+    "日本語 🙂 naïve",
+    TEXT[:400],
+]
+# The official text8 vocabulary has no unknown symbol: text it covers.
+OFFICIAL_TEXT = "anarchy originated as a term\nof abuse first used"
+OFFICIAL_SAMPLES = ["anarchy as a term\nof", "", "abuse first used", "a"]
+LAYER_KINDS = (*tokenizers.TOKENIZER_KINDS, "official_symbols")
+
+
+@pytest.fixture(scope="module")
+def layers(fitted):
+    official = tokenizers.OfficialSymbolTokenizer.fit(
+        OFFICIAL_TEXT, dataset="text8"
+    )
+    return {**fitted, "official_symbols": official}
+
+
+def samples_for(kind):
+    return OFFICIAL_SAMPLES if kind == "official_symbols" else SAMPLES
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_tokenize_in_dataset_map_and_tf_function_equals_encode(kind, layers):
+    tokenizer = layers[kind]
+    texts = samples_for(kind)
+    expected = [tokenizer.encode(text) for text in texts]
+
+    dataset = tf.data.Dataset.from_tensor_slices(texts).map(tokenizer)
+    for got, want in zip(dataset, expected):
+        assert got.dtype == tf.int32
+        np.testing.assert_array_equal(got.numpy(), want)
+
+    scalar = tf.function(tokenizer.tokenize)
+    batch = tf.function(
+        tokenizer.tokenize,
+        input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+    ragged = batch(tf.constant(texts))
+    for index, (text, want) in enumerate(zip(texts, expected)):
+        np.testing.assert_array_equal(scalar(tf.constant(text)).numpy(), want)
+        np.testing.assert_array_equal(ragged[index].numpy(), want)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_batched_tokenize_is_ragged_with_the_rows_of_each_alone(kind, layers):
+    tokenizer = layers[kind]
+    texts = samples_for(kind)[:3]
+    batch = tokenizer(texts)
+    assert isinstance(batch, tf.RaggedTensor)
+    assert batch.dtype == tf.int32 and batch.shape[0] == 3
+    for row, text in zip(batch, texts):
+        alone = tokenizer.tokenize(text)
+        assert alone.shape.rank == 1
+        np.testing.assert_array_equal(row.numpy(), alone.numpy())
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_detokenize_inverts_tokenize_like_decode(kind, layers):
+    tokenizer = layers[kind]
+    texts = samples_for(kind)
+    for text in texts:
+        expected = tokenizer.decode(tokenizer.encode(text))
+        got = tokenizer.detokenize(tokenizer.tokenize(text))
+        assert got.shape.rank == 0
+        assert got.numpy().decode("utf-8") == expected
+    batch = tokenizer.detokenize(tokenizer.tokenize(texts))
+    assert [t.decode("utf-8") for t in batch.numpy()] == [
+        tokenizer.decode(tokenizer.encode(text)) for text in texts
+    ]
+    # Dense ids of one length work too.
+    ids = tokenizer.encode(texts[0])
+    dense = tokenizer.detokenize(np.stack([ids, ids]))
+    assert dense.numpy()[1].decode("utf-8") == tokenizer.decode(ids)
+    graph = tf.function(tokenizer.detokenize)(tf.ragged.constant([ids]))
+    assert graph.numpy()[0].decode("utf-8") == tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_keras_hub_api(kind, layers):
+    tokenizer = layers[kind]
+    assert isinstance(tokenizer, keras_hub.tokenizers.Tokenizer)
+    assert isinstance(tokenizer, keras.layers.Layer)
+    from keras_txl.backbone import TransformerXLBackbone
+
+    assert tokenizer.backbone_cls is TransformerXLBackbone
+    vocabulary = tokenizer.get_vocabulary()
+    assert len(vocabulary) == tokenizer.vocabulary_size()
+    assert tokenizer.end_token_id == tokenizer.eos_id
+    assert tokenizer.start_token_id is None
+    assert tokenizer.pad_token_id == (tokenizer.eos_id or 0)
+    last = tokenizer.vocabulary_size() - 1
+    assert tokenizer.token_to_id(tokenizer.id_to_token(last)) == last
+    with pytest.raises(ValueError, match=r"`id` must be an int in \[0, "):
+        tokenizer.id_to_token(last + 1)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_keras_serialization_with_assets(kind, layers, tmp_path):
+    tokenizer = layers[kind]
+    config = keras.saving.serialize_keras_object(tokenizer)
+    assert "vocabulary" not in config["config"]
+    assert "model_proto" not in config["config"]
+    restored = keras.saving.deserialize_keras_object(config)
+    assert type(restored) is type(tokenizer)
+    tokenizer.save_assets(str(tmp_path))
+    restored.load_assets(str(tmp_path))
+    assert restored.get_config() == tokenizer.get_config()
+    text = samples_for(kind)[0]
+    np.testing.assert_array_equal(restored.encode(text), tokenizer.encode(text))
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_keras_hub_from_preset_reads_a_saved_tokenizer(kind, layers, tmp_path):
+    tokenizer = layers[kind]
+    folder = tmp_path / "preset"
+    tokenizer.save(folder)
+    # The minimal config.json a keras-hub preset needs to name its backbone.
+    (folder / "config.json").write_text(json.dumps({
+        "module": "keras_txl.backbone",
+        "class_name": "TransformerXLBackbone",
+        "config": {},
+        "registered_name": "keras_txl>TransformerXLBackbone",
+    }))
+    loaded = keras_hub.tokenizers.Tokenizer.from_preset(str(folder))
+    assert type(loaded) is type(tokenizer)
+    for text in samples_for(kind):
+        np.testing.assert_array_equal(
+            loaded.tokenize(text).numpy(), tokenizer.encode(text)
+        )
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_tokenizer_inside_a_saved_model(kind, layers, tmp_path):
+    tokenizer = layers[kind]
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.serve = tf.function(
+        lambda texts: tokenizer(texts).to_tensor(default_value=-1),
+        input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    del module
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    texts = samples_for(kind)
+    padded = loaded.serve(tf.constant(texts)).numpy()
+    for row, text in zip(padded, texts):
+        np.testing.assert_array_equal(row[row >= 0], tokenizer.encode(text))
+
+
+def write_old_layout(tokenizer, directory):
+    """What keras-txl wrote before the keras-hub layout (format_version 1)."""
+    directory.mkdir(parents=True)
+    config = tokenizer.get_config()
+    data = {
+        "format_version": 1,
+        "kind": tokenizer.kind,
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        **{
+            key: value for key, value in config.items()
+            if key not in ("name", "trainable", "dtype", "config_file")
+        },
+    }
+    if tokenizer.kind in ("char", "official_symbols"):
+        data["vocabulary"] = tokenizer.get_vocabulary()
+    elif tokenizer.kind == "sentencepiece":
+        (directory / "sentencepiece.model").write_bytes(tokenizer.model_proto)
+        data["model_file"] = "sentencepiece.model"
+    elif tokenizer.kind != "byte":
+        (directory / "vocab.txt").write_text(
+            "\n".join(tokenizer.get_vocabulary()) + "\n"
+        )
+        data["vocabulary_file"] = "vocab.txt"
+    (directory / "tokenizer.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_the_old_layout_is_still_read(kind, layers, tmp_path):
+    tokenizer = layers[kind]
+    write_old_layout(tokenizer, tmp_path / "old")
+    loaded = tokenizers.load_tokenizer(tmp_path / "old")
+    assert type(loaded) is type(tokenizer)
+    assert loaded.get_config() == {
+        **tokenizer.get_config(), "name": loaded.name
+    }
+    text = samples_for(kind)[0]
+    np.testing.assert_array_equal(loaded.encode(text), tokenizer.encode(text))
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_export_vocabulary_for_an_app(kind, layers, tmp_path):
+    tokenizer = layers[kind]
+    folder = tokenizers.export_vocabulary(tokenizer, tmp_path / "app")
+    lines = (folder / "vocabulary.txt").read_text(encoding="utf-8")
+    lines = lines.split("\n")[:-1]
+    assert len(lines) == tokenizer.vocabulary_size()
+    info = json.loads((folder / "tokenizer_info.json").read_text())
+    assert info["kind"] == tokenizer.kind
+    assert info["vocabulary_size"] == tokenizer.vocabulary_size()
+    assert (info["eos_id"], info["unk_id"]) == (tokenizer.eos_id, tokenizer.unk_id)
+    assert info["pad_id"] == tokenizer.pad_token_id
+    if kind == "byte":
+        assert info["newline"] == "byte" and lines[10] == "10"
+    elif kind == "char":
+        assert info["newline"] == "character"
+        assert lines[tokenizer.token_to_id("\n")] == "\\n"
+    elif kind == "official_symbols":
+        assert info["newline"] == "dropped"
+        assert lines == tokenizer.get_vocabulary()
+    else:
+        assert info["newline"] == "eos"
+        assert lines[tokenizer.eos_id] == "<eos>"
+    assert (folder / "vocabulary.spm").exists() == (kind == "sentencepiece")
+
+
+def test_word_tokenize_matches_encode_for_lm1b_and_without_eos():
+    lm1b = tokenizers.official_tokenizer(["<S>", "<UNK>", "a", "b"], "lm1b")
+    plain = tokenizers.build_tokenizer("word", "a b\n", add_eos=False)
+    for tokenizer in (lm1b, plain):
+        for text in ("a b\n\nb", "", "a\n", "a zebra\n\n"):
+            np.testing.assert_array_equal(
+                tokenizer.tokenize(text).numpy(), tokenizer.encode(text)
+            )
+            assert tokenizer.detokenize(tokenizer.tokenize(text)).numpy(
+            ).decode() == tokenizer.decode(tokenizer.encode(text))
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (123, "`inputs` must be a string tensor"),
+        ([1, 2], "`inputs` must be a string tensor"),
+        (tf.constant([[b"a"]]), "`inputs` must be a scalar string or a 1-D"),
+    ],
+)
+def test_tokenize_errors_name_the_argument(inputs, message, fitted):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fitted["word"].tokenize(inputs)
+
+
+def test_detokenize_errors_name_the_argument(fitted):
+    with pytest.raises(ValueError, match="`inputs` must be integer token ids"):
+        fitted["word"].detokenize(["a"])
+
+
+def test_an_unknown_word_without_unk_fails_in_the_graph_too():
+    tokenizer = tokenizers.official_tokenizer(["<eos>", "a"], "wt103")
+    with pytest.raises(ValueError, match="'zebra' is not in the vocabulary"):
+        tokenizer.encode("a zebra")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not in the"):
+        tokenizer.tokenize("a zebra")
+
+
+def test_a_tokenizer_without_its_assets_says_so(fitted, tmp_path):
+    empty = tokenizers.WordTokenizer()
+    with pytest.raises(ValueError, match="has no vocabulary yet"):
+        empty.encode("a")
+    fitted["sentencepiece"].save(tmp_path / "sp")
+    (tmp_path / "sp" / "assets" / "tokenizer" / "vocabulary.spm").unlink()
+    with pytest.raises(
+        ValueError, match=r"has no assets/tokenizer/vocabulary.spm"
+    ):
+        tokenizers.load_tokenizer(tmp_path / "sp")
+
+
+def test_load_errors_for_foreign_classes_and_large_vocabularies(
+    fitted, tmp_path
+):
+    fitted["word"].save(tmp_path / "word")
+    size = fitted["word"].vocabulary_size()
+    with pytest.raises(
+        ValueError,
+        match=rf"vocabulary_size={size}, which exceeds the limit "
+        r"max_vocabulary_size=3",
+    ):
+        tokenizers.load_tokenizer(
+            tmp_path / "word", limits={"max_vocabulary_size": 3}
+        )
+    path = tmp_path / "word" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["registered_name"] = "keras_hub>BertTokenizer"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError, match="registered_name='keras_hub>BertTokenizer'"
+    ):
+        tokenizers.load_tokenizer(tmp_path / "word")
+    data["registered_name"] = "keras_txl>WordTokenizer"
+    data["config"]["bogus"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="has invalid 'config'"):
+        tokenizers.load_tokenizer(tmp_path / "word")
+
+
+def test_a_kind_that_contradicts_the_class_is_an_error(fitted, tmp_path):
+    fitted["word"].save(tmp_path / "word")
+    path = tmp_path / "word" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["config"]["kind"] = "char"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError,
+        match=re.escape("`kind` of a WordTokenizer must be 'word'. "
+                        "Received: kind='char'"),
+    ):
         tokenizers.load_tokenizer(tmp_path / "word")

@@ -138,10 +138,13 @@ def _hostile_folders(root, template):
     d = folder("big_config")
     (d / "config.json").write_bytes(b" " * (17 << 20) + b"{}")
     cases["17 MB config.json"] = ("pretrained", d, "max_json_bytes")
+    # The old keras-txl layout (read only) names its vocabulary file.
+    old_layout = {"format_version": 1, "kind": "word", "add_eos": True,
+                  "lower_case": False, "unk_token": "<unk>",
+                  "eos_token": "<eos>"}
     d = folder("escaping_vocabulary")
     tokenizer_json = d / "tokenizer" / "tokenizer.json"
-    config = json.loads(tokenizer_json.read_text())
-    config["vocabulary_file"] = "../../../../../../../etc/passwd"
+    config = {**old_layout, "vocabulary_file": "../../../../../../../etc/passwd"}
     tokenizer_json.write_text(json.dumps(config))
     cases["vocabulary_file ../../etc/passwd"] = ("tokenizer", d / "tokenizer",
                                                  "leaves the folder")
@@ -152,9 +155,17 @@ def _hostile_folders(root, template):
     cases["vocabulary_file /etc/passwd"] = ("tokenizer", d / "tokenizer",
                                             "leaves the folder")
     d = folder("fifo_vocabulary")
-    os.remove(d / "tokenizer" / "vocab.txt")
-    os.mkfifo(d / "tokenizer" / "vocab.txt")
+    vocabulary = d / "tokenizer" / "assets" / "tokenizer" / "vocabulary.txt"
+    os.remove(vocabulary)
+    os.mkfifo(vocabulary)
     cases["FIFO vocabulary file"] = ("tokenizer", d / "tokenizer", "FIFO")
+    d = folder("foreign_tokenizer_class")
+    tokenizer_json = d / "tokenizer" / "tokenizer.json"
+    config = json.loads(tokenizer_json.read_text())
+    config.update(module="os", class_name="system", registered_name=None)
+    tokenizer_json.write_text(json.dumps(config))
+    cases["tokenizer.json naming os.system"] = (
+        "tokenizer", d / "tokenizer", "a keras-txl tokenizer is one of")
     d = folder("deep_tokenizer_json")
     (d / "tokenizer" / "tokenizer.json").write_text("{\"a\":" * 50000 + "1" + "}" * 50000)
     cases["deep tokenizer.json"] = ("tokenizer", d / "tokenizer", "nested")

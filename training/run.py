@@ -244,7 +244,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
 
 def match_vocabulary(model_dict, tokenizer, explicit):
     """The model's vocabulary is the tokenizer's, unless set explicitly."""
-    size = tokenizer.vocabulary_size
+    size = tokenizer.vocabulary_size()
     if "vocabulary_size" in explicit:
         tokenizer.check_model_vocabulary(model_dict["vocabulary_size"])
     else:

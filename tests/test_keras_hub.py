@@ -9,6 +9,7 @@ import tensorflow as tf
 from testing import random_ids
 from testing import tiny_config
 
+import keras_txl
 from keras_txl import TransformerXLBackbone
 from keras_txl import TransformerXLCausalLM
 from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
@@ -35,9 +36,9 @@ def prompts(vocabulary_size=31):
 
 
 def byte_preprocessor(sequence_length=8):
-    return TransformerXLCausalLMPreprocessor(
-        keras_hub.tokenizers.ByteTokenizer(), sequence_length=sequence_length
-    )
+    from keras_txl.tokenizers import ByteTokenizer
+
+    return TransformerXLCausalLMPreprocessor(ByteTokenizer(), sequence_length=sequence_length)
 
 
 def test_the_family_is_built_on_keras_hub_base_classes():
@@ -199,3 +200,92 @@ def test_fit_on_strings_needs_a_stateful_model():
     )
     with pytest.raises(ValueError, match="stateful"):
         model.fit(tf.data.Dataset.from_tensor_slices(["some text"]))
+
+
+# --- presets ----------------------------------------------------------------------
+
+
+def word_preset(tmp_path, vocabulary=("<eos>", "<unk>", "the", "cat", "sat")):
+    from keras_txl.tokenizers import WordTokenizer
+
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=len(vocabulary)))
+    folder = tmp_path / "preset"
+    keras_txl.save_preset(model, str(folder), tokenizer=WordTokenizer(list(vocabulary)))
+    return model, folder
+
+
+def test_a_preset_round_trips_config_weights_tokenizer_and_preprocessor(tmp_path):
+    model, folder = word_preset(tmp_path)
+    for name in ("config.json", "model.weights.h5", "task.json", "preprocessor.json",
+                 "tokenizer.json", "assets/tokenizer/vocabulary.txt"):
+        assert (folder / name).is_file(), name
+    loaded = TransformerXLCausalLM.from_preset(str(folder))
+    assert loaded.txl_config == model.txl_config
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    ids = random_ids((2, 6), 5)
+    np.testing.assert_array_equal(
+        loaded.call_with_memory(ids)["log_probs"], model.call_with_memory(ids)["log_probs"])
+    assert loaded.preprocessor.tokenizer.get_vocabulary() == ["<eos>", "<unk>", "the", "cat", "sat"]
+    # keras-hub's own entry points read the same folder.
+    assert isinstance(keras_hub.models.CausalLM.from_preset(str(folder)), TransformerXLCausalLM)
+    assert isinstance(keras_hub.models.Backbone.from_preset(str(folder)), TransformerXLBackbone)
+    # load_pretrained reads presets too, with its settings.
+    stateful = keras_txl.load_pretrained(str(folder), stateful=True, batch_size=2,
+                                         memory_length=9)
+    assert stateful.stateful and stateful.txl_config.memory_length == 9
+    # Strings in, strings out: the word tokenizer's <eos> is the stop token.
+    loaded.compile(sampler="greedy")
+    texts = loaded.generate(["the cat", "sat"], max_length=8)
+    assert texts[0].startswith("the cat") and texts[1].startswith("sat")
+
+
+def test_a_preset_missing_its_tokenizer_is_refused_by_name(tmp_path):
+    _, folder = word_preset(tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="tokenizer.json: its tokenizer is missing"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    _, folder = word_preset(tmp_path / "b")
+    (folder / "assets" / "tokenizer" / "vocabulary.txt").unlink()
+    with pytest.raises(ValueError, match="vocabulary.txt"):
+        TransformerXLCausalLM.from_preset(str(folder))
+
+
+def test_a_preset_whose_tokenizer_has_another_vocabulary_is_refused(tmp_path):
+    _, folder = word_preset(tmp_path)
+    (folder / "assets" / "tokenizer" / "vocabulary.txt").write_text(
+        "<eos>\n<unk>\nthe\ncat\nsat\ndog\n")
+    with pytest.raises(ValueError, match="vocabulary of 6 tokens .* vocabulary_size=5"):
+        TransformerXLCausalLM.from_preset(str(folder))
+
+
+def test_a_hostile_preset_config_is_refused_before_building(tmp_path):
+    import json
+
+    _, folder = word_preset(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["config"]["num_layers"] = 100_000
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="num_layers"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    config["class_name"] = "GPT2Backbone"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not a TransformerXLBackbone"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    _, folder = word_preset(tmp_path / "b")
+    (folder / "model.weights.h5").unlink()
+    with pytest.raises(ValueError, match="model.weights.h5"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    _, folder = word_preset(tmp_path / "c")
+    data = (folder / "model.weights.h5").read_bytes()
+    (folder / "model.weights.h5").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="Could not read the preset"):
+        TransformerXLCausalLM.from_preset(str(folder))
+
+
+def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
+    model = TransformerXLCausalLM(tiny_config())
+    keras_txl.save_pretrained(model, str(tmp_path / "weights"))
+    with pytest.raises(ValueError, match="keras-txl folder, not a keras-hub preset"):
+        TransformerXLCausalLM.from_preset(str(tmp_path / "weights"))

@@ -19,6 +19,7 @@ from keras_txl import checks
 from keras_txl import folders
 from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.backbone import TransformerXLBackbone
+from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoding import decode_loop
 from keras_txl.decoding import initial_cache
@@ -168,7 +169,7 @@ class TransformerXLCausalLM(CausalLM):
     """
 
     backbone_cls = TransformerXLBackbone
-    preprocessor_cls = None  # set by keras_txl.causal_lm_preprocessor
+    preprocessor_cls = TransformerXLCausalLMPreprocessor
 
     def __init__(self, backbone=None, preprocessor=None, stateful=False,
                  batch_size=None, compile=True, **kwargs):
@@ -592,6 +593,8 @@ class TransformerXLCausalLM(CausalLM):
                 )
             folders.load_config(preset, limits)
             folders.check_preset_files(preset, limits)
+            # The tokenizer layers a preset names must be registered first.
+            import keras_txl.tokenizers  # noqa: F401
             try:
                 model = super().from_preset(preset, load_weights=load_weights, **kwargs)
             except (OSError, KeyError) as error:

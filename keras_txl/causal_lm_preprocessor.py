@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from keras_hub.models import CausalLMPreprocessor
 
-from keras_txl.causal_lm import TransformerXLCausalLM
+from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.checks import positive_int
 
 
@@ -42,7 +42,7 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
     ```
     """
 
-    backbone_cls = TransformerXLCausalLM.backbone_cls
+    backbone_cls = TransformerXLBackbone
 
     def __init__(self, tokenizer, sequence_length=128, add_start_token=False,
                  add_end_token=False, **kwargs):
@@ -125,5 +125,3 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
             lambda window: (window[:, :-1], window[:, 1:])
         ).prefetch(tf.data.AUTOTUNE)
 
-
-TransformerXLCausalLM.preprocessor_cls = TransformerXLCausalLMPreprocessor

@@ -646,11 +646,12 @@ def _demo(args):
     from keras_txl.export.saved_model import export_saved_model
     from keras_txl.export.tflite import export_tflite
     from keras_txl.io import load_pretrained
+    from keras_txl.io import tokenizer_directory
 
     model = load_pretrained(os.path.join(args.workdir, "model"))
     out = os.path.join(args.workdir, "export")
-    path = export_saved_model(model, out, tokenizer_dir=os.path.join(
-        args.workdir, "model", "tokenizer"), overwrite=True)
+    path = export_saved_model(model, out, tokenizer_dir=tokenizer_directory(
+        os.path.join(args.workdir, "model")), overwrite=True)
     print(f"[demo] SavedModel (any batch and segment length): {path}")
     T = model.txl_config.segment_length
     tfl = export_tflite(model, os.path.join(out, "txl.tflite"), batch_size=1,

@@ -67,7 +67,7 @@ def test_sigint_and_sigterm_stop_with_a_checkpoint_then_eval_generate_export(
     assert "Resume with the same `txl train` command" in err
     first = workdir / "checkpoints" / f"ckpt-{step:08d}"
     assert (first / "manifest.json").exists()
-    assert (workdir / "model" / "model.safetensors").exists()
+    assert (workdir / "model" / "model.weights.h5").exists()
 
     # The stopped run's model serves every command.
     capsys.readouterr()
@@ -125,4 +125,4 @@ def test_sigint_stops_the_fit_loop_after_a_step_with_a_checkpoint(corpus_dir, tm
     step = int(err.split("Stopped on SIGINT after step ")[1].split()[0])
     assert step >= 2
     assert (checkpoints / f"ckpt-{step:08d}" / "manifest.json").exists()
-    assert (workdir / "model" / "model.safetensors").exists()
+    assert (workdir / "model" / "model.weights.h5").exists()

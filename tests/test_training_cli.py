@@ -119,7 +119,7 @@ def test_two_workers_with_multi_worker_mirrored_match_one_process(corpus_dir, tm
     assert sorted(multi) == [1, 2, 3]
     np.testing.assert_allclose([multi[s] for s in (1, 2, 3)],
                                [losses(single)[s] for s in (1, 2, 3)], rtol=1e-5)
-    assert (workdir / "model" / "model.safetensors").exists()
+    assert (workdir / "model" / "model.weights.h5").exists()
 
 
 def test_eval_prints_json_with_the_test_time_settings(corpus_dir, tmp_path, capsys):

@@ -86,7 +86,7 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     manager = CheckpointManager(str(tmp_path / "b" / "checkpoints"), keep=3)
     assert [os.path.basename(p) for p in manager.checkpoints()] == [
         "ckpt-00000003", "ckpt-00000006"]
-    assert os.path.exists(tmp_path / "b" / "model" / "model.safetensors")
+    assert os.path.exists(tmp_path / "b" / "model" / "model.weights.h5")
 
 
 def test_checkpoint_of_another_config_is_refused(tmp_path):
@@ -258,7 +258,7 @@ def test_fit_trains_the_stateful_model(tmp_path, use_mirrored):
         workdir=str(tmp_path), verbose=0)
     assert set(history.history) >= {"loss", "ppl", "bpc", "val_loss", "val_ppl"}
     assert history.history["ppl"][-1] == pytest.approx(math.exp(history.history["loss"][-1]), rel=1e-4)
-    assert os.path.exists(tmp_path / "model" / "model.safetensors")
+    assert os.path.exists(tmp_path / "model" / "model.weights.h5")
     assert os.path.basename(CheckpointManager(str(tmp_path / "checkpoints")).latest()) == "ckpt-00000030"
 
 

@@ -37,6 +37,8 @@ import weakref
 
 import numpy as np
 
+from keras_txl.io import tokenizer_directory
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_RATIOS = (0.1, 0.5, 1.0)
@@ -446,7 +448,7 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
         from keras_txl.tokenizers import load_tokenizer
         from keras_txl.training.corpora import load_corpus
 
-        tokenizer = load_tokenizer(os.path.join(workdir, "model", "tokenizer"))
+        tokenizer = load_tokenizer(tokenizer_directory(os.path.join(workdir, "model")))
         corpus = load_corpus(data, data_dir=data_dir, download=download)
         return np.asarray(tokenizer.encode(corpus.split(split)), dtype=np.int32)
     path = os.path.join(workdir, "data", f"{split}.npy")
@@ -460,8 +462,8 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
 def _bits_name(workdir):
     """Bits per token named after what a token is: "bpc" for characters and
     bytes (and when the workdir has no tokenizer), "bits_per_word", ..."""
-    folder = os.path.join(workdir, "model", "tokenizer")
-    if not os.path.isdir(folder):
+    folder = tokenizer_directory(os.path.join(workdir, "model"))
+    if folder is None:
         return "bpc"
     from keras_txl.tokenizers import load_tokenizer
 

@@ -403,6 +403,7 @@ def _eval_kwargs(settings, **overrides):
 
 def eval_main(args):
     from keras_txl.io import load_pretrained
+    from keras_txl.io import tokenizer_directory
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.training.checkpoint import model_from_checkpoint
     from keras_txl.training.checkpoint import workdir_model_source
@@ -411,7 +412,7 @@ def eval_main(args):
     kind, source = workdir_model_source(args.workdir, getattr(args, "checkpoint", None))
     if kind == "model":
         model = load_pretrained(source)
-        tokenizer_dir = os.path.join(source, "tokenizer")
+        tokenizer_dir = tokenizer_directory(source) or os.path.join(source, "tokenizer")
     else:
         model = model_from_checkpoint(source)
         tokenizer_dir = os.path.join(args.workdir, "tokenizer")

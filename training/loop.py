@@ -552,6 +552,21 @@ def make_eval_step(model, jit_compile=False):
     return CompiledFunction(step, jit_compile=jit_compile)
 
 
+def _checked_ids(tokens, V):
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(
+            "`tokens` must be a 1-D array of integer token ids, received shape "
+            f"{tokens.shape} and dtype {tokens.dtype}."
+        )
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
+        raise ValueError(
+            f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
+        )
+    return tokens
+
+
 def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,
              clamp_length=None, same_length=None, max_segments=0,
              reset_every_segment=False, reuse=None):
@@ -597,18 +612,15 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
             f"`reuse` must be a dict kept by the caller (or None), received "
             f"{type(reuse).__name__}."
         )
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(
-            "`tokens` must be a 1-D array of integer token ids, received shape "
-            f"{tokens.shape} and dtype {tokens.dtype}."
-        )
     V = cfg.vocabulary_size
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
-        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
-        raise ValueError(
-            f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
-        )
+    if hasattr(tokens, "read_windows"):  # prepared shards: read by window
+        if tokens.max_id >= V:
+            raise ValueError(
+                f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); the "
+                f"shards in {tokens.folder} hold ids up to {tokens.max_id}."
+            )
+    else:
+        tokens = _checked_ids(tokens, V)
     # (The cached evaluation path never applies dropout: no copy needed for it.)
     key = tuple(sorted(changes.items()))
     reuse = {} if reuse is None else reuse

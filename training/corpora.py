@@ -549,6 +549,10 @@ def _tfds_text_feature(builder, text_feature) -> str:
     text_keys = [key for key in keys if type(features[key]).__name__ == "Text"]
     if len(text_keys) == 1:
         return text_keys[0]
+    # A local copy in a known format (PG-19's book_text beside its title).
+    named = [key for key in ("book_text", "text") if key in text_keys]
+    if len(named) == 1:
+        return named[0]
     raise ValueError(
         f"cannot tell which feature of TFDS dataset {builder.name!r} holds "
         f"the text (features: {keys}); pass text_feature=..."

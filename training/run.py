@@ -210,9 +210,85 @@ def _check_tokenizer_options(workdir, meta, kind, options):
         )
 
 
+def vocabulary_flags(args):
+    """The tokenizer flags of `txl prepare`/`train` that were given, as a
+    dict for `prepare_data(vocabulary=...)`."""
+    out = {}
+    for name in ("vocab_size", "min_freq", "lower_case", "vocabulary_file"):
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = value
+    if "vocabulary_file" in out:
+        out["vocabulary_file"] = os.path.abspath(out["vocabulary_file"])
+    return out
+
+
+def _kind_options(kind, flags):
+    """`--vocab-size` & co. as the options of tokenizer `kind`."""
+    flags = dict(flags)
+    if not flags:
+        return {}
+    if kind == "byte":
+        raise ValueError(
+            f"--tokenizer byte has a fixed vocabulary of 256: it takes none of "
+            f"{sorted('--' + k.replace('_', '-') for k in flags)}.")
+    options = {}
+    size = flags.pop("vocab_size", None)
+    for name in ("vocab_size", "min_freq"):
+        value = size if name == "vocab_size" else flags.get(name)
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive "
+                             f"integer. Received: {value!r}.")
+    if kind in ("word", "char"):
+        if size is not None:
+            options["max_size"] = size
+        if "min_freq" in flags:
+            options["min_freq"] = flags.pop("min_freq")
+        if "lower_case" in flags:
+            if kind == "char":
+                raise ValueError("--lower-case applies to word and wordpiece tokenizers, "
+                                 "not char.")
+            options["lower_case"] = flags.pop("lower_case")
+        if "vocabulary_file" in flags:
+            path = flags.pop("vocabulary_file")
+            if not os.path.isfile(path):
+                raise ValueError(f"--vocabulary-file {path!r} does not exist.")
+            options["vocabulary_file"] = path
+    else:  # sentencepiece, wordpiece
+        if size is not None:
+            options["vocabulary_size"] = size
+        if kind == "wordpiece" and "lower_case" in flags:
+            options["lower_case"] = flags.pop("lower_case")
+    if flags:
+        raise ValueError(
+            f"--tokenizer {kind} does not take "
+            f"{', '.join('--' + k.replace('_', '-') for k in sorted(flags))}.")
+    return options
+
+
+def prepare_main(args):
+    """`txl prepare`: the tokenizer and the shards, nothing else. Prints a
+    JSON line; returns 0."""
+    if not args.data:
+        raise ValueError("txl prepare needs --data (the corpus to prepare).")
+    _writable_workdir(args.workdir)
+    with WorkdirLock(args.workdir):
+        tokenizer, splits = prepare_data(
+            args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
+            vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens)
+    from keras_txl.training.vocab import vocab_size
+
+    print(json.dumps({
+        "workdir": args.workdir, "tokenizer": tokenizer.get_config().get("kind"),
+        "vocabulary_size": vocab_size(tokenizer),
+        "splits": {s: {"tokens": len(t), "shards": len(t.index["shards"])}
+                   for s, t in splits.items()}}))
+    return 0
+
+
 def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
                  write=True, tokenizer_options=None, shard_tokens=None,
-                 after_shard=None):
+                 after_shard=None, vocabulary=None):
     """Prepares (or reuses) the workdir's tokenizer and token shards.
 
     The corpus is streamed in chunks: the vocabulary is counted and each
@@ -234,6 +310,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         tokenizer_options: dict or None. Options of the tokenizer
             (`max_size`, `min_freq`, `vocabulary_size`, `lower_case`,
             `vocabulary_file`, ...).
+        vocabulary: dict or None. The CLI's flags (`vocab_size`,
+            `min_freq`, `lower_case`, `vocabulary_file`), mapped to the
+            options of the tokenizer kind.
         shard_tokens: int or None. Tokens per shard (default
             `shards.DEFAULT_SHARD_TOKENS`).
         after_shard: callable or None. Called after every shard is
@@ -294,6 +373,14 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     elif tokenizer is not None and os.path.isdir(data_cache) and write:
         logger.warning("%s has no source.json of this version: preparing its "
                        "shards again from --data %s.", data_cache, source)
+    kind = tokenizer_kind or (tokenizer.get_config().get("kind") if tokenizer else None) \
+        or corpus_source.tokenizer_kind
+    options = dict(corpus_source.tokenizer_options) if kind == corpus_source.tokenizer_kind else {}
+    options.update(tokenizer_options)
+    options.update(_kind_options(kind, vocabulary or {}))
+    if tokenizer is not None:
+        _check_tokenizer_options(workdir, meta, tokenizer_kind,
+                                 {**tokenizer_options, **_kind_options(kind, vocabulary or {})})
     if sha is None:
         sha = corpus_source.content_sha256()
         if write:  # before the tokenizer: a kill in between cannot mix corpora
@@ -303,11 +390,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             atomic_write_bytes(meta_path, json.dumps({
                 "format": DATA_FORMAT, "source": _where(source), "key": None,
                 "stat": corpus_source.stat_key(), "sha256": sha,
-                "identity": corpus_source.identity()}, indent=2).encode())
-    kind = tokenizer_kind or (tokenizer.get_config().get("kind") if tokenizer else None) \
-        or corpus_source.tokenizer_kind
-    options = dict(corpus_source.tokenizer_options) if kind == corpus_source.tokenizer_kind else {}
-    options.update(tokenizer_options)
+                "identity": corpus_source.identity(),
+                "tokenizer": {"kind": kind, "options": options}}, indent=2).encode())
     private = None
     if tokenizer is None:
         logger.info("Building the %s vocabulary on %s (streamed)", kind,
@@ -324,11 +408,12 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             tokenizer_dir = os.path.join(private, "tokenizer")
             tokenizer.save(tokenizer_dir)
     tokenizer_sha = _sha256_tree(tokenizer_dir)
-    shard_tokens = shard_tokens or shards.DEFAULT_SHARD_TOKENS
+    shard_tokens = (shard_tokens or (meta or {}).get("shard_tokens")
+                    or shards.DEFAULT_SHARD_TOKENS)
     size = vocab_size(tokenizer)
     key_fields = {"sha256": sha, "identity": corpus_source.identity(),
                   "tokenizer_sha256": tokenizer_sha, "shard_tokens": shard_tokens,
-                  "chunk_bytes": corpus_source.chunk_bytes, "dtype": shards.dtype_for(size)}
+                  "dtype": shards.dtype_for(size)}
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()
     # The same content from another path keeps the name it was prepared from.
     first_source = (meta or {}).get("source") or _where(source)
@@ -489,7 +574,8 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
 
     tokenizer, splits = prepare_data(
         args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
-        write=chief,
+        write=chief, vocabulary=vocabulary_flags(args),
+        shard_tokens=getattr(args, "shard_tokens", None),
     )
     model_config = match_vocabulary(model_dict, tokenizer, explicit)
     logger.info("Model: %s (%d parameters)", model_config, model_config.num_parameters())

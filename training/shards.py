@@ -7,9 +7,10 @@ Layout of one split's folder (`WORKDIR/data/{split}/`):
                           the split is at byte i * itemsize of the
                           concatenated shards
     progress.json         while writing: the finished shards (file, tokens,
-                          sha256, the source cursor after them)
-    index.json            written last: the finished split (the same list,
-                          the total, the dtype, the largest id, the key)
+                          sha256, where in the source the next one starts)
+    index.json            written last: the finished split (files, tokens,
+                          sha256 of each; the total, the dtype, the largest
+                          id, the key)
 
 Why flat files: the ordered batches read, at every step, one window of
 `T + 1` tokens at a known offset of each of `B` streams, and a resumed run
@@ -23,8 +24,9 @@ copies only the window (docs/data.md, "Shards").
 
 Writing is resumable and deterministic: the source is read in chunks that
 end at newlines (`CorpusSource.chunks`), each chunk is encoded and appended
-to the current shard, and a shard is closed after the chunk that brings it
-to `shard_tokens` or more. It is written as `*.tmp`, fsynced, renamed, and
+to the current shard; shard i holds exactly the tokens `[i * shard_tokens,
+(i + 1) * shard_tokens)` of the split (the last one fewer), whatever the
+chunk sizes. It is written as `*.tmp`, fsynced, renamed, and
 only then recorded in `progress.json` (atomically) with the cursor of the
 next chunk. A killed run restarts from the last recorded shard, so it
 finishes with the same bytes as an uninterrupted run.
@@ -211,7 +213,7 @@ class _Progress:
         if force or now - self.last >= self.every:
             self.last = now
             rate = self.bytes / max(now - self.start, 1e-9) / 1e6
-            logger.info("prepare %s: %.1f MB read, %d tokens, %.1f MB/s",
+            logger.info("prepare %s: %.1fM characters read, %d tokens, %.1fM characters/s",
                         self.split, self.bytes / 1e6, self.tokens, rate)
 
 
@@ -228,8 +230,7 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
             options); a folder with another key is refused, not reused.
         dtype: str. `"<u2"` or `"<i4"` (see `dtype_for`).
         split: str. Name for the logs.
-        shard_tokens: int. A shard is closed once it holds this many tokens
-            (at the end of a chunk).
+        shard_tokens: int. Tokens per shard (the last one holds the rest).
         after_shard: optional callable `(shard_number) -> None`, called
             after each shard is recorded (tests kill the process there).
 
@@ -245,12 +246,13 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
                 f"{folder} holds shards made from another source or tokenizer; "
                 f"delete {folder} (or use a new --workdir) to prepare again.")
         return ShardedTokens(folder)
-    shards, cursor = [], None
+    shards, resume = [], {"cursor": None, "skip": 0}
     if os.path.isfile(progress_path):
         progress = _read_json(progress_path)
         if progress.get("key") == key and progress.get("dtype") == dtype:
             shards = progress["shards"]
-            cursor = shards[-1]["cursor"] if shards else None
+            if shards:
+                resume = shards[-1]["resume"]
             logger.info("prepare %s: resuming after %d finished shards", split, len(shards))
         else:
             logger.info("prepare %s: unfinished shards of another key, starting over", split)
@@ -261,55 +263,68 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
     max_id = max([s.get("max_id", -1) for s in shards], default=-1)
     limit = np.iinfo(np.dtype(dtype)).max
     meter = _Progress(split)
-    handle = digest = None
-    count = 0
+    state = {"handle": None, "digest": None, "count": 0, "max": -1}
 
-    def open_shard():
-        name = f"shard-{len(shards):05d}.bin"
-        return name, open(os.path.join(folder, name + ".tmp"), "wb"), hashlib.sha256()
-
-    def close_shard(name, handle, digest, shard_max, cursor):
+    def close_shard(resume_here):
+        handle = state["handle"]
         handle.flush()
         os.fsync(handle.fileno())
         handle.close()
+        name = f"shard-{len(shards):05d}.bin"
         os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
-        shards.append({"file": name, "tokens": count, "sha256": digest.hexdigest(),
-                       "max_id": shard_max, "cursor": cursor})
+        shards.append({"file": name, "tokens": state["count"],
+                       "sha256": state["digest"].hexdigest(), "max_id": state["max"],
+                       "resume": resume_here})
         _write_json(progress_path, {"format": FORMAT, "key": key, "dtype": dtype,
                                     "shards": shards})
+        state["handle"] = None
         if after_shard is not None:
             after_shard(len(shards) - 1)
 
-    shard_max = -1
-    last_cursor = cursor
-    for text, after in chunks(cursor):
+    # Shard i holds tokens [i * shard_tokens, (i + 1) * shard_tokens) of the
+    # split whatever the chunks: a shard can end inside a chunk, and its
+    # "resume" says where the next one starts: the cursor before that
+    # chunk and how many of the chunk's tokens to skip.
+    before, skip = resume["cursor"], resume["skip"]
+    for text, after in chunks(before):
         ids = np.asarray(encode(text))
         meter.update(len(text), ids.size)
-        last_cursor = after
-        if not ids.size:
-            continue
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high > limit:
-            raise ValueError(f"token ids in [{low}, {high}] do not fit {dtype}.")
-        if handle is None:
-            name, handle, digest = open_shard()
-            count, shard_max = 0, -1
-        data = ids.astype(dtype).tobytes()
-        handle.write(data)
-        digest.update(data)
-        count += ids.size
-        shard_max = max(shard_max, high)
-        if count >= shard_tokens:
-            close_shard(name, handle, digest, shard_max, after)
-            max_id = max(max_id, shard_max)
-            handle = None
-    if handle is not None:
-        close_shard(name, handle, digest, shard_max, last_cursor)
-        max_id = max(max_id, shard_max)
+        base = skip  # tokens of this chunk already in finished shards
+        if skip:
+            ids, skip = ids[skip:], 0
+        done = 0
+        while done < ids.size:
+            if state["handle"] is None:
+                name = f"shard-{len(shards):05d}.bin"
+                state.update(handle=open(os.path.join(folder, name + ".tmp"), "wb"),
+                             digest=hashlib.sha256(), count=0, max=-1)
+            take = min(ids.size - done, shard_tokens - state["count"])
+            piece = ids[done:done + take]
+            low, high = int(piece.min()), int(piece.max())
+            if low < 0 or high > limit:
+                raise ValueError(f"token ids in [{low}, {high}] do not fit {dtype}.")
+            data = piece.astype(dtype).tobytes()
+            state["handle"].write(data)
+            state["digest"].update(data)
+            state["count"] += take
+            state["max"] = max(state["max"], high)
+            max_id = max(max_id, high)
+            done += take
+            if state["count"] >= shard_tokens:
+                if done == ids.size:
+                    close_shard({"cursor": after, "skip": 0})
+                else:
+                    close_shard({"cursor": before, "skip": base + done})
+        before = after
+    if state["handle"] is not None:
+        close_shard({"cursor": before, "skip": 0})
     meter.update(0, 0, force=True)
     total = sum(s["tokens"] for s in shards)
+    # Where to resume depends on how the source was chunked: not part of
+    # the finished split, which depends only on its tokens.
+    listed = [{k: v for k, v in s.items() if k != "resume"} for s in shards]
     _write_json(index_path, {"format": FORMAT, "key": key, "dtype": dtype,
-                             "num_tokens": total, "max_id": max_id, "shards": shards})
+                             "num_tokens": total, "max_id": max_id, "shards": listed})
     if os.path.exists(progress_path):
         os.remove(progress_path)
     return ShardedTokens(folder)

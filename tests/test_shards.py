@@ -345,3 +345,23 @@ def test_a_pg19_format_tfds_dataset_trains_and_evaluates_book_by_book(tmp_path, 
     test_tokens = sum(tokenizer.encode(b + "\n").size for b in books["test"])
     assert result["tokens"] == (test_tokens // 2 - 1) * 2
     assert np.isfinite(result["loss"])
+
+
+def test_a_checkpoint_of_another_train_split_is_refused(tmp_path, capsys):
+    workdir = str(tmp_path / "w")
+    small = ["--preset", "tiny", "--tokenizer", "char", "--batch-size", "2",
+             "--segment-length", "8", "--memory-length", "8", "--set", "checkpoint_every=1"]
+    assert main(["train", "--data", write_corpus(tmp_path / "a", lines=(300, 40, 40)),
+                 "--workdir", workdir, "--steps", "1", *small]) == 0
+    state = json.loads(next((pathlib.Path(workdir) / "checkpoints").glob("ckpt-*"))
+                       .joinpath("state.json").read_text())
+    assert state["data"]["segment"] == 1 and state["data"]["streams"] == 2
+    # Data and tokenizer removed by hand, another corpus: the checkpoint's
+    # position belongs to the old text.
+    import shutil
+
+    shutil.rmtree(os.path.join(workdir, "data"))
+    capsys.readouterr()
+    assert main(["train", "--data", write_corpus(tmp_path / "b", seed=1, lines=(500, 40, 40)),
+                 "--workdir", workdir, "--steps", "2", *small]) == 2
+    assert "was written while reading a train split" in capsys.readouterr().err

@@ -365,3 +365,18 @@ def test_a_checkpoint_of_another_train_split_is_refused(tmp_path, capsys):
     assert main(["train", "--data", write_corpus(tmp_path / "b", seed=1, lines=(500, 40, 40)),
                  "--workdir", workdir, "--steps", "2", *small]) == 2
     assert "was written while reading a train split" in capsys.readouterr().err
+
+
+def test_a_changed_shard_byte_is_detected(tmp_path, capsys):
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 0
+    shard = workdir / "data" / "valid" / "shard-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[3] ^= 1
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    for argv in (["prepare", "--data", folder, "--workdir", str(workdir)],
+                 ["train", "--workdir", str(workdir), "--preset", "tiny", "--steps", "1"]):
+        assert main(argv) == 2
+        assert "does not match its sha256" in capsys.readouterr().err

@@ -155,6 +155,17 @@ def _read_meta(meta_path):
                          "and the data folder to prepare the data again.") from None
 
 
+def _verified(folder):
+    """The finished shards of `folder`, each checked against its sha256 in
+    the index (a bit flipped since they were written is an error, not a
+    silently wrong token): streamed, about 1 s per GB."""
+    from keras_txl.training import shards
+
+    tokens = shards.ShardedTokens(folder)
+    tokens.verify()
+    return tokens
+
+
 def _where(source):
     return source if source.startswith("tfds:") else os.path.abspath(source)
 
@@ -355,8 +366,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         if meta is not None and tokenizer is not None and all(
                 shards.is_complete(os.path.join(data_cache, s), meta["key"]) for s in SPLITS):
             logger.info("No --data: using the shards prepared from %s.", meta.get("source"))
-            return tokenizer, {s: shards.ShardedTokens(os.path.join(data_cache, s))
-                               for s in SPLITS}
+            return tokenizer, {s: _verified(os.path.join(data_cache, s)) for s in SPLITS}
         cached = [os.path.join(data_cache, f"{s}.npy") for s in SPLITS]
         if tokenizer is not None and all(os.path.exists(p) for p in cached):
             logger.warning("%s holds token arrays of an older version and no "
@@ -424,8 +434,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     if not write:
         if meta is not None and meta.get("key") == key and all(
                 shards.is_complete(os.path.join(data_cache, s), key) for s in SPLITS):
-            return tokenizer, {s: shards.ShardedTokens(os.path.join(data_cache, s))
-                               for s in SPLITS}
+            return tokenizer, {s: _verified(os.path.join(data_cache, s)) for s in SPLITS}
         import atexit
         import shutil
         import tempfile
@@ -675,7 +684,7 @@ def workdir_split(workdir, split):
 
     folder = os.path.join(workdir, "data", split)
     if shards.is_complete(folder):
-        return shards.ShardedTokens(folder)
+        return _verified(folder)
     old = os.path.join(workdir, "data", f"{split}.npy")
     if os.path.exists(old):
         return np.load(old)

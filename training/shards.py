@@ -187,7 +187,10 @@ class ShardedTokens:
         """Re-hashes every shard against the index; raises if one differs."""
         for shard, path in zip(self.index["shards"], self._paths):
             if _sha256_file(path) != shard["sha256"]:
-                raise ValueError(f"shard {path} does not match its sha256 in the index.")
+                raise ValueError(
+                    f"shard {path} does not match its sha256 in {INDEX}: it changed "
+                    f"since it was written. Delete {self.folder} and prepare again "
+                    "(`txl prepare` with the same --data and --workdir).")
 
 
 def _sha256_file(path):
@@ -245,7 +248,9 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
             raise ValueError(
                 f"{folder} holds shards made from another source or tokenizer; "
                 f"delete {folder} (or use a new --workdir) to prepare again.")
-        return ShardedTokens(folder)
+        tokens = ShardedTokens(folder)
+        tokens.verify()  # reused: check every byte against the index
+        return tokens
     shards, resume = [], {"cursor": None, "skip": 0}
     if os.path.isfile(progress_path):
         progress = _read_json(progress_path)

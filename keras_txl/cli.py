@@ -414,28 +414,33 @@ def _eval(args):
             args.same_length = args.same_length or settings["same_length"]
         return eval_main(args)
     import json
+    import tempfile
 
-    import numpy as np
-
-    from keras_txl.training.corpora import load_corpus
     from keras_txl.training.loop import evaluate
     from keras_txl.training.run import bits_named
+    from keras_txl.training.run import encode_split_to_shards
 
     model, tokenizer = _official_model(args)
     if not args.data or tokenizer is None:
         raise ValueError("--from-official needs --data (the corpus to score) "
                          "and --vocabulary-file (to tokenize it).")
-    corpus = load_corpus(args.data, data_dir=args.data_dir,
-                         download=args.download)
-    tokens = np.asarray(tokenizer.encode(corpus.split(args.split)), np.int32)
+    # Streamed into temporary shards (any size; the LM1B folder's held-out
+    # shard 0 as the reference evaluates it).
+    scratch = tempfile.TemporaryDirectory(prefix="txl-eval-")
+    tokens = encode_split_to_shards(args.data, args.split, tokenizer, scratch.name,
+                                    data_dir=args.data_dir, download=args.download)
     kwargs = {"batch_size": args.batch_size}
     for key in ("segment_length", "memory_length", "clamp_length"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
     if args.same_length:
         kwargs["same_length"] = True
-    result = evaluate(model, tokens, max_segments=args.max_segments or 0,
-                      **kwargs)
+    try:
+        result = evaluate(model, tokens, max_segments=args.max_segments or 0,
+                          **kwargs)
+    finally:
+        tokens.close()
+        scratch.cleanup()
     settings = {k: getattr(model.txl_config, k) for k in (
         "segment_length", "memory_length", "clamp_length", "same_length")}
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),

@@ -380,3 +380,28 @@ def test_a_changed_shard_byte_is_detected(tmp_path, capsys):
                  ["train", "--workdir", str(workdir), "--preset", "tiny", "--steps", "1"]):
         assert main(argv) == 2
         assert "does not match its sha256" in capsys.readouterr().err
+
+
+def test_the_lm1b_folder_follows_the_reference_protocol(tmp_path, capsys):
+    root = tmp_path / "1-billion-word-language-modeling-benchmark-r13output"
+    train = root / "training-monolingual.tokenized.shuffled"
+    heldout = root / "heldout-monolingual.tokenized.shuffled"
+    train.mkdir(parents=True)
+    heldout.mkdir()
+    (train / "news.en-00002-of-00100").write_text("b c .\n")
+    (train / "news.en-00001-of-00100").write_text("a b .\nc a .\n")
+    (heldout / "news.en.heldout-00000-of-00050").write_text("a z .\n")
+    (heldout / "news.en.heldout-00001-of-00050").write_text("c c c c .\n")
+    (root / "1b_word_vocab.txt").write_text("<S>\t0\n<UNK>\t0\n.\t9\na\t5\nb\t4\nc\t3\n")
+    workdir = tmp_path / "w"
+    assert main(["prepare", "--data", str(root), "--workdir", str(workdir),
+                 "--shard-tokens", "4"]) == 0
+    from keras_txl.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(workdir / "tokenizer")
+    assert tokenizer.vocabulary == ["<S>", "<UNK>", ".", "a", "b", "c"]
+    data = {s: np.asarray(shards.ShardedTokens(workdir / "data" / s)).tolist()
+            for s in ("train", "valid", "test")}
+    # Files in sorted order, every sentence <S> words <S>; held-out shard 0.
+    assert data["train"] == [0, 3, 4, 2, 0, 0, 5, 3, 2, 0, 0, 4, 5, 2, 0]
+    assert data["valid"] == data["test"] == [0, 3, 1, 2, 0]

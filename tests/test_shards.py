@@ -63,7 +63,7 @@ def test_chunks_concatenate_to_the_loaded_text(tmp_path, newline):
 def test_raw_file_chunks_keep_every_byte_and_long_lines_are_cut(tmp_path, monkeypatch):
     # One long line of multi-byte characters: cut at a character boundary.
     path = tmp_path / "raw.txt"
-    path.write_bytes(("日本é" * 3000).encode() + b"\nend\n")
+    path.write_bytes(("日本é" * 3000).encode() + b"\r\nend\r\n" + b"x y\n" * 40)
     monkeypatch.setattr(corpora, "_MAX_LINE_BYTES", 64)
     source = open_corpus_source(str(path), chunk_bytes=50)
     corpus = load_corpus(str(path))

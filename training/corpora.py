@@ -1128,7 +1128,9 @@ class CorpusSource:
                             "Raw byte corpora such as enwik8 are read from the "
                             "unsplit `enwik8` file."
                         ) from None
-                    if "\r" in text:  # universal newlines, as read_text does
+                    if "\r" in text and self._errors == "strict":
+                        # Text files: universal newlines, as read_text does
+                        # (raw files keep every byte).
                         text = text.replace("\r\n", "\n").replace("\r", "\n")
                     yield text, [part_index, offset]
             part_index, offset = part_index + 1, 0

@@ -405,3 +405,55 @@ def test_the_lm1b_folder_follows_the_reference_protocol(tmp_path, capsys):
     # Files in sorted order, every sentence <S> words <S>; held-out shard 0.
     assert data["train"] == [0, 3, 4, 2, 0, 0, 5, 3, 2, 0, 0, 4, 5, 2, 0]
     assert data["valid"] == data["test"] == [0, 3, 1, 2, 0]
+
+
+def free_ports(n):
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def train_losses(workdir):
+    out = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record["split"] == "train":
+                out[record["step"]] = record["loss"]
+    return out
+
+
+def test_two_workers_read_disjoint_streams_of_the_prepared_shards(tmp_path):
+    folder = write_corpus(tmp_path / "c", lines=(600, 40, 40))
+    command = [sys.executable, "-m", "keras_txl", "train", "--preset", "tiny",
+               "--batch-size", "4", "--segment-length", "16", "--memory-length", "16",
+               "--steps", "3", "--set", "dropout=0.0", "--set", "checkpoint_every=0",
+               "--set", "warmup_steps=1", "--set", "log_every=1"]
+    workdirs = {name: tmp_path / name for name in ("single", "multi")}
+    for workdir in workdirs.values():  # prepared once, small shards
+        assert main(["prepare", "--data", folder, "--workdir", str(workdir),
+                     "--tokenizer", "char", "--shard-tokens", "1000"]) == 0
+    before = shard_files(workdirs["multi"])
+    subprocess.run([*command, "--workdir", str(workdirs["single"])], env=env(),
+                   check=True, capture_output=True, timeout=300)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    processes = [subprocess.Popen(
+        [*command, "--workdir", str(workdirs["multi"]), "--strategy", "multi_worker"],
+        env={**env(), "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for index in range(2)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for p, (_, err) in zip(processes, outputs):
+        assert p.returncode == 0, err.decode()[-3000:]
+    # Both workers used the workdir's shards (no --data, nothing re-prepared).
+    assert shard_files(workdirs["multi"]) == before
+    single, multi = train_losses(workdirs["single"]), train_losses(workdirs["multi"])
+    assert sorted(multi) == [1, 2, 3]
+    np.testing.assert_allclose([multi[s] for s in (1, 2, 3)],
+                               [single[s] for s in (1, 2, 3)], rtol=1e-5)

@@ -197,6 +197,9 @@ def _save_tokenizer_atomically(tokenizer, tokenizer_dir):
 
     parent = os.path.dirname(os.path.abspath(tokenizer_dir)) or "."
     os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):  # left by a run killed while saving
+        if name.startswith(".tokenizer-"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
     tokenizer.save(tmp)
     if os.path.isdir(tokenizer_dir):  # an unfinished one (no tokenizer.json)

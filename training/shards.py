@@ -248,6 +248,8 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
             raise ValueError(
                 f"{folder} holds shards made from another source or tokenizer; "
                 f"delete {folder} (or use a new --workdir) to prepare again.")
+        if os.path.exists(progress_path):  # killed right after the index
+            os.remove(progress_path)
         tokens = ShardedTokens(folder)
         tokens.verify()  # reused: check every byte against the index
         return tokens

@@ -1,4 +1,4 @@
-"""The `txl` command: train, eval, export, generate, attention, demo, recl.
+"""The `txl` command: prepare, train, eval, export, generate, attention, demo, recl.
 
 Each subcommand imports `training/` or `export/` lazily, so `txl --help`
 is fast and the model package does not depend on them. Runs are quiet by

@@ -479,7 +479,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
 
 def match_vocabulary(model_dict, tokenizer, explicit):
     """The model's vocabulary is the tokenizer's, unless set explicitly."""
-    size = tokenizer.vocabulary_size
+    from keras_txl.training.vocab import vocab_size
+
+    size = vocab_size(tokenizer)  # an int, or a method after the keras-hub port
     if "vocabulary_size" in explicit:
         tokenizer.check_model_vocabulary(model_dict["vocabulary_size"])
     else:

@@ -29,6 +29,11 @@ __all__ = [
     "select_vocabulary",
 ]
 
+# The tokenizers' special tokens (constants there today; kept here too so
+# that a rewrite of keras_txl/tokenizers.py that drops them changes nothing).
+EOS_TOKEN = getattr(tokenizers, "EOS_TOKEN", "<eos>")
+UNK_TOKEN = getattr(tokenizers, "UNK_TOKEN", "<unk>")
+
 # Text the subword trainers see at most.
 DEFAULT_SAMPLE_BYTES = 256 << 20
 _LOG_EVERY_BYTES = 256 << 20
@@ -143,8 +148,8 @@ def _word_from_file(path, options):
     if "<S>" in vocabulary and "<UNK>" in vocabulary:
         eos, unk = "<S>", "<UNK>"
     else:
-        eos = options.get("eos_token", tokenizers.EOS_TOKEN)
-        unk = options.get("unk_token", tokenizers.UNK_TOKEN)
+        eos = options.get("eos_token", EOS_TOKEN)
+        unk = options.get("unk_token", UNK_TOKEN)
     return tokenizers.WordTokenizer(
         vocabulary, add_eos=options.get("add_eos", True),
         lower_case=options.get("lower_case", False), unk_token=unk,
@@ -185,8 +190,8 @@ def build_streaming_tokenizer(kind, chunks, *, sample_bytes=DEFAULT_SAMPLE_BYTES
             raise ValueError(f"tokenizer kind 'word' does not take the option(s) "
                              f"{unknown}. Valid options: {list(_WORD_FIT)}.")
         add_eos = options.get("add_eos", True)
-        unk = options.get("unk_token", tokenizers.UNK_TOKEN)
-        eos = options.get("eos_token", tokenizers.EOS_TOKEN)
+        unk = options.get("unk_token", UNK_TOKEN)
+        eos = options.get("eos_token", EOS_TOKEN)
         counts = count_tokens("word", chunks, lower_case=options.get("lower_case", False))
         if not counts:
             raise ValueError("the vocabulary splits hold no words to build a vocabulary from.")
@@ -202,12 +207,12 @@ def build_streaming_tokenizer(kind, chunks, *, sample_bytes=DEFAULT_SAMPLE_BYTES
         if options.get("vocabulary_file"):
             vocabulary = read_vocabulary_file(options.pop("vocabulary_file"))
             return tokenizers.CharTokenizer(vocabulary, unk_token=options.get(
-                "unk_token", tokenizers.UNK_TOKEN))
+                "unk_token", UNK_TOKEN))
         unknown = sorted(set(options) - set(_CHAR_FIT))
         if unknown:
             raise ValueError(f"tokenizer kind 'char' does not take the option(s) "
                              f"{unknown}. Valid options: {list(_CHAR_FIT)}.")
-        unk = options.get("unk_token", tokenizers.UNK_TOKEN)
+        unk = options.get("unk_token", UNK_TOKEN)
         counts = count_tokens("char", chunks)
         if not counts or all(not c.strip() for c in counts):
             raise ValueError("the vocabulary splits hold no text to build a vocabulary from.")

@@ -457,3 +457,32 @@ def test_two_workers_read_disjoint_streams_of_the_prepared_shards(tmp_path):
     assert sorted(multi) == [1, 2, 3]
     np.testing.assert_allclose([multi[s] for s in (1, 2, 3)],
                                [single[s] for s in (1, 2, 3)], rtol=1e-5)
+
+
+def test_fit_and_evaluate_read_the_same_data_from_shards_as_from_an_array(tmp_path):
+    from testing import mirrored_strategy
+    from testing import tiny_config
+
+    from keras_txl.training.config import TrainConfig
+    from keras_txl.training.fit import train_with_fit
+    from keras_txl.training.loop import evaluate
+
+    tokens = np.random.default_rng(0).integers(0, 40, 3000).astype(np.int32)
+    valid = np.random.default_rng(1).integers(0, 40, 700).astype(np.int32)
+    sharded = make_shards(tmp_path, tokens, shard_tokens=500)
+    valid_sharded = make_shards(tmp_path / "v", valid, shard_tokens=200)
+    config = tiny_config(vocabulary_size=40, hidden_dim=16, intermediate_dim=32,
+                         segment_length=8, memory_length=8, dropout=0.0)
+    train = TrainConfig(batch_size=4, steps=5, learning_rate=3e-3, warmup_steps=1,
+                        log_every=1, checkpoint_every=0)
+    histories, models = [], []
+    for data, held_out in ((tokens, valid), (sharded, valid_sharded)):
+        model, history = train_with_fit(config, train, mirrored_strategy(), data,
+                                        valid_tokens=held_out, verbose=0)
+        histories.append(history.history)
+        models.append(model)
+    np.testing.assert_allclose(histories[1]["loss"], histories[0]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(histories[1]["val_loss"], histories[0]["val_loss"], rtol=1e-6)
+    a = evaluate(models[0], valid, batch_size=2)
+    b = evaluate(models[0], valid_sharded, batch_size=2)
+    assert a == b

@@ -1273,6 +1273,11 @@ def open_corpus_source(
         names = _tfds_split_names(builder, split_names)
         kind = "char" if builder.name in _TFDS_CHAR_DATASETS else "word"
         options = {"double_eos": True} if builder.name == "lm1b" else {}
+        if builder.name == "lm1b" and split_names is None:
+            logger.warning(
+                "tfds:lm1b: TFDS's test split holds all 50 held-out shards in "
+                "its stored order; the paper evaluates on held-out shard 0. For "
+                "comparable perplexities pass the official LM1B folder as --data.")
         return CorpusSource(
             name=name, layout="tfds", source=source, tokenizer_kind=kind,
             tokenizer_options=options,

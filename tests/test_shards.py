@@ -486,3 +486,21 @@ def test_fit_and_evaluate_read_the_same_data_from_shards_as_from_an_array(tmp_pa
     a = evaluate(models[0], valid, batch_size=2)
     b = evaluate(models[0], valid_sharded, batch_size=2)
     assert a == b
+
+
+def test_hostile_inputs_get_clear_errors(tmp_path, capsys):
+    folder = pathlib.Path(write_corpus(tmp_path / "c"))
+    workdir = str(tmp_path / "w")
+    for flags, message in ((["--shard-tokens", "0"], "--shard-tokens must be a positive"),
+                           (["--vocab-size", "-3"], "--vocab-size must be a positive"),
+                           (["--min-freq", "0"], "--min-freq must be a positive"),
+                           (["--tokenizer", "char", "--lower-case"], "--lower-case applies")):
+        assert main(["prepare", "--data", str(folder), "--workdir", workdir, *flags]) == 2
+        assert message in capsys.readouterr().err
+    (folder / "valid.txt").write_bytes(b"fine\n\xff\xfe broken\n")
+    assert main(["prepare", "--data", str(folder), "--workdir", workdir]) == 2
+    err = capsys.readouterr().err
+    assert "valid.txt is not valid UTF-8" in err
+    (folder / "valid.txt").write_bytes(b"")
+    assert main(["prepare", "--data", str(folder), "--workdir", str(tmp_path / "w2")]) == 2
+    assert "the valid split" in capsys.readouterr().err

@@ -342,6 +342,11 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     from keras_txl.training.vocab import build_streaming_tokenizer
     from keras_txl.training.vocab import vocab_size
 
+    if shard_tokens is not None and (isinstance(shard_tokens, bool)
+                                     or not isinstance(shard_tokens, int) or shard_tokens < 1):
+        raise ValueError(
+            f"--shard-tokens must be a positive integer (tokens per shard file). "
+            f"Received: {shard_tokens!r}.")
     tokenizer_options = dict(tokenizer_options or {})
     tokenizer_dir = os.path.join(workdir, "tokenizer")
     data_cache = os.path.join(workdir, "data")

@@ -1,4 +1,4 @@
-"""The `txl` command: train, eval, export, generate, attention, demo, recl.
+"""The `txl` command: prepare, train, eval, export, generate, attention, demo, recl.
 
 Each subcommand imports `training/` or `export/` lazily, so `txl --help`
 is fast and the model package does not depend on them. Runs are quiet by
@@ -42,6 +42,45 @@ def _add_data_arguments(p, without):
                    "TFDS's own, ~/tensorflow_datasets)")
     p.add_argument("--download", action="store_true",
                    help="TFDS: download and prepare if missing (needs internet)")
+
+
+def _add_vocabulary_arguments(p):
+    """The tokenizer-building flags of `txl prepare` and `txl train`
+    (used when the workdir has no tokenizer yet; a contradicting value for
+    an existing one is an error)."""
+    p.add_argument("--vocab-size", dest="vocab_size", type=int, default=None,
+                   help="vocabulary size, special tokens included: word/char "
+                   "keep the most frequent tokens, sentencepiece/wordpiece "
+                   "train to this size (default: every token seen; 8000 for "
+                   "subwords)")
+    p.add_argument("--min-freq", dest="min_freq", type=int, default=None,
+                   help="word/char: leave out tokens seen fewer times (default: 1)")
+    p.add_argument("--lower-case", dest="lower_case", action="store_true",
+                   default=None, help="word/wordpiece: lower-case the text")
+    p.add_argument("--vocabulary-file", dest="vocabulary_file", default=None,
+                   help="word/char: a fixed vocabulary, one token per line "
+                   "(LM1B's 1b_word_vocab.txt: <S> and <UNK> are its "
+                   "end-of-sentence and unknown tokens); default: counted "
+                   "on the corpus (an LM1B folder's own 1b_word_vocab.txt)")
+    p.add_argument("--shard-tokens", dest="shard_tokens", type=int, default=None,
+                   help="tokens per shard file (default: 67108864)")
+
+
+def _add_prepare_command(add_command):
+    p = add_command(
+        "prepare", "tokenize a corpus once into WORKDIR/data shards",
+        description="Builds the tokenizer (vocabulary counted in bounded "
+        "memory) and writes each split as token shards in WORKDIR/data, "
+        "with progress on stderr. A killed run resumes where it stopped. "
+        "`txl train`/`eval` use the shards (and prepare them when missing). "
+        "Prints a JSON line: tokens and shards per split.")
+    _add_data_arguments(p, "required")
+    p.add_argument("--workdir", required=True, help="run folder: tokenizer/, data/")
+    p.add_argument("--tokenizer", default=None,
+                   choices=["char", "byte", "word", "sentencepiece", "wordpiece"],
+                   help="default: the corpus's own, as in the reference code "
+                   "(see txl train --help)")
+    _add_vocabulary_arguments(p)
 
 
 # Measured ms per training step on 2 shared CPU cores (see docs/training.md
@@ -136,6 +175,8 @@ def build_parser():
                    "float32 (default: the config's, else float32); "
                    "the memory stays float32")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
+    _add_vocabulary_arguments(p)
+    _add_prepare_command(add_command)
 
     p = add_command("eval", "evaluate a trained model: loss, ppl and bits per "
                     "token (bpc for char/byte models)")
@@ -373,28 +414,33 @@ def _eval(args):
             args.same_length = args.same_length or settings["same_length"]
         return eval_main(args)
     import json
+    import tempfile
 
-    import numpy as np
-
-    from keras_txl.training.corpora import load_corpus
     from keras_txl.training.loop import evaluate
     from keras_txl.training.run import bits_named
+    from keras_txl.training.run import encode_split_to_shards
 
     model, tokenizer = _official_model(args)
     if not args.data or tokenizer is None:
         raise ValueError("--from-official needs --data (the corpus to score) "
                          "and --vocabulary-file (to tokenize it).")
-    corpus = load_corpus(args.data, data_dir=args.data_dir,
-                         download=args.download)
-    tokens = np.asarray(tokenizer.encode(corpus.split(args.split)), np.int32)
+    # Streamed into temporary shards (any size; the LM1B folder's held-out
+    # shard 0 as the reference evaluates it).
+    scratch = tempfile.TemporaryDirectory(prefix="txl-eval-")
+    tokens = encode_split_to_shards(args.data, args.split, tokenizer, scratch.name,
+                                    data_dir=args.data_dir, download=args.download)
     kwargs = {"batch_size": args.batch_size}
     for key in ("segment_length", "memory_length", "clamp_length"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
     if args.same_length:
         kwargs["same_length"] = True
-    result = evaluate(model, tokens, max_segments=args.max_segments or 0,
-                      **kwargs)
+    try:
+        result = evaluate(model, tokens, max_segments=args.max_segments or 0,
+                          **kwargs)
+    finally:
+        tokens.close()
+        scratch.cleanup()
     settings = {k: getattr(model.txl_config, k) for k in (
         "segment_length", "memory_length", "clamp_length", "same_length")}
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),
@@ -692,6 +738,10 @@ def main(argv=None):
             from keras_txl.training.run import train_main
 
             return train_main(args)
+        if args.command == "prepare":
+            from keras_txl.training.run import prepare_main
+
+            return prepare_main(args)
         if args.command == "eval":
             return _eval(args)
         if args.command == "export":

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -53,8 +54,10 @@ __all__ = [
     "DEFAULT_STDLIB_DOCS_CHARS",
     "SPLITS",
     "Corpus",
+    "CorpusSource",
     "build_local_tfds",
     "load_corpus",
+    "open_corpus_source",
     "prepare_stdlib_docs",
     "standard_split_sizes",
     "stdlib_docstrings",
@@ -546,6 +549,10 @@ def _tfds_text_feature(builder, text_feature) -> str:
     text_keys = [key for key in keys if type(features[key]).__name__ == "Text"]
     if len(text_keys) == 1:
         return text_keys[0]
+    # A local copy in a known format (PG-19's book_text beside its title).
+    named = [key for key in ("book_text", "text") if key in text_keys]
+    if len(named) == 1:
+        return named[0]
     raise ValueError(
         f"cannot tell which feature of TFDS dataset {builder.name!r} holds "
         f"the text (features: {keys}); pass text_feature=..."
@@ -921,3 +928,425 @@ def prepare_stdlib_docs(
         folder,
     )
     return folder
+
+
+# === Streaming sources (bounded memory) ===
+
+# Bytes read per chunk before cutting at the next newline.
+DEFAULT_CHUNK_BYTES = 4 << 20
+# A chunk is extended up to this far to end at a newline; a longer line is
+# cut at the last space (or UTF-8 boundary) instead, so that memory stays
+# bounded on single-line corpora such as text8.
+_MAX_LINE_BYTES = 64 << 20
+
+
+def _cut_point(block: bytes, prefer_space: bool) -> int:
+    """Where to end a chunk inside `block`: after its last newline, else
+    after its last space, else at its last UTF-8 character boundary."""
+    cut = block.rfind(b"\n")
+    if cut < 0 and prefer_space:
+        cut = block.rfind(b" ")
+    if cut >= 0:
+        return cut + 1
+    end = len(block)
+    for back in range(1, min(4, end) + 1):
+        byte = block[end - back]
+        if byte < 0x80:
+            return end  # ASCII: a boundary after it
+        if byte >= 0xC0:  # the lead byte of the last character
+            needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return end if back >= needed else end - back
+    return end
+
+
+@dataclasses.dataclass(frozen=True)
+class _FilePart:
+    path: str
+    start: int = 0
+    stop: int | None = None  # None: to the end of the file
+
+
+class CorpusSource:
+    """A corpus that is read in chunks, never as a whole.
+
+    What `load_corpus` returns as three strings, `open_corpus_source`
+    returns as three streams: `chunks(split)` yields pieces of text that
+    each end after a newline (or, for a line longer than 64 MiB, after a
+    space or at a character boundary), together with a cursor from which
+    `chunks(split, cursor)` resumes. Concatenated, the chunks are the split's
+    text as `load_corpus` reads it; encoded one by one they give the same
+    token ids as the whole text (the tokenizers encode line by line).
+
+    Attributes as in `Corpus`: `name`, `layout`, `source`, `char_symbols`,
+    `tokenizer_kind`, `tokenizer_options`, `vocabulary_splits`.
+    """
+
+    def __init__(self, *, name, layout, source, parts=None, tfds_spec=None,
+                 char_symbols=False, tokenizer_kind="word",
+                 tokenizer_options=None, vocabulary_splits=("train",),
+                 errors="strict", chunk_bytes=DEFAULT_CHUNK_BYTES,
+                 data_dir=None, text_feature=None, split_names=None):
+        self.name = name
+        self.layout = layout
+        self.source = source
+        self.char_symbols = char_symbols
+        self.tokenizer_kind = tokenizer_kind
+        self.tokenizer_options = dict(tokenizer_options or {})
+        self.vocabulary_splits = tuple(vocabulary_splits)
+        self.chunk_bytes = chunk_bytes
+        self._parts = parts or {}
+        self._errors = errors
+        self._tfds = tfds_spec
+        self._data_dir = data_dir
+        self._text_feature = text_feature
+        self._split_names = split_names
+
+    def __repr__(self):
+        return (f"CorpusSource(name={self.name!r}, layout={self.layout!r}, "
+                f"source={self.source!r})")
+
+    # --- identity ---
+
+    def files(self) -> list[str]:
+        """Every file the splits are read from (sorted, unique)."""
+        if self._tfds is not None:
+            builder = self._tfds["builder"]
+            root = os.fspath(builder.data_path)
+            return sorted(
+                os.path.join(d, n) for d, _, names in os.walk(root) for n in names
+            )
+        return sorted({part.path for parts in self._parts.values() for part in parts})
+
+    def stat_key(self) -> list:
+        """`[[path, size, mtime_ns], ...]` of `files()`: a cheap check that
+        nothing changed (a changed one is then compared by content)."""
+        out = []
+        for path in self.files():
+            info = os.stat(path)
+            out.append([os.path.abspath(path), info.st_size, info.st_mtime_ns])
+        return out
+
+    def content_sha256(self) -> str:
+        """sha256 over the bytes each split is read from (ranges of files,
+        or a TFDS dataset's files), in bounded memory. A moved copy of a
+        corpus has the same one."""
+        digest = hashlib.sha256()
+        if self._tfds is not None:
+            digest.update(json.dumps(self.identity()).encode())
+            root = os.fspath(self._tfds["builder"].data_path)
+            for path in self.files():
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+            return digest.hexdigest()
+        for split in SPLITS:
+            digest.update(split.encode() + b"\0")
+            for part in self._parts[split]:
+                digest.update(os.path.basename(part.path).encode() + b"\0")
+                for block in self._read_part(part, 0):
+                    digest.update(block)
+        return digest.hexdigest()
+
+    def identity(self) -> dict:
+        """What, besides the bytes, decides the text: layout and options."""
+        out = {"layout": self.layout, "char_symbols": self.char_symbols}
+        if self._tfds is not None:
+            out.update(tfds=self._tfds["name"], feature=self._tfds["feature"],
+                       splits=self._tfds["splits"],
+                       version=str(self._tfds["builder"].info.version))
+        return out
+
+    # --- reading ---
+
+    def _read_part(self, part: _FilePart, offset: int):
+        """Yields the bytes of `part` from `offset`, in 1 MiB blocks."""
+        with _open_binary(part.path) as handle:
+            handle.seek(part.start + offset)
+            left = None if part.stop is None else part.stop - part.start - offset
+            while left is None or left > 0:
+                block = handle.read(1 << 20 if left is None else min(1 << 20, left))
+                if not block:
+                    return
+                if left is not None:
+                    left -= len(block)
+                yield block
+
+    def chunks(self, split: str, cursor=None) -> Iterator[tuple[str, list]]:
+        """Yields `(text, cursor_after)` for split `split` from `cursor`.
+
+        Args:
+            split: str. `"train"`, `"valid"` or `"test"`.
+            cursor: list or None. A cursor yielded before (resume there),
+                or None for the start.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}.")
+        if self._tfds is not None:
+            yield from self._tfds_chunks(split, cursor)
+            return
+        part_index, offset = cursor or (0, 0)
+        parts = self._parts[split]
+        prefer_space = not self.tokenizer_options.get("double_eos", False)
+        while part_index < len(parts):
+            part = parts[part_index]
+            with _open_binary(part.path) as handle:
+                handle.seek(part.start + offset)
+                while True:
+                    remaining = None
+                    if part.stop is not None:
+                        remaining = part.stop - part.start - offset
+                        if remaining <= 0:
+                            break
+                    budget = self.chunk_bytes
+                    if remaining is not None:
+                        budget = min(budget, remaining)
+                    block = handle.read(budget)
+                    if not block:
+                        break
+                    more = remaining is None or len(block) < remaining
+                    if more and not block.endswith(b"\n"):
+                        # Extend to the end of the line, up to _MAX_LINE_BYTES.
+                        limit = _MAX_LINE_BYTES
+                        if remaining is not None:
+                            limit = min(limit, remaining - len(block))
+                        rest = handle.readline(limit)
+                        block += rest
+                        if (len(rest) == _MAX_LINE_BYTES and not block.endswith(b"\n")
+                                and (remaining is None or len(block) < remaining)):
+                            cut = _cut_point(block, prefer_space)
+                            if 0 < cut < len(block):
+                                block = block[:cut]
+                                handle.seek(part.start + offset + len(block))
+                    offset += len(block)
+                    try:
+                        text = block.decode("utf-8", self._errors)
+                    except UnicodeDecodeError as error:
+                        raise ValueError(
+                            f"{part.path} is not valid UTF-8 text (near byte "
+                            f"{part.start + offset - len(block) + error.start}). "
+                            "Raw byte corpora such as enwik8 are read from the "
+                            "unsplit `enwik8` file."
+                        ) from None
+                    if "\r" in text and self._errors == "strict":
+                        # Text files: universal newlines, as read_text does
+                        # (raw files keep every byte).
+                        text = text.replace("\r\n", "\n").replace("\r", "\n")
+                    yield text, [part_index, offset]
+            part_index, offset = part_index + 1, 0
+
+    def _tfds_chunks(self, split, cursor):
+        import tensorflow as tf
+
+        tfds = _import_tfds()
+        spec = self._tfds
+        done = int(cursor[1]) if cursor else 0
+        read_config = tfds.ReadConfig(interleave_cycle_length=1)
+        dataset = spec["builder"].as_dataset(
+            split=spec["splits"][split], shuffle_files=False, read_config=read_config
+        )
+        feature = spec["feature"]
+        dataset = dataset.map(lambda example: example[feature])
+        if done:
+            dataset = dataset.skip(done)
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+        pieces, size = [], 0
+        for value in dataset.as_numpy_iterator():
+            text = value.decode("utf-8", "replace")
+            pieces.append(text if text.endswith("\n") else text + "\n")
+            size += len(value)
+            done += 1
+            if size >= self.chunk_bytes:
+                yield "".join(pieces), [0, done]
+                pieces, size = [], 0
+        if pieces:
+            yield "".join(pieces), [0, done]
+
+
+class _open_binary:
+    """`open(path, "rb")`, or the one member of a `.zip` (seekable)."""
+
+    def __init__(self, path):
+        self.path = path
+        self._archive = None
+
+    def __enter__(self):
+        if self.path.endswith(".zip"):
+            self._archive = zipfile.ZipFile(self.path)
+            self._handle = self._archive.open(pathlib.Path(self.path).stem)
+        else:
+            self._handle = open(self.path, "rb")
+        return self._handle
+
+    def __exit__(self, *exc):
+        self._handle.close()
+        if self._archive is not None:
+            self._archive.close()
+        return False
+
+
+def _zip_member_size(path: pathlib.Path) -> int:
+    member = path.stem
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if member not in names:
+                raise ValueError(
+                    f"{path} must contain a file named {member!r}; it holds {names[:5]}."
+                )
+            return archive.getinfo(member).file_size
+    except zipfile.BadZipFile:
+        raise ValueError(f"{path} is not a valid zip file.") from None
+
+
+def _raw_source(path: pathlib.Path, layout: str, **common) -> CorpusSource:
+    total = _zip_member_size(path) if path.suffix == ".zip" else path.stat().st_size
+    if total == 0:
+        raise ValueError(f"corpus file {path} is empty.")
+    train, valid, _ = standard_split_sizes(total)
+    cuts = (0, train, train + valid, total)
+    parts = {split: [_FilePart(str(path), cuts[i], cuts[i + 1])]
+             for i, split in enumerate(SPLITS)}
+    if layout == "enwik8":
+        kind, vocabulary = "byte", SPLITS
+    else:
+        kind, vocabulary = "char", SPLITS if layout == "text8" else ("train",)
+    return CorpusSource(
+        name=path.stem if path.suffix == ".zip" else path.name, layout=layout,
+        source=str(path), parts=parts, tokenizer_kind=kind,
+        vocabulary_splits=vocabulary, errors="surrogateescape", **common)
+
+
+def _lm1b_source(folder: pathlib.Path, **common):
+    """The official LM1B layout (`1-billion-word-language-modeling-benchmark-
+    r13output`): train on every `news.en-*` file in sorted order; valid and
+    test are held-out shard 0, as the reference `data_utils.py` does."""
+    train_dir = folder / "training-monolingual.tokenized.shuffled"
+    heldout = (folder / "heldout-monolingual.tokenized.shuffled"
+               / "news.en.heldout-00000-of-00050")
+    if not train_dir.is_dir() or not heldout.is_file():
+        return None
+    train = sorted(str(p) for p in train_dir.glob("news.en-*"))
+    if not train:
+        raise ValueError(f"{train_dir} holds no news.en-* training files.")
+    parts = {"train": [_FilePart(p) for p in train],
+             "valid": [_FilePart(str(heldout))], "test": [_FilePart(str(heldout))]}
+    options = {"double_eos": True}
+    vocab = folder / "1b_word_vocab.txt"
+    if vocab.is_file():
+        options["vocabulary_file"] = str(vocab)
+    return CorpusSource(name=folder.name, layout="lm1b", source=str(folder),
+                        parts=parts, tokenizer_kind="word",
+                        tokenizer_options=options, **common)
+
+
+def open_corpus_source(
+    source,
+    *,
+    char_symbols: bool | None = None,
+    data_dir=None,
+    download: bool = False,
+    text_feature: str | None = None,
+    split_names: Mapping[str, str] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> CorpusSource:
+    """Opens a corpus for streaming: the layouts of `load_corpus`, read in
+    chunks (see `CorpusSource`), plus the official LM1B folder layout.
+
+    Args:
+        source, char_symbols, data_dir, download, text_feature, split_names:
+            as in `load_corpus`.
+        chunk_bytes: int. Bytes per chunk (before cutting at a newline).
+
+    Returns:
+        A `CorpusSource`.
+    """
+    from keras_txl import checks
+
+    chunk_bytes = checks.positive_int("chunk_bytes", chunk_bytes)
+    common = {"chunk_bytes": chunk_bytes}
+    if isinstance(source, str) and source.startswith("tfds:"):
+        tfds = _import_tfds()
+        name = _parse_tfds_name(source[len("tfds:"):])
+        builder = _tfds_builder(tfds, name, data_dir, download)
+        feature = _tfds_text_feature(builder, text_feature)
+        names = _tfds_split_names(builder, split_names)
+        kind = "char" if builder.name in _TFDS_CHAR_DATASETS else "word"
+        options = {"double_eos": True} if builder.name == "lm1b" else {}
+        if builder.name == "lm1b" and split_names is None:
+            logger.warning(
+                "tfds:lm1b: TFDS's test split holds all 50 held-out shards in "
+                "its stored order; the paper evaluates on held-out shard 0. For "
+                "comparable perplexities pass the official LM1B folder as --data.")
+        return CorpusSource(
+            name=name, layout="tfds", source=source, tokenizer_kind=kind,
+            tokenizer_options=options,
+            tfds_spec={"name": name, "builder": builder, "feature": feature,
+                       "splits": names}, **common)
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(
+            "`source` must be a folder, a file or 'tfds:NAME'. Received "
+            f"type {type(source).__name__}."
+        )
+    path = pathlib.Path(source).expanduser()
+    if path.is_file():
+        if char_symbols:
+            raise ValueError(
+                "char_symbols=True applies to train.txt/valid.txt/test.txt "
+                f"folders, but {path} is a single file."
+            )
+        stem = path.stem if path.suffix == ".zip" else path.name
+        return _raw_source(path, stem if stem in _RAW_NAMES else "raw-file", **common)
+    if not path.is_dir():
+        raise ValueError(
+            f"corpus path {path} does not exist (expected a folder, a file or "
+            "'tfds:NAME')."
+        )
+    lm1b = _lm1b_source(path, **common)
+    if lm1b is not None:
+        return lm1b
+    for files, layout, kind in (
+        (_WIKITEXT_FILES, "wikitext", "word"),
+        (_WIKITEXT_RAW_FILES, "wikitext-raw", "char"),
+    ):
+        paths = _complete_layout(path, files)
+        if paths is not None:
+            if char_symbols:
+                raise ValueError(
+                    "char_symbols=True applies to train.txt/valid.txt/"
+                    f"test.txt folders, but {path} holds {layout} files."
+                )
+            return CorpusSource(
+                name=path.name, layout=layout, source=str(path),
+                parts={s: [_FilePart(str(paths[s]))] for s in SPLITS},
+                tokenizer_kind=kind, **common)
+    paths = _complete_layout(path, _TEXT_FILES)
+    if paths is not None:
+        parts = {s: [_FilePart(str(paths[s]))] for s in SPLITS}
+        if char_symbols is None:
+            char_symbols = _looks_like_symbols(paths["train"])
+        if char_symbols:
+            return CorpusSource(
+                name=path.name, layout="char-symbols", source=str(path),
+                parts=parts, char_symbols=True, tokenizer_kind="word",
+                tokenizer_options={"add_eos": False}, vocabulary_splits=SPLITS,
+                **common)
+        return CorpusSource(name=path.name, layout="splits", source=str(path),
+                            parts=parts, **common)
+    for name in _RAW_NAMES:
+        for candidate in (path / name, path / f"{name}.zip"):
+            if candidate.is_file():
+                if char_symbols:
+                    raise ValueError(
+                        "char_symbols=True applies to train.txt/valid.txt/"
+                        f"test.txt folders, but {path} holds the raw "
+                        f"{candidate.name}."
+                    )
+                return _raw_source(candidate, name, **common)
+    raise ValueError(
+        f"corpus folder {path} has no known layout. Expected train.txt, "
+        "valid.txt and test.txt; or wiki.{train,valid,test}.tokens "
+        "(WikiText); or a raw enwik8 / text8 file (or .zip); or the LM1B "
+        "folder (training-monolingual.tokenized.shuffled/ and "
+        "heldout-monolingual.tokenized.shuffled/)."
+    )

@@ -80,6 +80,14 @@ def _as_token_array(token_ids) -> np.ndarray:
     return array.astype(np.int32, copy=False)
 
 
+def _as_token_source(token_ids):
+    """A token stream read by offset (`ShardedTokens`: has `read_windows`
+    and `len`) as it is, anything else as an int32 array."""
+    if hasattr(token_ids, "read_windows") and hasattr(token_ids, "__len__"):
+        return token_ids
+    return _as_token_array(token_ids)
+
+
 @dataclasses.dataclass(frozen=True)
 class LMBatches:
     """How a corpus is cut into ordered `(inputs, targets)` batches.
@@ -345,7 +353,9 @@ def lm_dataset(
     segments from it.
 
     Args:
-        token_ids: 1-D array-like of int. The corpus as one stream.
+        token_ids: 1-D array-like of int. The corpus as one stream; or
+            a `training.shards.ShardedTokens` (the prepared shards), read
+            window by window, never whole: the same batches.
         batch_size: int. Global batch size `B` (number of streams).
         segment_length: int. Segment length `T`.
         num_replicas: int. Number of replicas the batch will be distributed
@@ -396,7 +406,7 @@ def lm_dataset(
     >>> inputs.shape
     TensorShape([2, 8])
     """
-    tokens = _as_token_array(token_ids)
+    tokens = _as_token_source(token_ids)
     if input_context is not None:
         replicas = input_context.num_replicas_in_sync
         if num_replicas not in (1, replicas):
@@ -407,7 +417,7 @@ def lm_dataset(
             )
         num_replicas = replicas
     layout, start_segment = _checked_layout(
-        int(tokens.size),
+        len(tokens),
         batch_size,
         segment_length,
         num_replicas=num_replicas,
@@ -417,33 +427,53 @@ def lm_dataset(
         name=name,
     )
     steps = layout.steps_per_epoch
-    streams = batchify(tokens, layout.batch_size)  # (B, S)
     local_replicas = 1
+    first, rows = 0, layout.batch_size
     if input_context is not None:
         pipelines = input_context.num_input_pipelines
         local_replicas = num_replicas // pipelines
+        # Only the rows of the replicas this pipeline feeds.
         first = (
             input_context.input_pipeline_id
             * local_replicas
             * layout.rows_per_replica
         )
-        # (rows, S): only the rows of the replicas this pipeline feeds.
-        streams = streams[first : first + local_replicas * layout.rows_per_replica]
-    # Captured by the map function as an eager input, not copied into the
-    # graph as a constant.
-    streams = tf.constant(streams)
-    rows = int(streams.shape[0])
+        rows = local_replicas * layout.rows_per_replica
     length = layout.segment_length
-    last_input = layout.tokens_per_stream - 1  # targets need one more token
+    per_stream = layout.tokens_per_stream
+    last_input = per_stream - 1  # targets need one more token
+    time_dim = length if drop_remainder else None
+    if isinstance(tokens, np.ndarray):
+        # (rows, S), captured by the map function as an eager input, not
+        # copied into the graph as a constant.
+        streams = tf.constant(
+            batchify(tokens, layout.batch_size)[first : first + rows]
+        )
+
+        def window(begin, size):  # (rows, size + 1)
+            return tf.slice(streams, [0, begin], [rows, size + 1])
+
+    else:
+        # Shards: each step reads its (rows, T + 1) window by offset, so
+        # nothing but the window is in memory. Stream b starts at b * S.
+        row_starts = (np.arange(first, first + rows, dtype=np.int64) * per_stream)
+
+        def read(begin, size):
+            return tokens.read_windows(row_starts + int(begin), int(size) + 1)
+
+        def window(begin, size):
+            out = tf.numpy_function(read, [begin, size], tf.int32, stateful=False)
+            out.set_shape([rows, None])
+            return out
 
     def segment(index):
         begin = tf.cast(index, tf.int32) * length
         size = tf.minimum(length, last_input - begin)
-        inputs = tf.slice(streams, [0, begin], [rows, size])  # (rows, T)
-        targets = tf.slice(streams, [0, begin + 1], [rows, size])  # (rows, T)
-        time = length if drop_remainder else None
-        inputs.set_shape([rows, time])
-        targets.set_shape([rows, time])
+        both = window(begin, size)  # (rows, size + 1)
+        inputs = both[:, :-1]  # (rows, T)
+        targets = both[:, 1:]  # (rows, T)
+        inputs.set_shape([rows, time_dim])
+        targets.set_shape([rows, time_dim])
         return inputs, targets
 
     if repeat:
@@ -479,7 +509,7 @@ def lm_dataset(
     logger.debug(
         "lm_dataset: %d tokens -> %d streams of %d (%d here), %d segments "
         "of %d (start %d, repeat %s)",
-        tokens.size,
+        len(tokens),
         layout.batch_size,
         layout.tokens_per_stream,
         rows,
@@ -525,11 +555,11 @@ def distributed_lm_dataset(
                 f"distributed_lm_dataset() takes `{key}` from the strategy; "
                 f"do not pass it (received {key}={kwargs[key]!r})."
             )
-    tokens = _as_token_array(token_ids)
+    tokens = _as_token_source(token_ids)
     # Every error (short corpus, batch not divisible, start past the end)
     # here, in the caller, rather than inside tf.distribute.
     _checked_layout(
-        int(tokens.size),
+        len(tokens),
         batch_size,
         segment_length,
         num_replicas=strategy.num_replicas_in_sync,

@@ -265,10 +265,30 @@ class Trainer:
         else:
             self.memory = self._zero_memory()
         self.step = int(state["step"])
+        self._restored_data = (path, state.get("data"))
         self.history = list(state.get("history", []))
         self._drop_metrics_after(self.step)
         logger.info("Resumed from %s at step %d.", path, self.step)
         return self.step
+
+    def _check_data_position(self):
+        """A checkpoint's data position is only valid for the same train
+        split: refuse one written while reading another."""
+        path, saved = getattr(self, "_restored_data", (None, None))
+        if not saved:
+            return
+        layout = self._data_layout
+        if saved.get("train_tokens") != layout.num_tokens or (
+                saved.get("shards_key") and self._data_key
+                and saved["shards_key"] != self._data_key):
+            raise ValueError(
+                f"{path} was written while reading a train split of "
+                f"{saved.get('train_tokens')} tokens (shards key "
+                f"{saved.get('shards_key')}); this run's has {layout.num_tokens} "
+                f"(key {self._data_key}), so its position in the text would not "
+                "be the same. Train with the data it was written with, or in a "
+                "new --workdir."
+            )
 
     def _check_resumable(self, path, saved):
         """Refuses a resume that would silently change the data stream;
@@ -349,6 +369,17 @@ class Trainer:
             "train_config": self.config.to_dict(),
             "history": self.history[-1000:],
         }
+        if getattr(self, "_data_layout", None) is not None:
+            # The position in every stream: stream b of the train split is
+            # tokens [b*S, (b+1)*S); the next batch reads offset segment*T.
+            layout = self._data_layout
+            state["data"] = {
+                "train_tokens": layout.num_tokens,
+                "streams": layout.batch_size,
+                "tokens_per_stream": layout.tokens_per_stream,
+                "segment": self.step % layout.steps_per_epoch,
+                "shards_key": self._data_key,
+            }
         return self.checkpoints.save(
             self.step, self.model, self.optimizer, self.memory_numpy(), state
         )
@@ -362,8 +393,11 @@ class Trainer:
         cfg = self.config
         T = self.model_config.segment_length
         total = cfg.steps if steps is None else steps
-        per_epoch = LMBatches(len(train_tokens), cfg.batch_size, T,
-                              name="The train split").steps_per_epoch
+        self._data_layout = LMBatches(len(train_tokens), cfg.batch_size, T,
+                                      name="The train split")
+        self._data_key = getattr(train_tokens, "key", None)
+        per_epoch = self._data_layout.steps_per_epoch
+        self._check_data_position()
         iterator = iter(distributed_lm_dataset(
             self.strategy, train_tokens, cfg.batch_size, T, repeat=True,
             start_segment=self.step, name="The train split",
@@ -552,6 +586,21 @@ def make_eval_step(model, jit_compile=False):
     return CompiledFunction(step, jit_compile=jit_compile)
 
 
+def _checked_ids(tokens, V):
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(
+            "`tokens` must be a 1-D array of integer token ids, received shape "
+            f"{tokens.shape} and dtype {tokens.dtype}."
+        )
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
+        raise ValueError(
+            f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
+        )
+    return tokens
+
+
 def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,
              clamp_length=None, same_length=None, max_segments=0,
              reset_every_segment=False, reuse=None):
@@ -597,18 +646,15 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
             f"`reuse` must be a dict kept by the caller (or None), received "
             f"{type(reuse).__name__}."
         )
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(
-            "`tokens` must be a 1-D array of integer token ids, received shape "
-            f"{tokens.shape} and dtype {tokens.dtype}."
-        )
     V = cfg.vocabulary_size
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
-        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
-        raise ValueError(
-            f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
-        )
+    if hasattr(tokens, "read_windows"):  # prepared shards: read by window
+        if tokens.max_id >= V:
+            raise ValueError(
+                f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); the "
+                f"shards in {tokens.folder} hold ids up to {tokens.max_id}."
+            )
+    else:
+        tokens = _checked_ids(tokens, V)
     # (The cached evaluation path never applies dropout: no copy needed for it.)
     key = tuple(sorted(changes.items()))
     reuse = {} if reuse is None else reuse

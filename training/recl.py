@@ -443,7 +443,8 @@ def _parse_name(spec):
 def load_tokens(workdir, data=None, split="test", data_dir=None,
                 download=False):
     """The split of `data` encoded by the workdir's tokenizer, or the
-    workdir's cached `data/{split}.npy`."""
+    workdir's prepared split (`data/{split}/` shards, or the
+    `data/{split}.npy` of an older version)."""
     if data:
         from keras_txl.tokenizers import load_tokenizer
         from keras_txl.training.corpora import load_corpus
@@ -451,6 +452,11 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
         tokenizer = load_tokenizer(tokenizer_directory(os.path.join(workdir, "model")))
         corpus = load_corpus(data, data_dir=data_dir, download=download)
         return np.asarray(tokenizer.encode(corpus.split(split)), dtype=np.int32)
+    from keras_txl.training import shards
+
+    if shards.is_complete(os.path.join(workdir, "data", split)):
+        # The prepared shards (a test split: small enough to hold).
+        return np.asarray(shards.ShardedTokens(os.path.join(workdir, "data", split)))
     path = os.path.join(workdir, "data", f"{split}.npy")
     if not os.path.exists(path):
         raise FileNotFoundError(

@@ -6,9 +6,10 @@ A workdir holds everything of a run:
       config.json          the model config (TransformerXLConfig)
       train_config.json    the training config
       tokenizer/           the tokenizer, fitted on the training split
-      data/{split}.npy     the encoded splits (a cache)
-      data/source.json     what the cache was made from (corpus sha256,
-                           tokenizer sha256): a changed --data is refused
+      data/{split}/        the encoded splits as token shards (training/shards.py)
+      data/source.json     what the shards were made from (source path, size,
+                           mtime and content sha256; tokenizer kind, options
+                           and sha256): a changed --data is refused
       checkpoints/ckpt-*   atomic, checksummed checkpoints (+ latest.json)
       train.lock           held by the running `txl train` (one per workdir)
       model/               the latest model folder (config, safetensors,
@@ -34,12 +35,6 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 
 
-def _atomic_save_npy(path, array):
-    tmp = f"{path}.tmp-{os.getpid()}.npy"
-    np.save(tmp, array)
-    os.replace(tmp, path)
-
-
 def _sha256_tree(path):
     """sha256 over a file, or over a folder's files (names and contents,
     in sorted order)."""
@@ -59,37 +54,6 @@ def _sha256_tree(path):
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def source_fingerprint(source, data_dir=None):
-    """{"source", "sha256"} of `--data`: the content of a file or folder
-    (so a moved copy matches and an edited file does not), or the TFDS
-    name and data_dir."""
-    if source.startswith("tfds:"):
-        key = f"{source}|{os.path.abspath(data_dir) if data_dir else ''}"
-        return {"source": source, "sha256": hashlib.sha256(key.encode()).hexdigest()}
-    if not os.path.exists(source):
-        raise ValueError(f"--data {source!r}: the corpus path does not exist.")
-    return {"source": os.path.abspath(source), "sha256": _sha256_tree(source)}
-
-
-def _check_cache(workdir, meta, fingerprint, tokenizer_dir):
-    """Refuses a data cache made from another corpus or tokenizer."""
-    if fingerprint is not None and fingerprint["sha256"] != meta.get("sha256"):
-        raise ValueError(
-            f"{workdir} was prepared from {meta.get('source')!r}; --data "
-            f"{fingerprint['source']!r} has different content. Its tokenizer "
-            "and cached token arrays belong to the old corpus: train in a new "
-            f"--workdir (or delete {os.path.join(workdir, 'data')} and "
-            f"{os.path.join(workdir, 'tokenizer')} to start over)."
-        )
-    tokenizer_sha = _sha256_tree(tokenizer_dir)
-    if meta.get("tokenizer_sha256") not in (None, tokenizer_sha):
-        raise ValueError(
-            f"{tokenizer_dir} changed since {os.path.join(workdir, 'data')} was "
-            "encoded with it: delete the data folder to re-encode, or restore "
-            "the tokenizer."
-        )
 
 
 def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
@@ -175,71 +139,345 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
     return model, TrainConfig.from_dict(train), evaluation, explicit
 
 
-def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
-                 write=True, tokenizer_options=None):
-    """Loads the corpus, fits (or reloads) the tokenizer, encodes the splits.
+# What decides the shards besides the source and the tokenizer: changing
+# one of these starts them over.
+DATA_FORMAT = "keras-txl-data/2"
 
-    Returns (tokenizer, {split: int32 array}).
+
+def _read_meta(meta_path):
+    if not os.path.exists(meta_path):
+        return None
+    try:
+        with open(meta_path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{meta_path} is not valid JSON ({e}); delete it "
+                         "and the data folder to prepare the data again.") from None
+
+
+def _verified(folder):
+    """The finished shards of `folder`, each checked against its sha256 in
+    the index (a bit flipped since they were written is an error, not a
+    silently wrong token): streamed, about 1 s per GB."""
+    from keras_txl.training import shards
+
+    tokens = shards.ShardedTokens(folder)
+    tokens.verify()
+    return tokens
+
+
+def _where(source):
+    return source if source.startswith("tfds:") else os.path.abspath(source)
+
+
+def _check_source(workdir, meta, corpus_source, data_cache):
+    """Refuses `--data` when it is not what the workdir's data was made
+    from. Returns the content sha256 (None when the quick check passed)."""
+    identity = corpus_source.identity()
+    stat = corpus_source.stat_key()
+    if meta.get("stat") == stat and meta.get("identity") == identity:
+        return meta.get("sha256")
+    logger.info("%s: files changed size or time since %s; comparing contents",
+                corpus_source.source, data_cache)
+    sha = corpus_source.content_sha256()
+    if sha != meta.get("sha256") or meta.get("identity") != identity:
+        where = _where(corpus_source.source)
+        raise ValueError(
+            f"{workdir} was prepared from {meta.get('source')!r}; --data "
+            f"{where!r} has different content. Its tokenizer and prepared shards belong to "
+            f"the old corpus: train in a new --workdir (or delete {data_cache} "
+            f"and {os.path.join(workdir, 'tokenizer')} to start over)."
+        )
+    return sha
+
+
+def _save_tokenizer_atomically(tokenizer, tokenizer_dir):
+    import shutil
+    import tempfile
+
+    parent = os.path.dirname(os.path.abspath(tokenizer_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):  # left by a run killed while saving
+        if name.startswith(".tokenizer-"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
+    tokenizer.save(tmp)
+    if os.path.isdir(tokenizer_dir):  # an unfinished one (no tokenizer.json)
+        shutil.rmtree(tokenizer_dir)
+    os.replace(tmp, tokenizer_dir)
+
+
+def _check_tokenizer_options(workdir, meta, kind, options):
+    """Explicit options (--vocab-size, --min-freq, ...) that contradict the
+    ones the workdir's tokenizer was built with are an error."""
+    if not meta or not options:
+        return
+    built = (meta.get("tokenizer") or {})
+    old = built.get("options", {})
+    differ = {k: v for k, v in options.items() if old.get(k) != v}
+    if differ or (kind and built.get("kind") not in (None, kind)):
+        raise ValueError(
+            f"{workdir}'s tokenizer was built as {built.get('kind')!r} with "
+            f"options {old}; this run asks for {kind!r} with {options}. Its "
+            "shards belong to that tokenizer: use a new --workdir (or delete "
+            f"{os.path.join(workdir, 'tokenizer')} and {os.path.join(workdir, 'data')})."
+        )
+
+
+def vocabulary_flags(args):
+    """The tokenizer flags of `txl prepare`/`train` that were given, as a
+    dict for `prepare_data(vocabulary=...)`."""
+    out = {}
+    for name in ("vocab_size", "min_freq", "lower_case", "vocabulary_file"):
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = value
+    if "vocabulary_file" in out:
+        out["vocabulary_file"] = os.path.abspath(out["vocabulary_file"])
+    return out
+
+
+def _kind_options(kind, flags):
+    """`--vocab-size` & co. as the options of tokenizer `kind`."""
+    flags = dict(flags)
+    if not flags:
+        return {}
+    if kind == "byte":
+        raise ValueError(
+            f"--tokenizer byte has a fixed vocabulary of 256: it takes none of "
+            f"{sorted('--' + k.replace('_', '-') for k in flags)}.")
+    options = {}
+    size = flags.pop("vocab_size", None)
+    for name in ("vocab_size", "min_freq"):
+        value = size if name == "vocab_size" else flags.get(name)
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive "
+                             f"integer. Received: {value!r}.")
+    if kind in ("word", "char"):
+        if size is not None:
+            options["max_size"] = size
+        if "min_freq" in flags:
+            options["min_freq"] = flags.pop("min_freq")
+        if "lower_case" in flags:
+            if kind == "char":
+                raise ValueError("--lower-case applies to word and wordpiece tokenizers, "
+                                 "not char.")
+            options["lower_case"] = flags.pop("lower_case")
+        if "vocabulary_file" in flags:
+            path = flags.pop("vocabulary_file")
+            if not os.path.isfile(path):
+                raise ValueError(f"--vocabulary-file {path!r} does not exist.")
+            options["vocabulary_file"] = path
+    else:  # sentencepiece, wordpiece
+        if size is not None:
+            options["vocabulary_size"] = size
+        if kind == "wordpiece" and "lower_case" in flags:
+            options["lower_case"] = flags.pop("lower_case")
+    if flags:
+        raise ValueError(
+            f"--tokenizer {kind} does not take "
+            f"{', '.join('--' + k.replace('_', '-') for k in sorted(flags))}.")
+    return options
+
+
+def prepare_main(args):
+    """`txl prepare`: the tokenizer and the shards, nothing else. Prints a
+    JSON line; returns 0."""
+    if not args.data:
+        raise ValueError("txl prepare needs --data (the corpus to prepare).")
+    _writable_workdir(args.workdir)
+    with WorkdirLock(args.workdir):
+        tokenizer, splits = prepare_data(
+            args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
+            vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens)
+
+    print(json.dumps({
+        "workdir": args.workdir, "tokenizer": tokenizer.get_config().get("kind"),
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        "splits": {s: {"tokens": len(t), "shards": len(t.index["shards"])}
+                   for s, t in splits.items()}}))
+    return 0
+
+
+def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
+                 write=True, tokenizer_options=None, shard_tokens=None,
+                 after_shard=None, vocabulary=None):
+    """Prepares (or reuses) the workdir's tokenizer and token shards.
+
+    The corpus is streamed in chunks: the vocabulary is counted and each
+    split is encoded into `WORKDIR/data/{split}/` shards in bounded memory
+    (`training/shards.py`); a killed preparation resumes where it stopped.
+    `WORKDIR/data/source.json` keys the shards: the source (path, size,
+    mtime, and the content sha256), the tokenizer's kind, options and
+    files' sha256. A different `--data` (by content) or a changed
+    tokenizer is refused with a message.
+
+    Args:
+        source: str or None. `--data`; None reuses the prepared shards.
+        workdir: str. The run folder.
+        tokenizer_kind: str or None. None: the corpus's own kind.
+        data_dir, download: TFDS options (see `load_corpus`).
+        write: bool. False for a non-chief worker: nothing is written in
+            the workdir; shards missing there are prepared in a private
+            temporary folder.
+        tokenizer_options: dict or None. Options of the tokenizer
+            (`max_size`, `min_freq`, `vocabulary_size`, `lower_case`,
+            `vocabulary_file`, ...).
+        vocabulary: dict or None. The CLI's flags (`vocab_size`,
+            `min_freq`, `lower_case`, `vocabulary_file`), mapped to the
+            options of the tokenizer kind.
+        shard_tokens: int or None. Tokens per shard (default
+            `shards.DEFAULT_SHARD_TOKENS`).
+        after_shard: callable or None. Called after every shard is
+            recorded (tests).
+
+    Returns:
+        `(tokenizer, {split: ShardedTokens})` (or int32 arrays for an old
+        workdir holding only `data/{split}.npy` and no --data).
     """
     from keras_txl.tokenizers import load_tokenizer
-    from keras_txl.training.corpora import load_corpus
+    from keras_txl.training import shards
+    from keras_txl.training.corpora import open_corpus_source
+    from keras_txl.training.vocab import build_streaming_tokenizer
 
+    if shard_tokens is not None and (isinstance(shard_tokens, bool)
+                                     or not isinstance(shard_tokens, int) or shard_tokens < 1):
+        raise ValueError(
+            f"--shard-tokens must be a positive integer (tokens per shard file). "
+            f"Received: {shard_tokens!r}.")
+    tokenizer_options = dict(tokenizer_options or {})
     tokenizer_dir = os.path.join(workdir, "tokenizer")
     data_cache = os.path.join(workdir, "data")
     meta_path = os.path.join(data_cache, "source.json")
-    fingerprint = source_fingerprint(source, data_dir) if source else None
-    meta = None
-    if os.path.exists(meta_path):
-        try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-        except ValueError as e:
-            raise ValueError(f"{meta_path} is not valid JSON ({e}); delete it "
-                             "and the data folder to re-encode.") from None
+    meta = _read_meta(meta_path)
+    if meta is not None and meta.get("format") != DATA_FORMAT:
+        meta = None  # an older workdir's cache: prepared again below
     tokenizer = None
     if os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
         tokenizer = load_tokenizer(tokenizer_dir)
-        if tokenizer_kind and tokenizer.get_config().get("kind", tokenizer_kind) != tokenizer_kind:
+        kind = tokenizer.get_config().get("kind", tokenizer_kind)
+        if tokenizer_kind and kind != tokenizer_kind:
             raise ValueError(
-                f"{workdir} already has a {tokenizer.get_config().get('kind')} tokenizer; "
+                f"{workdir} already has a {kind} tokenizer; "
                 f"--tokenizer {tokenizer_kind} does not match it (use a new workdir)."
             )
-        if meta is not None:
-            _check_cache(workdir, meta, fingerprint, tokenizer_dir)
-        cached = [os.path.join(data_cache, f"{s}.npy") for s in SPLITS]
-        if all(os.path.exists(p) for p in cached):
-            if meta is None:
-                logger.warning(
-                    "%s has no source.json (an older workdir): cannot check that "
-                    "its cached token arrays come from --data %r.", data_cache, source)
-            elif fingerprint is None:
-                logger.info("No --data: using the token arrays cached from %s.",
-                            meta.get("source"))
-            return tokenizer, {s: np.load(p) for s, p in zip(SPLITS, cached)}
+        _check_tokenizer_options(workdir, meta, tokenizer_kind, tokenizer_options)
+        if (meta is not None and meta.get("tokenizer_sha256") is not None
+                and meta["tokenizer_sha256"] != _sha256_tree(tokenizer_dir)):
+            raise ValueError(
+                f"{tokenizer_dir} changed since {data_cache} was encoded with it: "
+                "delete the data folder to re-encode, or restore the tokenizer."
+            )
     if source is None:
-        raise ValueError(f"--data is needed: {workdir} has no cached data yet.")
-    corpus = load_corpus(source, data_dir=data_dir, download=download)
-    logger.info("Corpus: %r", corpus)
-    if tokenizer is None:
-        if tokenizer_kind:
-            tokenizer = corpus.build_tokenizer(tokenizer_kind, **(tokenizer_options or {}))
-        else:
-            tokenizer = corpus.build_tokenizer(**(tokenizer_options or {}))
-        if write:
-            tokenizer.save(tokenizer_dir)
-    splits = {s: np.asarray(tokenizer.encode(corpus.split(s)), dtype=np.int32) for s in SPLITS}
-    if write:
-        os.makedirs(data_cache, exist_ok=True)
-        for s, tokens in splits.items():
-            _atomic_save_npy(os.path.join(data_cache, f"{s}.npy"), tokens)
-        from keras_txl.io import atomic_write_bytes
+        if meta is not None and tokenizer is not None and all(
+                shards.is_complete(os.path.join(data_cache, s), meta["key"]) for s in SPLITS):
+            logger.info("No --data: using the shards prepared from %s.", meta.get("source"))
+            return tokenizer, {s: _verified(os.path.join(data_cache, s)) for s in SPLITS}
+        cached = [os.path.join(data_cache, f"{s}.npy") for s in SPLITS]
+        if tokenizer is not None and all(os.path.exists(p) for p in cached):
+            logger.warning("%s holds token arrays of an older version and no "
+                           "source.json: cannot check where they come from.", data_cache)
+            return tokenizer, {s: np.load(p) for s, p in zip(SPLITS, cached)}
+        raise ValueError(f"--data is needed: {workdir} has no prepared data yet.")
+    if not source.startswith("tfds:") and not os.path.exists(source):
+        raise ValueError(f"--data {source!r}: the corpus path does not exist.")
+    corpus_source = open_corpus_source(source, data_dir=data_dir, download=download)
+    logger.info("Corpus: %r", corpus_source)
+    sha = None
+    if meta is not None:
+        sha = _check_source(workdir, meta, corpus_source, data_cache)
+    elif tokenizer is not None and os.path.isdir(data_cache) and write:
+        logger.warning("%s has no source.json of this version: preparing its "
+                       "shards again from --data %s.", data_cache, source)
+    kind = tokenizer_kind or (tokenizer.get_config().get("kind") if tokenizer else None) \
+        or corpus_source.tokenizer_kind
+    options = dict(corpus_source.tokenizer_options) if kind == corpus_source.tokenizer_kind else {}
+    options.update(tokenizer_options)
+    options.update(_kind_options(kind, vocabulary or {}))
+    if tokenizer is not None:
+        _check_tokenizer_options(workdir, meta, tokenizer_kind,
+                                 {**tokenizer_options, **_kind_options(kind, vocabulary or {})})
+    if sha is None:
+        sha = corpus_source.content_sha256()
+        if write:  # before the tokenizer: a kill in between cannot mix corpora
+            from keras_txl.io import atomic_write_bytes
 
-        atomic_write_bytes(meta_path, json.dumps(
-            {**fingerprint, "tokenizer_sha256": _sha256_tree(tokenizer_dir)},
-            indent=2).encode())
-    for s, tokens in splits.items():
-        logger.info("%s: %d tokens", s, len(tokens))
-    return tokenizer, splits
+            os.makedirs(data_cache, exist_ok=True)
+            atomic_write_bytes(meta_path, json.dumps({
+                "format": DATA_FORMAT, "source": _where(source), "key": None,
+                "stat": corpus_source.stat_key(), "sha256": sha,
+                "identity": corpus_source.identity(),
+                "tokenizer": {"kind": kind, "options": options}}, indent=2).encode())
+    private = None
+    if tokenizer is None:
+        logger.info("Building the %s vocabulary on %s (streamed)", kind,
+                    "+".join(corpus_source.vocabulary_splits))
+        texts = (text for split in corpus_source.vocabulary_splits
+                 for text, _ in corpus_source.chunks(split))
+        tokenizer = build_streaming_tokenizer(kind, texts, **options)
+        if write:
+            _save_tokenizer_atomically(tokenizer, tokenizer_dir)
+        else:
+            import tempfile
+
+            private = tempfile.mkdtemp(prefix="txl-worker-data-")
+            tokenizer_dir = os.path.join(private, "tokenizer")
+            tokenizer.save(tokenizer_dir)
+    tokenizer_sha = _sha256_tree(tokenizer_dir)
+    shard_tokens = (shard_tokens or (meta or {}).get("shard_tokens")
+                    or shards.DEFAULT_SHARD_TOKENS)
+    size = tokenizer.vocabulary_size()
+    key_fields = {"sha256": sha, "identity": corpus_source.identity(),
+                  "tokenizer_sha256": tokenizer_sha, "shard_tokens": shard_tokens,
+                  "dtype": shards.dtype_for(size)}
+    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()
+    # The same content from another path keeps the name it was prepared from.
+    first_source = (meta or {}).get("source") or _where(source)
+    new_meta = {"format": DATA_FORMAT, "source": first_source,
+                "stat": corpus_source.stat_key(), "key": key,
+                "tokenizer": {"kind": kind, "options": options}, **key_fields}
+    target = data_cache
+    if not write:
+        if meta is not None and meta.get("key") == key and all(
+                shards.is_complete(os.path.join(data_cache, s), key) for s in SPLITS):
+            return tokenizer, {s: _verified(os.path.join(data_cache, s)) for s in SPLITS}
+        import atexit
+        import shutil
+        import tempfile
+
+        private = private or tempfile.mkdtemp(prefix="txl-worker-data-")
+        atexit.register(shutil.rmtree, private, True)
+        target = os.path.join(private, "data")
+        logger.info("Non-chief worker: preparing its own copy of the shards in %s", target)
+    else:
+        os.makedirs(data_cache, exist_ok=True)
+        if meta is None or meta.get("key") != key or meta.get("stat") != new_meta["stat"]:
+            from keras_txl.io import atomic_write_bytes
+
+            atomic_write_bytes(meta_path, json.dumps(new_meta, indent=2).encode())
+        for name in SPLITS:  # token arrays of an older version
+            old = os.path.join(data_cache, f"{name}.npy")
+            if os.path.exists(old):
+                os.remove(old)
+    out = {}
+    for split in SPLITS:
+        folder = os.path.join(target, split)
+        if write and os.path.isfile(os.path.join(folder, shards.INDEX)) and \
+                not shards.is_complete(folder, key):
+            import shutil
+
+            shutil.rmtree(folder)  # made under another key: source.json allowed it
+        out[split] = shards.write_split(
+            folder, lambda cursor, split=split: corpus_source.chunks(split, cursor),
+            tokenizer.encode, key=key, dtype=shards.dtype_for(size), split=split,
+            shard_tokens=shard_tokens, after_shard=after_shard)
+        if not len(out[split]):
+            raise ValueError(
+                f"the {split} split of --data {source} is empty: it holds no "
+                "tokens. Every split needs some text.")
+        logger.info("%s: %d tokens in %d shards", split, len(out[split]),
+                    len(out[split].index["shards"]))
+    return tokenizer, out
 
 
 def match_vocabulary(model_dict, tokenizer, explicit):
@@ -351,7 +589,8 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
 
     tokenizer, splits = prepare_data(
         args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
-        write=chief,
+        write=chief, vocabulary=vocabulary_flags(args),
+        shard_tokens=getattr(args, "shard_tokens", None),
     )
     model_config = match_vocabulary(model_dict, tokenizer, explicit)
     logger.info("Model: %s (%d parameters)", model_config, model_config.num_parameters())
@@ -416,15 +655,16 @@ def eval_main(args):
     else:
         model = model_from_checkpoint(source)
         tokenizer_dir = os.path.join(args.workdir, "tokenizer")
-    if args.data:
-        from keras_txl.training.corpora import load_corpus
+    import tempfile
 
+    scratch = tempfile.TemporaryDirectory(prefix="txl-eval-")
+    if args.data:
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
-        corpus = load_corpus(args.data, data_dir=args.data_dir, download=args.download)
-        tokens = np.asarray(tokenizer.encode(corpus.split(args.split)), dtype=np.int32)
+        tokens = encode_split_to_shards(args.data, args.split, tokenizer, scratch.name,
+                                        data_dir=args.data_dir, download=args.download)
     else:
-        tokens = np.load(os.path.join(args.workdir, "data", f"{args.split}.npy"))
+        tokens = workdir_split(args.workdir, args.split)
     kwargs = {"batch_size": args.batch_size}
     for key in ("segment_length", "memory_length", "clamp_length"):
         value = getattr(args, key)
@@ -432,11 +672,51 @@ def eval_main(args):
             kwargs[key] = value
     if args.same_length:
         kwargs["same_length"] = True
-    result = evaluate(model, tokens, max_segments=args.max_segments or 0, **kwargs)
+    try:
+        result = evaluate(model, tokens, max_segments=args.max_segments or 0, **kwargs)
+    finally:
+        if hasattr(tokens, "close"):
+            tokens.close()
+        scratch.cleanup()
     has_tokenizer = os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json"))
     result = bits_named(result, load_tokenizer(tokenizer_dir) if has_tokenizer else None)
     print(json.dumps({"split": args.split, **result, "settings": kwargs}))
     return 0
+
+
+def workdir_split(workdir, split):
+    """The prepared tokens of `split` in `workdir`: its shards
+    (`data/{split}/`), or the `data/{split}.npy` array of an older version."""
+    from keras_txl.training import shards
+
+    folder = os.path.join(workdir, "data", split)
+    if shards.is_complete(folder):
+        return _verified(folder)
+    old = os.path.join(workdir, "data", f"{split}.npy")
+    if os.path.exists(old):
+        return np.load(old)
+    raise ValueError(
+        f"{workdir} has no prepared {split} split ({folder} is missing or "
+        "unfinished): pass --data, or run `txl prepare` with this --workdir.")
+
+
+def encode_split_to_shards(source, split, tokenizer, folder, data_dir=None,
+                           download=False):
+    """One split of `source` encoded with `tokenizer` into shards in
+    `folder` (streamed, bounded memory); returns its `ShardedTokens`."""
+    from keras_txl.training import shards
+    from keras_txl.training.corpora import open_corpus_source
+
+    aliases = {"validation": "valid", "dev": "valid"}
+    split = aliases.get(split, split)
+    corpus_source = open_corpus_source(source, data_dir=data_dir, download=download)
+    out = shards.write_split(
+        os.path.join(folder, split), lambda cursor: corpus_source.chunks(split, cursor),
+        tokenizer.encode, key="eval", dtype=shards.dtype_for(tokenizer.vocabulary_size()),
+        split=split)
+    if not len(out):
+        raise ValueError(f"the {split} split of --data {source} holds no tokens.")
+    return out
 
 
 def bits_named(result, tokenizer):

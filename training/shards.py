@@ -1,0 +1,337 @@
+"""A tokenized corpus split as flat token files ("shards"), written once.
+
+Layout of one split's folder (`WORKDIR/data/{split}/`):
+
+    shard-00000.bin ...   the token ids, little-endian uint16 (vocabularies
+                          up to 65,536) or int32, nothing else: token i of
+                          the split is at byte i * itemsize of the
+                          concatenated shards
+    progress.json         while writing: the finished shards (file, tokens,
+                          sha256, where in the source the next one starts)
+    index.json            written last: the finished split (files, tokens,
+                          sha256 of each; the total, the dtype, the largest
+                          id, the key)
+
+Why flat files: the ordered batches read, at every step, one window of
+`T + 1` tokens at a known offset of each of `B` streams, and a resumed run
+starts at an offset computed from the step. A flat file answers both with
+one positional read (`os.pread`) and no index; TFRecord/ArrayRecord would
+add per-record framing and (TFRecord) sequential-only access, so an exact
+resume would have to read through everything before it. Reads use `pread`
+rather than a memory map: the pages of a map count in the process's RSS
+once touched, so a long run over a large corpus would grow it; a `pread`
+copies only the window (docs/data.md, "Shards").
+
+Writing is resumable and deterministic: the source is read in chunks that
+end at newlines (`CorpusSource.chunks`), each chunk is encoded and appended
+to the current shard; shard i holds exactly the tokens `[i * shard_tokens,
+(i + 1) * shard_tokens)` of the split (the last one fewer), whatever the
+chunk sizes. It is written as `*.tmp`, fsynced, renamed, and
+only then recorded in `progress.json` (atomically) with the cursor of the
+next chunk. A killed run restarts from the last recorded shard, so it
+finishes with the same bytes as an uninterrupted run.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from keras_txl.io import atomic_write_bytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_SHARD_TOKENS",
+    "FORMAT",
+    "ShardedTokens",
+    "is_complete",
+    "write_split",
+]
+
+FORMAT = "keras-txl-shards/1"
+DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens: 128 MB (uint16) or 256 MB (int32)
+INDEX = "index.json"
+PROGRESS = "progress.json"
+
+
+def _write_json(path, data):
+    atomic_write_bytes(path, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def _read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); delete "
+                         f"{os.path.dirname(path)} to prepare it again.") from None
+
+
+def dtype_for(vocabulary_size):
+    """`"<u2"` for up to 65,536 ids, else `"<i4"`."""
+    return "<u2" if vocabulary_size <= 1 << 16 else "<i4"
+
+
+def is_complete(folder, key=None) -> bool:
+    """True if `folder` holds a finished split (with this `key`)."""
+    path = os.path.join(folder, INDEX)
+    if not os.path.isfile(path):
+        return False
+    return key is None or _read_json(path).get("key") == key
+
+
+class ShardedTokens:
+    """A split's token stream, read from its shards by offset.
+
+    Behaves like the 1-D int32 array of the split without holding it:
+    `len()`, `read(start, stop)`, `read_windows(starts, length)`;
+    `np.asarray(shards)` reads it all (small splits, tests).
+
+    Args:
+        folder: str. A split folder with an `index.json` (see the module).
+    """
+
+    def __init__(self, folder):
+        self.folder = os.fspath(folder)
+        path = os.path.join(self.folder, INDEX)
+        if not os.path.isfile(path):
+            raise ValueError(f"{self.folder} holds no finished shards ({INDEX} is "
+                             "missing): run `txl prepare` again to finish them.")
+        index = _read_json(path)
+        if index.get("format") != FORMAT:
+            raise ValueError(f"{path} has format {index.get('format')!r}, expected {FORMAT!r}.")
+        self.index = index
+        self.dtype = np.dtype(index["dtype"])
+        self.max_id = int(index.get("max_id", -1))
+        self.key = index.get("key")
+        sizes, self._paths = [], []
+        for shard in index["shards"]:
+            file = os.path.join(self.folder, os.path.basename(shard["file"]))
+            expected = int(shard["tokens"]) * self.dtype.itemsize
+            actual = os.path.getsize(file) if os.path.isfile(file) else None
+            if actual != expected:
+                raise ValueError(
+                    f"shard {file} has {actual} bytes, the index says {expected}: the "
+                    f"shards are damaged; delete {self.folder} and prepare again.")
+            sizes.append(int(shard["tokens"]))
+            self._paths.append(file)
+        self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.num_tokens = int(self._starts[-1])
+        self._fds = {}
+
+    def __len__(self):
+        return self.num_tokens
+
+    def __repr__(self):
+        return (f"ShardedTokens({self.folder!r}, {self.num_tokens} tokens, "
+                f"{len(self._paths)} shards)")
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fds"] = {}
+        return state
+
+    def _fd(self, shard):
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = self._fds[shard] = os.open(self._paths[shard], os.O_RDONLY)
+        return fd
+
+    def close(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def read(self, start, stop) -> np.ndarray:
+        """Tokens `[start, stop)` as int32."""
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise ValueError(f"read({start}, {stop}) is outside [0, {self.num_tokens}].")
+        out = np.empty(stop - start, np.int32)
+        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
+        done, item = 0, self.dtype.itemsize
+        while start + done < stop:
+            base = int(self._starts[shard])
+            take = min(stop - start - done, int(self._starts[shard + 1]) - (start + done))
+            data = os.pread(self._fd(shard), take * item, (start + done - base) * item)
+            if len(data) != take * item:
+                raise ValueError(f"shard {self._paths[shard]} is shorter than its index says.")
+            out[done:done + take] = np.frombuffer(data, self.dtype)
+            done += take
+            shard += 1
+        return out
+
+    def read_windows(self, starts, length) -> np.ndarray:
+        """`(len(starts), length)` int32: row i is `read(starts[i], starts[i] + length)`."""
+        starts = np.asarray(starts, np.int64).reshape(-1)
+        out = np.empty((starts.size, int(length)), np.int32)
+        for row, start in enumerate(starts.tolist()):
+            out[row] = self.read(start, start + int(length))
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.read(0, self.num_tokens)
+        return array if dtype is None else array.astype(dtype)
+
+    def verify(self):
+        """Re-hashes every shard against the index; raises if one differs."""
+        for shard, path in zip(self.index["shards"], self._paths):
+            if _sha256_file(path) != shard["sha256"]:
+                raise ValueError(
+                    f"shard {path} does not match its sha256 in {INDEX}: it changed "
+                    f"since it was written. Delete {self.folder} and prepare again "
+                    "(`txl prepare` with the same --data and --workdir).")
+
+
+def _sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _Progress:
+    """Progress lines on the log (stderr): MB read, tokens, MB/s."""
+
+    def __init__(self, split, every=5.0):
+        self.split, self.every = split, every
+        self.start = self.last = time.perf_counter()
+        self.bytes = self.tokens = 0
+
+    def update(self, nbytes, ntokens, force=False):
+        self.bytes += nbytes
+        self.tokens += ntokens
+        now = time.perf_counter()
+        if force or now - self.last >= self.every:
+            self.last = now
+            rate = self.bytes / max(now - self.start, 1e-9) / 1e6
+            logger.info("prepare %s: %.1fM characters read, %d tokens, %.1fM characters/s",
+                        self.split, self.bytes / 1e6, self.tokens, rate)
+
+
+def write_split(folder, chunks, encode, *, key, dtype, split="split",
+                shard_tokens=DEFAULT_SHARD_TOKENS, after_shard=None):
+    """Writes (or finishes) one split's shards; returns its `ShardedTokens`.
+
+    Args:
+        folder: str. The split's folder (created).
+        chunks: callable `cursor -> iterable of (text, cursor_after)`, e.g.
+            `lambda c: source.chunks("train", c)`.
+        encode: callable `text -> int array`.
+        key: dict or str. What the shards are made from (source, tokenizer,
+            options); a folder with another key is refused, not reused.
+        dtype: str. `"<u2"` or `"<i4"` (see `dtype_for`).
+        split: str. Name for the logs.
+        shard_tokens: int. Tokens per shard (the last one holds the rest).
+        after_shard: optional callable `(shard_number) -> None`, called
+            after each shard is recorded (tests kill the process there).
+
+    Returns:
+        `ShardedTokens` of the finished split.
+    """
+    os.makedirs(folder, exist_ok=True)
+    index_path = os.path.join(folder, INDEX)
+    progress_path = os.path.join(folder, PROGRESS)
+    if os.path.isfile(index_path):
+        if _read_json(index_path).get("key") != key:
+            raise ValueError(
+                f"{folder} holds shards made from another source or tokenizer; "
+                f"delete {folder} (or use a new --workdir) to prepare again.")
+        if os.path.exists(progress_path):  # killed right after the index
+            os.remove(progress_path)
+        tokens = ShardedTokens(folder)
+        tokens.verify()  # reused: check every byte against the index
+        return tokens
+    shards, resume = [], {"cursor": None, "skip": 0}
+    if os.path.isfile(progress_path):
+        progress = _read_json(progress_path)
+        if progress.get("key") == key and progress.get("dtype") == dtype:
+            shards = progress["shards"]
+            if shards:
+                resume = shards[-1]["resume"]
+            logger.info("prepare %s: resuming after %d finished shards", split, len(shards))
+        else:
+            logger.info("prepare %s: unfinished shards of another key, starting over", split)
+    keep = {s["file"] for s in shards} | {PROGRESS}
+    for name in os.listdir(folder):  # partial or stale files of a killed run
+        if name not in keep:
+            os.remove(os.path.join(folder, name))
+    max_id = max([s.get("max_id", -1) for s in shards], default=-1)
+    limit = np.iinfo(np.dtype(dtype)).max
+    meter = _Progress(split)
+    state = {"handle": None, "digest": None, "count": 0, "max": -1}
+
+    def close_shard(resume_here):
+        handle = state["handle"]
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+        name = f"shard-{len(shards):05d}.bin"
+        os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+        shards.append({"file": name, "tokens": state["count"],
+                       "sha256": state["digest"].hexdigest(), "max_id": state["max"],
+                       "resume": resume_here})
+        _write_json(progress_path, {"format": FORMAT, "key": key, "dtype": dtype,
+                                    "shards": shards})
+        state["handle"] = None
+        if after_shard is not None:
+            after_shard(len(shards) - 1)
+
+    # Shard i holds tokens [i * shard_tokens, (i + 1) * shard_tokens) of the
+    # split whatever the chunks: a shard can end inside a chunk, and its
+    # "resume" says where the next one starts: the cursor before that
+    # chunk and how many of the chunk's tokens to skip.
+    before, skip = resume["cursor"], resume["skip"]
+    for text, after in chunks(before):
+        ids = np.asarray(encode(text))
+        meter.update(len(text), ids.size)
+        base = skip  # tokens of this chunk already in finished shards
+        if skip:
+            ids, skip = ids[skip:], 0
+        done = 0
+        while done < ids.size:
+            if state["handle"] is None:
+                name = f"shard-{len(shards):05d}.bin"
+                state.update(handle=open(os.path.join(folder, name + ".tmp"), "wb"),
+                             digest=hashlib.sha256(), count=0, max=-1)
+            take = min(ids.size - done, shard_tokens - state["count"])
+            piece = ids[done:done + take]
+            low, high = int(piece.min()), int(piece.max())
+            if low < 0 or high > limit:
+                raise ValueError(f"token ids in [{low}, {high}] do not fit {dtype}.")
+            data = piece.astype(dtype).tobytes()
+            state["handle"].write(data)
+            state["digest"].update(data)
+            state["count"] += take
+            state["max"] = max(state["max"], high)
+            max_id = max(max_id, high)
+            done += take
+            if state["count"] >= shard_tokens:
+                if done == ids.size:
+                    close_shard({"cursor": after, "skip": 0})
+                else:
+                    close_shard({"cursor": before, "skip": base + done})
+        before = after
+    if state["handle"] is not None:
+        close_shard({"cursor": before, "skip": 0})
+    meter.update(0, 0, force=True)
+    total = sum(s["tokens"] for s in shards)
+    # Where to resume depends on how the source was chunked: not part of
+    # the finished split, which depends only on its tokens.
+    listed = [{k: v for k, v in s.items() if k != "resume"} for s in shards]
+    _write_json(index_path, {"format": FORMAT, "key": key, "dtype": dtype,
+                             "num_tokens": total, "max_id": max_id, "shards": listed})
+    if os.path.exists(progress_path):
+        os.remove(progress_path)
+    return ShardedTokens(folder)

@@ -1,0 +1,230 @@
+"""Vocabularies counted over a corpus larger than memory.
+
+`keras_txl.tokenizers.build_tokenizer(kind, texts)` needs the training text
+as strings. `build_streaming_tokenizer(kind, chunks, **options)` takes an
+iterable of text chunks instead (`CorpusSource.chunks`), keeps only the
+count table (one entry per distinct word or character, never the text),
+and builds the same tokenizer: the `word` and `char` vocabularies follow
+the tokenizers' own rule (special tokens, then tokens by decreasing count,
+ties in order of first appearance; `max_size` counts the specials,
+`min_freq` drops rare ones), tested equal to `build_tokenizer`'s.
+
+`sentencepiece` and `wordpiece` train on text: they get the first
+`sample_bytes` of it (all of it for a corpus smaller than that).
+`byte` has nothing to count.
+"""
+
+import logging
+import numbers
+
+from keras_txl import tokenizers
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_SAMPLE_BYTES",
+    "build_streaming_tokenizer",
+    "count_tokens",
+    "read_vocabulary_file",
+    "select_vocabulary",
+]
+
+# The tokenizers' special tokens (constants there today; kept here too so
+# that a rewrite of keras_txl/tokenizers.py that drops them changes nothing).
+EOS_TOKEN = getattr(tokenizers, "EOS_TOKEN", "<eos>")
+UNK_TOKEN = getattr(tokenizers, "UNK_TOKEN", "<unk>")
+
+# Text the subword trainers see at most.
+DEFAULT_SAMPLE_BYTES = 256 << 20
+_LOG_EVERY_BYTES = 256 << 20
+
+
+def count_tokens(kind, chunks, *, lower_case=False):
+    """Counts words (`kind="word"`) or characters (`"char"`) over chunks.
+
+    Args:
+        kind: str. `"word"` (whitespace-split, as `WordTokenizer`) or
+            `"char"` (Unicode characters, as `CharTokenizer`).
+        chunks: iterable of str. The text, in order, in pieces that end
+            after a newline or at a word boundary.
+        lower_case: bool. `word` only: count lower-cased words.
+
+    Returns:
+        A dict token -> count in order of first appearance.
+    """
+    import tensorflow as tf
+    import tensorflow_text as tf_text
+
+    if kind not in ("word", "char"):
+        raise ValueError(f"`kind` must be 'word' or 'char'. Received: kind={kind!r}.")
+    splitter = (tf_text.WhitespaceTokenizer() if kind == "word"
+                else tf_text.UnicodeCharTokenizer())
+    counts: dict = {}
+    seen = next_log = 0
+    for text in chunks:
+        data = text.encode("utf-8", "replace")
+        if kind == "word":
+            lines = tf.strings.split(tf.constant(data), sep="\n")
+            if lower_case:
+                lines = tf.strings.lower(lines, encoding="utf-8")
+            values = splitter.tokenize(lines).flat_values
+        else:
+            values = splitter.tokenize(data)
+        unique, _, number = tf.unique_with_counts(values)
+        for token, n in zip(unique.numpy().tolist(), number.numpy().tolist()):
+            counts[token] = counts.get(token, 0) + n
+        seen += len(data)
+        if seen >= next_log:
+            logger.info("vocabulary: %.0f MB counted, %d distinct %ss",
+                        seen / 1e6, len(counts), kind)
+            next_log = seen + _LOG_EVERY_BYTES
+    if kind == "word":
+        return {token.decode("utf-8"): n for token, n in counts.items()}
+    return {chr(point): n for point, n in counts.items()}
+
+
+def select_vocabulary(specials, counts, *, max_size=None, min_freq=1):
+    """`specials`, then the tokens of `counts` by decreasing count (ties:
+    first appearance), at most `max_size` in all, each seen `min_freq`
+    times or more."""
+    if max_size is not None and (
+        isinstance(max_size, bool)
+        or not isinstance(max_size, numbers.Integral)
+        or max_size <= len(specials)
+    ):
+        raise ValueError(
+            "`max_size` (--vocab-size) is the total vocabulary size including "
+            f"the special tokens {specials}, so it must be an integer > "
+            f"{len(specials)}. Received: max_size={max_size!r}."
+        )
+    if isinstance(min_freq, bool) or not isinstance(min_freq, numbers.Integral) or min_freq < 1:
+        raise ValueError(
+            f"`min_freq` (--min-freq) must be a positive integer. Received: min_freq={min_freq!r}."
+        )
+    vocabulary = list(specials)
+    special = set(specials)
+    for token in sorted(counts, key=counts.get, reverse=True):  # stable: ties keep order
+        if max_size is not None and len(vocabulary) >= max_size:
+            break
+        if counts[token] < min_freq:
+            break
+        if token not in special:
+            vocabulary.append(token)
+    return vocabulary
+
+
+def read_vocabulary_file(path):
+    """Tokens of a vocabulary file, one per line (the first field of each
+    line, as the reference `Vocab` reads `1b_word_vocab.txt`), in bounded
+    memory besides the vocabulary itself."""
+    tokens = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                fields = line.split()
+                if fields:
+                    tokens.append(fields[0])
+    except OSError as error:
+        raise ValueError(
+            f"--vocabulary-file {path!r} cannot be read ({error.strerror or error})."
+        ) from None
+    if not tokens:
+        raise ValueError(f"--vocabulary-file {path!r} holds no tokens.")
+    return tokens
+
+
+def _word_from_file(path, options):
+    vocabulary = read_vocabulary_file(path)
+    double_eos = bool(options.get("double_eos", False))
+    # The official LM1B vocabulary: <S> ends (and starts) every sentence,
+    # <UNK> is the unknown word.
+    if "<S>" in vocabulary and "<UNK>" in vocabulary:
+        eos, unk = "<S>", "<UNK>"
+    else:
+        eos = options.get("eos_token", EOS_TOKEN)
+        unk = options.get("unk_token", UNK_TOKEN)
+    return tokenizers.WordTokenizer(
+        vocabulary, add_eos=options.get("add_eos", True),
+        lower_case=options.get("lower_case", False), unk_token=unk,
+        eos_token=eos, double_eos=double_eos)
+
+
+_WORD_FIT = ("max_size", "min_freq", "add_eos", "lower_case", "unk_token", "eos_token")
+_CHAR_FIT = ("max_size", "min_freq", "unk_token")
+
+
+def build_streaming_tokenizer(kind, chunks, *, sample_bytes=DEFAULT_SAMPLE_BYTES, **options):
+    """Builds a tokenizer from text chunks in bounded memory.
+
+    Args:
+        kind: str. `"word"`, `"char"`, `"byte"`, `"sentencepiece"` or
+            `"wordpiece"`.
+        chunks: iterable of str (consumed once; not read for `byte` or a
+            `vocabulary_file`).
+        sample_bytes: int. Subword kinds: train on at most this many bytes.
+        **options: the kind's `fit` options (`max_size`, `min_freq`,
+            `lower_case`, `add_eos`, `vocabulary_size`, ...), plus
+            `double_eos` and `vocabulary_file` for `word`.
+
+    Returns:
+        A `keras_txl.tokenizers` tokenizer, as `build_tokenizer` would
+        build it on the concatenated chunks.
+    """
+    options = dict(options)
+    if kind == "byte":
+        return tokenizers.build_tokenizer("byte")
+    if kind == "word":
+        vocabulary_file = options.pop("vocabulary_file", None)
+        double_eos = options.pop("double_eos", False)
+        if vocabulary_file:
+            return _word_from_file(vocabulary_file, {**options, "double_eos": double_eos})
+        unknown = sorted(set(options) - set(_WORD_FIT))
+        if unknown:
+            raise ValueError(f"tokenizer kind 'word' does not take the option(s) "
+                             f"{unknown}. Valid options: {list(_WORD_FIT)}.")
+        add_eos = options.get("add_eos", True)
+        unk = options.get("unk_token", UNK_TOKEN)
+        eos = options.get("eos_token", EOS_TOKEN)
+        counts = count_tokens("word", chunks, lower_case=options.get("lower_case", False))
+        if not counts:
+            raise ValueError("the vocabulary splits hold no words to build a vocabulary from.")
+        vocabulary = select_vocabulary(
+            [eos, unk] if add_eos else [unk], counts,
+            max_size=options.get("max_size"), min_freq=options.get("min_freq", 1))
+        logger.info("word vocabulary: %d distinct words, %d tokens kept",
+                    len(counts), len(vocabulary))
+        return tokenizers.WordTokenizer(
+            vocabulary, add_eos=add_eos, lower_case=options.get("lower_case", False),
+            unk_token=unk, eos_token=eos, double_eos=double_eos)
+    if kind == "char":
+        if options.get("vocabulary_file"):
+            vocabulary = read_vocabulary_file(options.pop("vocabulary_file"))
+            return tokenizers.CharTokenizer(vocabulary, unk_token=options.get(
+                "unk_token", UNK_TOKEN))
+        unknown = sorted(set(options) - set(_CHAR_FIT))
+        if unknown:
+            raise ValueError(f"tokenizer kind 'char' does not take the option(s) "
+                             f"{unknown}. Valid options: {list(_CHAR_FIT)}.")
+        unk = options.get("unk_token", UNK_TOKEN)
+        counts = count_tokens("char", chunks)
+        if not counts or all(not c.strip() for c in counts):
+            raise ValueError("the vocabulary splits hold no text to build a vocabulary from.")
+        vocabulary = select_vocabulary([unk], counts, max_size=options.get("max_size"),
+                                       min_freq=options.get("min_freq", 1))
+        logger.info("char vocabulary: %d characters seen, %d kept",
+                    len(counts), len(vocabulary) - 1)
+        return tokenizers.CharTokenizer(vocabulary, unk_token=unk)
+    if kind in ("sentencepiece", "wordpiece"):
+        pieces, size = [], 0
+        for text in chunks:
+            pieces.append(text)
+            size += len(text.encode("utf-8", "replace"))
+            if size >= sample_bytes:
+                logger.warning("%s: training on the first %d MB of the vocabulary "
+                               "splits (sample_bytes)", kind, size // 10**6)
+                break
+        return tokenizers.build_tokenizer(kind, ["".join(pieces)], **options)
+    raise ValueError(
+        "`kind` must be one of 'char', 'byte', 'word', 'sentencepiece', "
+        f"'wordpiece'. Received: kind={kind!r}."
+    )

@@ -262,3 +262,21 @@ def test_jit_is_left_off_under_mirrored_on_cpu_with_the_warning(caplog):
                           mirrored_strategy(), verbose=False)
     assert trainer.jit_scope == "none"
     assert "jit_compile is not used under MirroredStrategy on CPU" in caplog.text
+
+
+def test_mirrored_mixed_float16_first_steps_equal_the_default_strategy():
+    # The scaler's apply under MirroredStrategy (Keras merges to cross-replica
+    # context to decide the skip) with the loop's sum-then-clip: the same
+    # losses as one device, an overflowing first step skipped on both.
+    from testing import mirrored_strategy
+
+    tokens = corpus()
+    cfg = train_config(steps=3, precision="mixed_float16", initial_loss_scale=2.0**19)
+    default = Trainer(model_config(), cfg, default_strategy(), verbose=False)
+    one = default.train(tokens)
+    two = Trainer(model_config(), cfg, mirrored_strategy(), verbose=False)
+    losses = two.train(tokens)
+    np.testing.assert_allclose(losses, one, rtol=1e-5)
+    assert two.loss_scale_skips == default.loss_scale_skips >= 1
+    assert float(two.optimizer.dynamic_scale.numpy()) == float(
+        default.optimizer.dynamic_scale.numpy())

@@ -89,6 +89,16 @@ def test_fit_mixed_float16_wraps_fused_adam_and_trains_close_to_float32():
     # Keras logs the per-epoch mean of the unscaled loss.
     np.testing.assert_allclose(f16.history["loss"], f32.history["loss"],
                                rtol=FLOAT16_RTOL)
+    # And Keras' train step does scale the loss: at 2**22 the float16
+    # gradients overflow (they fit from 2**18 here), the first updates are
+    # skipped and the scale halves each time.
+    model, _ = train_with_fit(
+        model_config(), train_config(loop="fit", steps=4, precision="mixed_float16",
+                                     initial_loss_scale=2.0**22),
+        default_strategy(), tokens, verbose=0)
+    applied = int(model.optimizer.iterations.numpy())
+    assert applied < 4
+    assert float(model.optimizer.dynamic_scale.numpy()) == 2.0 ** (22 - (4 - applied))
 
 
 def test_loss_scale_optimizer_clips_the_unscaled_gradients():

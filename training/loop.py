@@ -10,6 +10,12 @@ Exactness across strategies: gradients are summed over replicas first,
 then clipped by their global norm (the paper's 0.25), then applied, so a
 step on R replicas equals a step on one device with the same global batch.
 
+mixed_float16: the loss is scaled and the gradients handed to Keras'
+`LossScaleOptimizer`, which unscales them, skips the update when they
+overflowed and adjusts the scale. Such a skip is normal, not a bad step for
+the non-finite guard (`on_non_finite`), which still acts on a non-finite
+loss and leaves the loss scale as it was before the step it handles.
+
 Shape legend: B global batch, b = B / R per-replica batch, T segment,
 L layers, M memory, D hidden_dim.
 """

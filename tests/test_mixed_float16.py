@@ -290,3 +290,62 @@ def test_mirrored_mixed_float16_first_steps_equal_the_default_strategy():
     assert two.loss_scale_skips == default.loss_scale_skips >= 1
     assert float(two.optimizer.dynamic_scale.numpy()) == float(
         default.optimizer.dynamic_scale.numpy())
+
+
+def test_skip_mode_bad_steps_leave_the_loss_scale_alone():
+    trainer = Trainer(model_config(),
+                      train_config(precision="mixed_float16", steps=4, on_non_finite="skip"),
+                      default_strategy(), verbose=False)
+    trainer.train(corpus(), steps=2)
+    before = [v.numpy() for v in trainer.optimizer.variables]
+    kernel = trainer.model.backbone.blocks[0].output_dense.kernel
+    kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+    losses = trainer.train(corpus())
+    assert np.isnan(losses).all() and len(losses) == 2
+    # The scaler skipped both updates (NaN gradients) and its scale and
+    # counter were put back: the optimizer state is as before the bad steps.
+    for a, b in zip(before, trainer.optimizer.variables):
+        np.testing.assert_array_equal(a, b.numpy())
+    assert trainer.loss_scale_skips == 0
+
+
+def test_overflow_counts_as_a_bad_step_only_once_the_scale_is_at_most_one():
+    trainer = Trainer(model_config(), train_config(precision="mixed_float16"),
+                      default_strategy(), verbose=False)
+    inf, nan = float("inf"), float("nan")
+    assert not trainer._is_bad_step(3.0, inf, (32768.0, 0))  # the scaler's business
+    assert trainer._is_bad_step(3.0, inf, (1.0, 0))
+    assert trainer._is_bad_step(nan, inf, (32768.0, 0))
+    assert trainer._is_bad_step(3.0, inf, None)  # no loss scaling (float32)
+    assert not trainer._is_bad_step(3.0, 0.5, (32768.0, 0))
+
+
+def load_gpu_benchmark():
+    import importlib.util
+
+    from testing import REPO
+
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", REPO / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_benchmark_peaks_precisions_and_arguments():
+    gpu = load_gpu_benchmark()
+    assert gpu.lookup_peaks("NVIDIA H100 80GB HBM3")["matched"] == "H100"
+    assert gpu.lookup_peaks("NVIDIA A100-SXM4-80GB")["matched"] == "A100"
+    assert gpu.lookup_peaks("NVIDIA A10G")["matched"] == "A10"
+    v100 = gpu.lookup_peaks("Tesla V100-SXM2-16GB")
+    assert v100["float16"] == 125.0 and v100["bfloat16"] is None
+    assert gpu.lookup_peaks("some other accelerator") is None
+    assert [gpu.peak_dtype(p, False) for p in gpu.PRECISIONS] == [
+        "float32", "bfloat16", "float16"]
+    assert gpu.peak_dtype("float32", True) == "tf32"
+    args = gpu.parse([])
+    assert args.precisions == list(gpu.PRECISIONS) and args.batch == 60
+    with pytest.raises(SystemExit):
+        gpu.parse(["--precision", "float32,float8"])
+    with pytest.raises(SystemExit):
+        gpu.parse(["--allow-cpu"])  # wt103_base on a CPU: refused
+    assert gpu.parse(["--allow-cpu", "--preset", "tiny"]).allow_cpu

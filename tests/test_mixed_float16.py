@@ -349,3 +349,18 @@ def test_gpu_benchmark_peaks_precisions_and_arguments():
     with pytest.raises(SystemExit):
         gpu.parse(["--allow-cpu"])  # wt103_base on a CPU: refused
     assert gpu.parse(["--allow-cpu", "--preset", "tiny"]).allow_cpu
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_a_mixed_precision_model_evaluates_with_other_settings(precision):
+    # evaluate(memory_length=...) copies the model under the float32 global
+    # policy: the copy's dropout sublayers must follow the copy's policy (they
+    # did not, and their float32 output met float16 hidden states).
+    from keras_txl.training.loop import evaluate
+
+    trainer = Trainer(model_config(), train_config(precision=precision, steps=2),
+                      default_strategy(), verbose=False)
+    trainer.train(corpus())
+    same = evaluate(trainer.model, corpus(200))
+    shorter = evaluate(trainer.model, corpus(200), memory_length=4)
+    assert np.isfinite([same["loss"], shorter["loss"]]).all()

@@ -260,6 +260,10 @@ class Trainer:
                 # moments stay as they were), and the memory starts afresh.
                 finite_loss = tf.math.is_finite(total_loss)
                 nan = tf.constant(float("nan"))
+                # An infinite norm makes the clip factor 0, and 0 * a large
+                # finite gradient is 0: keep the overflow visible to the
+                # scaler (its check is on the gradients it receives).
+                scale = tf.where(tf.math.is_finite(norm), scale, nan)
                 grads, new_memory = tf.cond(
                     finite_loss,
                     lambda: ([g * scale for g in grads], new_memory),

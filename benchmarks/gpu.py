@@ -1,31 +1,40 @@
 """One-GPU throughput of keras-txl and the PyTorch reference (eager and torch.compile).
 
 A GPU-sized configuration (default: the `wt103_base` preset, 16 layers, d 410, adaptive
-softmax over 267,735 words, batch 60, T = M = 150, dropout 0.1), three runs, each in a
+softmax over 267,735 words, batch 60, T = M = 150, dropout 0.1), three frameworks at each
+precision of `--precision` (default float32, mixed_bfloat16, mixed_float16), each run in a
 fresh process, alternating for `--rounds` rounds:
 
 - keras-txl: the library's own training step (`keras_txl.training.loop.Trainer`, memory
-  carried as loop state, Adam, clip 0.25) and evaluation step (`make_eval_step`, the memory
-  carried as its key/value cache), as `benchmarks/throughput.py` does on the CPU;
+  carried as loop state, Adam, clip 0.25; mixed_float16 with Keras' LossScaleOptimizer)
+  and evaluation step (`make_eval_step`, the memory carried as its key/value cache), as
+  `benchmarks/throughput.py` does on the CPU;
 - the reference, Hugging Face `TransfoXLLMHeadModel` on `cuda`, eager; the protocol of
   `shared/bench/bench_hf_torch.py` (forward with labels and memory, backward, Adam;
-  evaluation without grad, memory carried), bf16 through `torch.autocast`;
+  evaluation without grad, memory carried), mixed precisions through `torch.autocast`
+  (float16 with `torch.amp.GradScaler`);
 - the same under `torch.compile` (compile time in the warm-up steps, reported apart).
 
-Reported per run: training and evaluation tokens/s (summed timed steps and median step),
-MFU = model FLOPs / (time x the GPU's dense peak of the precision used: bf16, or fp32 /
-TF32 for float32 with `--tf32`) and peak GPU memory (TensorFlow's allocator peak;
-`torch.cuda.max_memory_allocated`). Model FLOPs per token: the matmuls of one forward pass
-(x3 for training), the adaptive softmax counted as the work the targets need (the head
-for every token, a tail cluster only for the targets in it). The tokens follow a Zipf law
-over the vocabulary (`--data uniform` for uniform), the same tokens for all runs.
+Reported per run (one JSON line each, then a summary JSON line and a table on stderr that
+names the GPU and the host): training and evaluation tokens/s (summed timed steps and
+median step), MFU = model FLOPs / (time x the GPU's dense data-sheet peak of the precision
+used: bf16, fp16, or fp32 / TF32 for float32 with `--tf32`), MFU against the matmul rate
+measured in the run's process (an 8192^3 matmul in its dtype) and peak GPU memory
+(TensorFlow's allocator peak; `torch.cuda.max_memory_allocated`). Model FLOPs per token:
+the matmuls of one forward pass (x3 for training), the adaptive softmax counted as the
+work the targets need (the head for every token, a tail cluster only for the targets in
+it). The tokens follow a Zipf law over the vocabulary (`--data uniform` for uniform), the
+same tokens for all runs.
 
-The peaks come from the device name (H100 SXM / PCIe / NVL, H200, A100), or
-`--peak-tflops`. With no GPU visible the script stops with a message and exit status 3
-(`--dry-run` prints the resolved plan without a GPU).
+The peaks come from the device name (H100 SXM / PCIe / NVL, H200, A100, A10, V100, T4),
+or `--peak-tflops`. With no GPU visible the script stops with a message and exit status
+3; `--dry-run` prints the resolved plan without a GPU, and `--allow-cpu --preset tiny`
+runs every child on the CPU (the same code; a smoke test, not a benchmark; the
+reference's mixed-precision runs are left out there: its adaptive softmax fails under
+CPU autocast).
 
     python benchmarks/gpu.py --peer-python ../peer-venv-cuda/bin/python
-        [--precision mixed_bfloat16|float32] [--tf32] [--rounds 3]
+        [--precision float32,mixed_bfloat16,mixed_float16] [--tf32] [--jit] [--rounds 3]
         [--preset wt103_base --batch 60 --segment 150 --memory 150]
         [--frameworks keras,torch-eager,torch-compiled] [--peak-tflops 989]
 
@@ -52,15 +61,23 @@ REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "bench_hf_torch.py")
 FRAMEWORKS = ("keras", "torch-eager", "torch-compiled")
 EXIT_NO_GPU = 3  # apart from argparse's 2
 
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
 # Dense (no sparsity) peaks in TFLOP/s from NVIDIA's data sheets; "tf32" is float32 on
-# the tensor cores, "float32" the plain FP32 units. Matched on the device name, in order.
+# the tensor cores, "float32" the plain FP32 units; "float16" is the fp16 tensor-core
+# rate (equal to bf16's from Ampere on; Volta and Turing have no bf16: None). Matched on
+# the device name, in order ("A100" before "A10").
 GPU_PEAKS = (
-    ("H200 NVL", {"bfloat16": 835.5, "tf32": 417.5, "float32": 60.0}),
-    ("H200", {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9}),  # SXM
-    ("H100 NVL", {"bfloat16": 835.5, "tf32": 417.5, "float32": 60.0}),
-    ("H100 PCIE", {"bfloat16": 756.5, "tf32": 378.0, "float32": 51.2}),
-    ("H100", {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9}),  # SXM (HBM3)
-    ("A100", {"bfloat16": 312.0, "tf32": 156.0, "float32": 19.5}),
+    ("H200 NVL", {"bfloat16": 835.5, "float16": 835.5, "tf32": 417.5, "float32": 60.0}),
+    ("H200", {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9}),  # SXM
+    ("H100 NVL", {"bfloat16": 835.5, "float16": 835.5, "tf32": 417.5, "float32": 60.0}),
+    ("H100 PCIE", {"bfloat16": 756.5, "float16": 756.5, "tf32": 378.0, "float32": 51.2}),
+    ("H100", {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7,
+              "float32": 66.9}),  # SXM (HBM3)
+    ("A100", {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5}),
+    ("A10", {"bfloat16": 125.0, "float16": 125.0, "tf32": 62.5, "float32": 31.2}),
+    ("V100", {"bfloat16": None, "float16": 125.0, "tf32": None, "float32": 15.7}),  # SXM2
+    ("T4", {"bfloat16": None, "float16": 65.0, "tf32": None, "float32": 8.1}),
 )
 
 
@@ -74,7 +91,33 @@ def lookup_peaks(device_name):
 
 
 def peak_dtype(precision, tf32):
-    return "bfloat16" if precision == "mixed_bfloat16" else ("tf32" if tf32 else "float32")
+    """The peak a run is measured against: its matmuls' dtype."""
+    if precision == "mixed_bfloat16":
+        return "bfloat16"
+    if precision == "mixed_float16":
+        return "float16"
+    return "tf32" if tf32 else "float32"
+
+
+def matmul_dtype(dtype):
+    """The dtype a measured matmul peak multiplies in (tf32 is float32 on tensor cores)."""
+    return "float32" if dtype == "tf32" else dtype
+
+
+def torch_cuda_matmul_tflops(torch, dtype, n=8192, repeats=20):
+    """Measured matmul rate of PyTorch on the GPU (best of 3 bursts), TFLOP/s."""
+    kind = getattr(torch, dtype)
+    a = torch.randn(n, n, device="cuda").to(kind)
+    b = torch.randn(n, n, device="cuda").to(kind)
+    best = 0.0
+    for _ in range(4):  # the first burst warms up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+        best = max(best, 2 * n**3 * repeats / (time.perf_counter() - t0) / 1e12)
+    return best
 
 
 def list_gpus():
@@ -219,6 +262,14 @@ def child_keras(args, cfg, data):
     device = "GPU:0" if gpus else None
     memory_mb = (lambda: tf.config.experimental.get_memory_info(device)["peak"] / 2**20) \
         if device else (lambda: None)
+    from hostinfo import tf_matmul_peak_gflops
+
+    # The matmul rate this GPU reaches in this run's dtype (tiny on a CPU smoke run).
+    matmul_tflops = tf_matmul_peak_gflops(
+        tf, n=8192 if gpus else 256, repeats=20 if gpus else 2,
+        dtype=matmul_dtype(peak_dtype(args.precision, args.tf32))) / 1e3
+    if device:
+        tf.config.experimental.reset_memory_stats(device)
     B, T = args.batch, cfg["segment_length"]
     steps = args.warmup + args.timed
     train_config = TrainConfig(batch_size=B, learning_rate=2.5e-4, warmup_steps=0, steps=steps,
@@ -248,7 +299,10 @@ def child_keras(args, cfg, data):
         nll, cache = eval_step(x, y, cache)
         nll.numpy()
         eval_times.append(time.perf_counter() - t0)
-    result = dict(framework="keras-txl", tensorflow=tf.__version__,
+    scaler = trainer.loss_scaler
+    result = dict(framework="keras-txl", precision=args.precision, tensorflow=tf.__version__,
+                  matmul_tflops_measured=round(matmul_tflops, 3),
+                  loss_scale_final=(float(scaler.dynamic_scale.numpy()) if scaler else None),
                   device=(tf.config.experimental.get_device_details(gpus[0]).get("device_name")
                           if gpus else "cpu"),
                   n_params=model.count_params(), train_loss_first_last=[losses[0], losses[-1]],
@@ -286,7 +340,15 @@ def child_torch(args, cfg, data, compiled):
     eager = TransfoXLLMHeadModel(TransfoXLConfig(**hf_config(cfg))).to(device)
     n_params = sum(p.numel() for p in eager.parameters())
     model = torch.compile(eager) if compiled else eager
-    bf16 = args.precision == "mixed_bfloat16"
+    autocast_dtype = {"mixed_bfloat16": torch.bfloat16,
+                      "mixed_float16": torch.float16}.get(args.precision)
+    mixed = autocast_dtype is not None
+    # float16: dynamic loss scaling, as keras-txl's LossScaleOptimizer.
+    scaler = torch.amp.GradScaler(device, enabled=args.precision == "mixed_float16")
+    matmul_tflops = (torch_cuda_matmul_tflops(
+        torch, matmul_dtype(peak_dtype(args.precision, args.tf32))) if cuda else None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     B, T = args.batch, cfg["segment_length"]
     steps = args.warmup + args.timed
     ids = torch.from_numpy(data.astype("int64")).to(device)
@@ -306,10 +368,11 @@ def child_torch(args, cfg, data, compiled):
         sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device, dtype=autocast_dtype, enabled=mixed):
             out = model(input_ids=x, labels=x, mems=mems)
-        out.loss.backward()
-        opt.step()
+        scaler.scale(out.loss).backward()
+        scaler.step(opt)
+        scaler.update()
         mems = out.mems
         losses.append(float(out.loss))  # waits for the step
         times.append(time.perf_counter() - t0)
@@ -323,12 +386,14 @@ def child_torch(args, cfg, data, compiled):
             x = ids[:, k * T:(k + 1) * T]
             sync()
             t0 = time.perf_counter()
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(device, dtype=autocast_dtype, enabled=mixed):
                 out = model(input_ids=x, labels=x, mems=mems)
             mems = out.mems
             sync()
             eval_times.append(time.perf_counter() - t0)
-    result = dict(framework="torch", torch=torch.__version__,
+    result = dict(framework="torch", precision=args.precision, torch=torch.__version__,
+                  matmul_tflops_measured=(round(matmul_tflops, 3) if matmul_tflops else None),
+                  loss_scale_final=(float(scaler.get_scale()) if scaler.is_enabled() else None),
                   transformers=transformers.__version__, compiled=compiled, pos_seq_shim=shim,
                   device=torch.cuda.get_device_name(0) if cuda else "cpu", n_params=n_params,
                   train_loss_first_last=[losses[0], losses[-1]],
@@ -353,8 +418,10 @@ def parse(argv):
     parser.add_argument("--batch", type=int, default=60)
     parser.add_argument("--segment", type=int, default=150, help="T")
     parser.add_argument("--memory", type=int, default=150, help="M")
-    parser.add_argument("--precision", default="mixed_bfloat16",
-                        choices=["mixed_bfloat16", "float32"])
+    parser.add_argument("--precision", default=",".join(PRECISIONS),
+                        help=f"comma-separated, of {', '.join(PRECISIONS)}: each framework "
+                             "runs at each (mixed_float16 with dynamic loss scaling: Keras' "
+                             "LossScaleOptimizer, torch's GradScaler)")
     parser.add_argument("--tf32", action="store_true",
                         help="float32 matmuls on the tensor cores (TF32) in both frameworks; "
                              "MFU then against the TF32 peak")
@@ -368,41 +435,63 @@ def parse(argv):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data", choices=["zipf", "uniform"], default="zipf")
     parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="dense peak of the precision used, TFLOP/s (default: looked up "
-                             "from the device name)")
+                        help="dense peak TFLOP/s for every precision (default: looked up "
+                             "per precision from the device name)")
     parser.add_argument("--device-name", default=None,
                         help="with --dry-run: the GPU whose peaks to look up")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved plan (config, FLOPs, peaks) and exit; no GPU")
-    # For testing the children's code on a CPU, tiny configs only: not a benchmark.
-    parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="run the children on a CPU host, with --preset tiny or "
+                             "char_small only: proves the script end to end (the same code "
+                             "as on a GPU); its figures are not a benchmark")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--data-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
-    unknown = sorted(set(frameworks) - set(FRAMEWORKS))
-    if unknown or not frameworks:
-        parser.error(f"--frameworks: unknown {unknown}; choose from {', '.join(FRAMEWORKS)}")
-    args.frameworks = frameworks
+
+    def listed(flag, text, allowed):
+        items = [f.strip() for f in text.split(",") if f.strip()]
+        unknown = sorted(set(items) - set(allowed))
+        if unknown or not items:
+            parser.error(f"{flag}: unknown {unknown or text!r}; choose from "
+                         f"{', '.join(allowed)}")
+        return list(dict.fromkeys(items))
+
+    args.frameworks = listed("--frameworks", args.frameworks, FRAMEWORKS)
+    args.precisions = listed("--precision", args.precision, PRECISIONS)
+    args.precision = args.precisions[0]  # a child runs one
+    if args.child and len(args.precisions) != 1:
+        parser.error("--child runs one --precision")
     minimum = dict(batch=1, segment=1, memory=0, warmup=2, timed=1, rounds=1)
     for name, least in minimum.items():
         if getattr(args, name) < least:
             parser.error(f"--{name} must be >= {least}")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error("--peak-tflops must be > 0")
+    if args.allow_cpu and args.preset not in CPU_PRESETS:
+        parser.error(f"--allow-cpu runs a CPU smoke test of --preset {' or '.join(CPU_PRESETS)}"
+                     f" only, received --preset {args.preset}")
     return args
 
 
-def run_child(python, framework, argv, data_file):
-    command = [python, os.path.abspath(__file__), *argv, "--child", framework,
-               "--data-file", data_file]
+CPU_PRESETS = ("tiny", "char_small")
+
+
+def run_child(python, framework, precision, argv, data_file):
+    command = [python, os.path.abspath(__file__), *argv, "--precision", precision,
+               "--child", framework, "--data-file", data_file]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode == EXIT_NO_GPU:
         sys.stderr.write(out.stderr)
         sys.exit(EXIT_NO_GPU)
     if out.returncode:
-        raise RuntimeError(f"{framework} exited with {out.returncode}:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{framework} {precision} exited with {out.returncode}:\n"
+                           f"{out.stderr[-3000:]}")
     return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def run_label(framework, precision):
+    return f"{framework} {precision}"
 
 
 def main(argv=None):
@@ -422,18 +511,19 @@ def main(argv=None):
 
     from hostinfo import host_block
 
-    dtype = peak_dtype(args.precision, args.tf32)
+    dtypes = {p: peak_dtype(p, args.tf32) for p in args.precisions}
     steps = args.warmup + args.timed
     gpus = [] if args.dry_run else list_gpus()
     device_name = args.device_name if args.dry_run else (gpus[0]["name"] if gpus else None)
     peaks = lookup_peaks(device_name)
-    peak = args.peak_tflops or (peaks or {}).get(dtype)
+    peak = {p: args.peak_tflops or (peaks or {}).get(d) for p, d in dtypes.items()}
     plan = {"bench": "gpu", "preset": args.preset, "batch": args.batch, "config": cfg,
-            "hf_config": hf_config(cfg), "precision": args.precision, "tf32": args.tf32,
-            "peak_dtype": dtype, "device": device_name, "peaks_tflops": peaks,
+            "hf_config": hf_config(cfg), "precisions": args.precisions, "tf32": args.tf32,
+            "peak_dtype": dtypes, "device": device_name, "peaks_tflops": peaks,
             "peak_tflops_used": peak, "frameworks": args.frameworks, "rounds": args.rounds,
             "warmup_steps": args.warmup, "timed_steps": args.timed, "data": args.data,
-            "peer_python": args.peer_python, "jit_compile": args.jit}
+            "peer_python": args.peer_python, "jit_compile": args.jit,
+            "cpu_smoke_test": bool(args.allow_cpu and not gpus)}
     if args.dry_run:
         data = make_tokens(cfg, args.batch, steps, args.data)
         fractions = cluster_fractions(cfg, data[:, 1:])
@@ -445,15 +535,28 @@ def main(argv=None):
     if not gpus and not args.allow_cpu:
         refuse("no GPU visible (nvidia-smi is missing or lists no GPU, or "
                "CUDA_VISIBLE_DEVICES hides them).")
-    if peak is None and gpus:
-        print(f"gpu.py: no peak known for {device_name!r}; MFU is left out (give "
-              "--peak-tflops)", file=sys.stderr)
+    missing = [p for p, value in peak.items() if value is None]
+    if missing and gpus:
+        print(f"gpu.py: no data-sheet peak known for {device_name!r} at {missing}; MFU "
+              "against the data sheet is left out there (give --peak-tflops); MFU against "
+              "the measured matmul rate is reported", file=sys.stderr)
     data = make_tokens(cfg, args.batch, steps, args.data)
     fractions = cluster_fractions(cfg, data[:, 1:])
     flops = forward_flops_per_token(cfg, fractions)
     pythons = {"keras": sys.executable, "torch-eager": args.peer_python,
                "torch-compiled": args.peer_python}
-    runs = {f: [] for f in args.frameworks}
+    runs = {(f, p): [] for p in args.precisions for f in args.frameworks}
+    skipped = []
+    if not gpus:
+        # CPU smoke test: Hugging Face's TransfoXL head fails under CPU autocast
+        # ("Index put requires the source and destination dtypes match"): the reference
+        # runs in float32 there (on a GPU, autocast keeps its log-softmax in float32).
+        skipped = [run_label(*k) for k in runs if k[0] != "keras" and k[1] != "float32"]
+        runs = {k: v for k, v in runs.items() if run_label(*k) not in skipped}
+        if skipped:
+            print(f"gpu.py: CPU smoke test, not run: {', '.join(skipped)} (the reference's "
+                  "adaptive softmax fails under CPU autocast)", file=sys.stderr)
+    plan["skipped_runs"] = skipped
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         data_file = os.path.join(tmp, "tokens.npy")
@@ -461,54 +564,81 @@ def main(argv=None):
 
         np.save(data_file, data)
         for round_index in range(args.rounds):
-            for framework in args.frameworks:
-                result = run_child(pythons[framework], framework, argv, data_file)
-                runs[framework].append(result)
-                print(f"round {round_index + 1}/{args.rounds} {framework}: train "
+            for framework, precision in runs:
+                result = run_child(pythons[framework], framework, precision, argv, data_file)
+                runs[framework, precision].append(result)
+                # One JSON line per run, as it finishes.
+                print(json.dumps({"bench": "gpu", "run": run_label(framework, precision),
+                                  "round": round_index + 1, **result}), flush=True)
+                print(f"round {round_index + 1}/{args.rounds} "
+                      f"{run_label(framework, precision)}: train "
                       f"{result['train_tokens_per_s']} tok/s, eval {result['eval_tokens_per_s']}"
                       f" tok/s, memory {result['train_peak_memory_mb']} / "
                       f"{result['eval_peak_memory_mb']} MB", file=sys.stderr)
     keys = ("train_tokens_per_s", "train_tokens_per_s_from_median_step", "eval_tokens_per_s",
             "eval_tokens_per_s_from_median_step", "train_peak_memory_mb", "eval_peak_memory_mb",
-            "train_compile_s", "eval_compile_s")
+            "train_compile_s", "eval_compile_s", "matmul_tflops_measured")
     medians = {}
-    for framework, results in runs.items():
+    for (framework, precision), results in runs.items():
         m = {k: statistics.median(r[k] for r in results) if results[0].get(k) is not None
              else None for k in keys}
-        if peak:
-            m["train_mfu"] = round(3 * flops * m["train_tokens_per_s"] / (peak * 1e12), 4)
-            m["eval_mfu"] = round(flops * m["eval_tokens_per_s"] / (peak * 1e12), 4)
-        medians[framework] = m
+        if peak[precision]:
+            m["train_mfu"] = round(3 * flops * m["train_tokens_per_s"]
+                                   / (peak[precision] * 1e12), 4)
+            m["eval_mfu"] = round(flops * m["eval_tokens_per_s"] / (peak[precision] * 1e12), 4)
+        if m["matmul_tflops_measured"]:
+            measured = m["matmul_tflops_measured"] * 1e12
+            m["train_mfu_vs_measured"] = round(3 * flops * m["train_tokens_per_s"] / measured, 4)
+            m["eval_mfu_vs_measured"] = round(flops * m["eval_tokens_per_s"] / measured, 4)
+        medians[run_label(framework, precision)] = m
     ratios = {}
-    if "keras" in medians:
-        for peer in (f for f in medians if f != "keras"):
-            ratios[peer] = {k: round(medians["keras"][k] / medians[peer][k], 3)
-                            for k in ("train_tokens_per_s", "eval_tokens_per_s",
-                                      "train_peak_memory_mb", "eval_peak_memory_mb")
-                            if medians["keras"][k] and medians[peer][k]}
+    for precision in args.precisions:
+        ours = medians.get(run_label("keras", precision))
+        if not ours:
+            continue
+        for peer in (f for f in args.frameworks if f != "keras"):
+            theirs = medians.get(run_label(peer, precision))
+            if not theirs:
+                continue
+            ratios[run_label(peer, precision)] = {
+                k: round(ours[k] / theirs[k], 3)
+                for k in ("train_tokens_per_s", "eval_tokens_per_s",
+                          "train_peak_memory_mb", "eval_peak_memory_mb")
+                if ours[k] and theirs[k]}
     host = host_block(None)
     host["gpus"] = gpus
     plan.update(host=host, cluster_fractions=[round(f, 4) for f in fractions],
                 forward_gflop_per_token=round(flops / 1e9, 4), medians=medians,
-                ratios_keras_to=ratios, runs=runs, seconds=round(time.time() - started))
+                ratios_keras_to=ratios,
+                runs={run_label(*key): value for key, value in runs.items()},
+                seconds=round(time.time() - started))
     print(json.dumps(plan))
     gpu_text = ", ".join(f"{g['name']} ({g['memory_mib']} MiB, driver {g['driver']})" for g in gpus)
-    print(f"GPU: {gpu_text or 'none'}; peak {peak} TFLOP/s {dtype}; CPU: {host['cpu']}, "
-          f"{host['cores']} cores", file=sys.stderr)
-    print(f"{args.preset}, batch {args.batch}, T {cfg['segment_length']}, M "
-          f"{cfg['memory_length']}, {args.precision}; medians of {args.rounds} rounds",
+    peaks_text = ", ".join(f"{dtypes[p]} {peak[p]}" for p in args.precisions)
+    print(f"GPU: {gpu_text or 'none (CPU smoke test: not a benchmark)'}; data-sheet peaks "
+          f"TFLOP/s: {peaks_text}; CPU: {host['cpu']}, {host['cores']} cores",
           file=sys.stderr)
-    header = ("run", "train tok/s", "eval tok/s", "train MFU", "eval MFU", "train MB", "eval MB",
+    print(f"{args.preset}, batch {args.batch}, T {cfg['segment_length']}, M "
+          f"{cfg['memory_length']}{', XLA' if args.jit else ''}"
+          f"{', TF32' if args.tf32 else ''}; medians of {args.rounds} rounds",
+          file=sys.stderr)
+    header = ("run", "train tok/s", "eval tok/s", "train MFU", "eval MFU",
+              "matmul TFLOP/s measured", "train MFU vs measured", "train MB", "eval MB",
               "warm-up extra s (compile)")
+
     def mb(value):
         return "-" if value is None else f"{value:,.0f}"
 
+    def cell(value):
+        return "-" if value is None else str(value)
+
     print("| " + " | ".join(header) + " |", file=sys.stderr)
     print("|---" * len(header) + "|", file=sys.stderr)
-    for framework, m in medians.items():
+    for label, m in medians.items():
         compile_s = (m["train_compile_s"] or 0) + (m["eval_compile_s"] or 0)
-        cells = [framework, f"{m['train_tokens_per_s']:,.0f}", f"{m['eval_tokens_per_s']:,.0f}",
-                 str(m.get("train_mfu", "-")), str(m.get("eval_mfu", "-")),
+        cells = [label, f"{m['train_tokens_per_s']:,.0f}", f"{m['eval_tokens_per_s']:,.0f}",
+                 cell(m.get("train_mfu")), cell(m.get("eval_mfu")),
+                 cell(m["matmul_tflops_measured"]), cell(m.get("train_mfu_vs_measured")),
                  mb(m["train_peak_memory_mb"]), mb(m["eval_peak_memory_mb"]),
                  f"{compile_s:.1f}"]
         print("| " + " | ".join(cells) + " |", file=sys.stderr)

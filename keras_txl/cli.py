@@ -169,9 +169,12 @@ def build_parser():
     p.add_argument("--jit-compile", dest="jit_compile", action="store_true",
                    help="compile the training step with XLA")
     p.add_argument("--precision", default=None,
-                   choices=["float32", "mixed_bfloat16", "auto"],
-                   help="auto: mixed_bfloat16 only where bf16 is known to pay "
-                   "(AMX CPUs, GPUs from compute capability 8.0), else "
+                   choices=["float32", "mixed_bfloat16", "mixed_float16",
+                            "auto"],
+                   help="mixed_float16 trains with dynamic loss scaling; "
+                   "auto: mixed_bfloat16 only where bf16 is known to pay "
+                   "(AMX CPUs, GPUs from compute capability 8.0), "
+                   "mixed_float16 on GPUs of compute capability 7.x, else "
                    "float32 (default: the config's, else float32); "
                    "the memory stays float32")
     p.add_argument("--progress", action="store_true", help="show a progress bar")

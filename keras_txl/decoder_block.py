@@ -169,8 +169,8 @@ class TransformerXLBlock(keras.layers.Layer):
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
             name="feedforward_norm",
         )
-        self._intermediate_dropout = keras.layers.Dropout(dropout)
-        self._output_dropout = keras.layers.Dropout(dropout)
+        self._intermediate_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self._output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, hidden_shape):
         hidden_dim = hidden_shape[-1]

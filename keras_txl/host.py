@@ -9,7 +9,8 @@ of what the CPU has and what the cap allows.
 
 `auto_precision()` picks the training precision from it: `"mixed_bfloat16"` only where
 the effective ISA has AMX (where bf16 was not measured faster everywhere with AVX512_BF16
-alone: see its docstring), `"float32"` elsewhere.
+alone: see its docstring), `"float32"` elsewhere. `gpu_auto_precision()` does the same for
+an NVIDIA GPU from its compute capability.
 
 Nothing here imports TensorFlow: benchmarks, the command line and the PyTorch peer's
 process use it as well.
@@ -204,13 +205,37 @@ def auto_precision(info=None):
     user who measured bf16 faster on their host passes `mixed_bfloat16`. Unknown CPUs
     (no /proc/cpuinfo flags, e.g. not Linux or not x86) get float32.
 
-    This is about CPUs; on a GPU the caller decides. `info`: a `cpu_info()` dict
-    (default: this host's).
+    This is about CPUs; on a GPU see `gpu_auto_precision`. `info`: a `cpu_info()`
+    dict (default: this host's).
     """
     info = cpu_info() if info is None else info
     level = (info.get("effective_isa_by_framework") or {}).get(
         "tensorflow", info.get("effective_isa"))
     return "mixed_bfloat16" if level in AUTO_BF16_LEVELS else "float32"
+
+
+def gpu_auto_precision(compute_capability):
+    """The training precision "auto" picks on an NVIDIA GPU of `compute_capability`.
+
+    - 8.0 and newer (Ampere, Ada, Hopper, Blackwell): `"mixed_bfloat16"`. The tensor
+      cores multiply bf16 at the fp16 rate, and bf16 has float32's exponent range, so
+      no loss scaling is needed (nothing to skip, nothing to tune).
+    - 7.0 to 7.x (Volta, Turing): `"mixed_float16"`. Their tensor cores have no bf16
+      (TensorFlow emulates it, slower than float32); float16 runs on the tensor cores
+      at many times the fp32 rate, with dynamic loss scaling for its narrow range.
+    - older, or unknown (`None`): `"float32"` (no tensor cores).
+
+    `compute_capability`: `(major, minor)`, as
+    `tf.config.experimental.get_device_details(gpu)["compute_capability"]`, or None.
+    """
+    if not compute_capability:
+        return "float32"
+    capability = tuple(int(c) for c in compute_capability)
+    if capability >= (8, 0):
+        return "mixed_bfloat16"
+    if capability >= (7, 0):
+        return "mixed_float16"
+    return "float32"
 
 
 def describe(info=None):

@@ -133,8 +133,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.relative = relative
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self._output_dropout = keras.layers.Dropout(dropout)
-        self._probability_dropout = keras.layers.Dropout(attention_dropout)
+        self._output_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self._probability_dropout = keras.layers.Dropout(
+            attention_dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape):
         hidden_dim = query_shape[-1]

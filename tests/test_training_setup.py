@@ -132,5 +132,5 @@ def test_precision_auto_follows_the_host(monkeypatch, host_choice):
 
 def test_precision_must_be_a_known_policy():
     with pytest.raises(ValueError, match=r"`precision` must be one of \('float32', "
-                       r"'mixed_bfloat16', 'auto'\), received 'mixed_float16'"):
-        TrainConfig(precision="mixed_float16", steps=10)
+                       r"'mixed_bfloat16', 'mixed_float16', 'auto'\), received 'float16'"):
+        TrainConfig(precision="float16", steps=10)

@@ -94,6 +94,24 @@ def rng_variables(model):
     return [v for v in model.variables if id(v) not in weights]
 
 
+def optimizer_parts(optimizer):
+    """`(inner optimizer, {key: loss-scale variable})` of a training optimizer.
+
+    A `keras.optimizers.LossScaleOptimizer` (mixed_float16) holds its own
+    variables (the dynamic scale, its good-step counter) besides those of
+    the optimizer it wraps: they are saved under `loss_scale/<name>`, the
+    wrapped optimizer's under `optimizer/<index>` as without loss scaling,
+    so the weights' optimizer state reads the same in both.
+    """
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is None:
+        return optimizer, {}
+    wrapped = {id(v) for v in inner.variables}
+    own = {f"loss_scale/{v.name}": v for v in optimizer.variables
+           if id(v) not in wrapped}
+    return inner, own
+
+
 def collect_tensors(model, optimizer):
     tensors = {}
     for w in model.model_weights():
@@ -101,8 +119,11 @@ def collect_tensors(model, optimizer):
     for i, v in enumerate(rng_variables(model)):
         tensors[f"rng/{i:04d}"] = np.asarray(v.numpy())
     if optimizer is not None:
-        for i, v in enumerate(optimizer.variables):
+        inner, loss_scale = optimizer_parts(optimizer)
+        for i, v in enumerate(inner.variables):
             tensors[f"optimizer/{i:04d}"] = np.asarray(v.numpy())
+        for key, v in loss_scale.items():
+            tensors[key] = np.asarray(v.numpy())
     return tensors
 
 
@@ -126,8 +147,21 @@ def assign_tensors(tensors, model, optimizer, source="checkpoint"):
     for i, v in enumerate(rng_variables(model)):
         put(v, f"rng/{i:04d}")
     if optimizer is not None:
-        for i, v in enumerate(optimizer.variables):
+        inner, loss_scale = optimizer_parts(optimizer)
+        for i, v in enumerate(inner.variables):
             put(v, f"optimizer/{i:04d}")
+        saved = sorted(k for k in tensors if k.startswith("loss_scale/"))
+        if loss_scale and not saved:
+            logger.warning(
+                "%s was written without loss scaling (not mixed_float16): the "
+                "loss scale starts from its initial value.", source)
+        elif saved and not loss_scale:
+            logger.warning(
+                "%s was written with loss scaling (mixed_float16); this run has "
+                "none, so its loss scale is not used.", source)
+        elif loss_scale:
+            for key, v in loss_scale.items():
+                put(v, key)
 
 
 class CheckpointManager:

@@ -13,7 +13,11 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 NON_FINITE = ("stop", "skip")
 
 
-PRECISIONS = ("float32", "mixed_bfloat16", "auto")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
+
+# Keras' LossScaleOptimizer default: 2**15, halved on every step whose
+# gradients overflow, doubled after 2,000 finite steps in a row.
+DEFAULT_INITIAL_LOSS_SCALE = 32768.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +55,14 @@ class TrainConfig:
     strategy: str = "default"
     # Compile the training step with XLA (not under Mirrored on CPU).
     jit_compile: bool = False
-    # "float32", "mixed_bfloat16", or "auto": mixed_bfloat16 only where the
-    # hardware computes bf16 (keras_txl.host.auto_precision), else float32.
+    # "float32", "mixed_bfloat16", "mixed_float16" (with dynamic loss
+    # scaling), or "auto": on a CPU mixed_bfloat16 only with AMX
+    # (keras_txl.host.auto_precision), else float32; on a GPU by compute
+    # capability (keras_txl.host.gpu_auto_precision).
     precision: str = "float32"
+    # mixed_float16 only: the first loss scale of Keras' LossScaleOptimizer
+    # (dynamic: halved on overflow, doubled after 2,000 good steps).
+    initial_loss_scale: float = DEFAULT_INITIAL_LOSS_SCALE
     # On a NaN/Inf loss: "stop" (keep the last good checkpoint) or "skip"
     # the update.
     on_non_finite: str = "stop"
@@ -100,6 +109,28 @@ class TrainConfig:
                     f"`{name}` must be one of {allowed}, received "
                     f"{getattr(self, name)!r}."
                 )
+        scale = self.initial_loss_scale
+        if (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                or not 0 < scale < float("inf")):
+            raise ValueError(
+                "`initial_loss_scale` must be a finite number > 0, received "
+                f"{scale!r}."
+            )
+        if (scale != DEFAULT_INITIAL_LOSS_SCALE
+                and self.precision in ("float32", "mixed_bfloat16")):
+            raise ValueError(
+                f"`initial_loss_scale`={scale!r} is used only with "
+                f"precision='mixed_float16' (or 'auto' where it picks it), "
+                f"received precision={self.precision!r}: drop the setting, "
+                "or pass --precision mixed_float16."
+            )
+        if self.precision == "mixed_float16" and self.strategy == "tpu":
+            raise ValueError(
+                "precision='mixed_float16' is not for TPUs (they compute "
+                "bfloat16, and XLA on TPU has no float16 matmuls worth the "
+                "loss scaling): use precision='mixed_bfloat16' with "
+                "strategy='tpu'."
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -10,6 +10,11 @@ loop (`keras_txl.training.loop.Trainer`) there.
 Note: Keras clips gradients per replica before summing them, so with
 `clip_norm` and several replicas `fit` is not bit-equal to one device;
 the custom loop is (it sums, then clips).
+
+mixed_float16: the optimizer is the set-up's `LossScaleOptimizer` (Keras'
+`compile` keeps it, its train step scales the loss). An update it skips
+does not advance `optimizer.iterations`, which numbers `fit`'s checkpoints:
+they count applied updates.
 """
 
 import logging
@@ -32,6 +37,7 @@ from keras_txl.training.loop import TrainingInterrupted
 from keras_txl.training.metrics import BitsPerCharacter
 from keras_txl.training.metrics import TokenNLL
 from keras_txl.training.optimizers import setup_model_and_optimizer
+from keras_txl.training.strategy import strategy_jit_scope
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +130,16 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
     train_ds = lm_dataset(train_tokens, B, T, num_replicas=replicas,
                           name="The train split")
     per_epoch = LMBatches(len(train_tokens), B, T).steps_per_epoch
-    jit = train_config.jit_compile and replicas == 1
+    # Keras compiles the function strategy.run runs on each replica: XLA
+    # with one replica, or with several when all are GPUs
+    # (keras_txl.training.strategy.jit_compile_scope).
+    jit = train_config.jit_compile and (
+        replicas == 1 or strategy_jit_scope(strategy) == "replica")
+    if train_config.jit_compile and not jit:
+        logger.warning(
+            "jit_compile is not used under %s on CPU (XLA cannot reach the "
+            "other replicas' variables, shared/TF_NOTES.md section 2); it is "
+            "used when every replica is a GPU.", type(strategy).__name__)
     model, optimizer = setup_model_and_optimizer(
         model_config, train_config, strategy, clip_gradients=True,
         stateful=True, batch_size=B // replicas,

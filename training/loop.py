@@ -10,6 +10,12 @@ Exactness across strategies: gradients are summed over replicas first,
 then clipped by their global norm (the paper's 0.25), then applied, so a
 step on R replicas equals a step on one device with the same global batch.
 
+mixed_float16: the loss is scaled and the gradients handed to Keras'
+`LossScaleOptimizer`, which unscales them, skips the update when they
+overflowed and adjusts the scale. Such a skip is normal, not a bad step for
+the non-finite guard (`on_non_finite`), which still acts on a non-finite
+loss and leaves the loss scale as it was before the step it handles.
+
 Shape legend: B global batch, b = B / R per-replica batch, T segment,
 L layers, M memory, D hidden_dim.
 """
@@ -35,10 +41,13 @@ from keras_txl.training.data import distributed_lm_dataset
 from keras_txl.training.data import lm_dataset
 from keras_txl.training.metrics import LN2
 from keras_txl.training.metrics import token_nll
+from keras_txl.training.optimizers import inner_optimizer
+from keras_txl.training.optimizers import loss_scale_optimizer
 from keras_txl.training.optimizers import setup_model_and_optimizer
 from keras_txl.training.progress import TrainingProgress
 from keras_txl.training.schedules import learning_rate_schedule
 from keras_txl.training.strategy import is_chief
+from keras_txl.training.strategy import strategy_jit_scope
 
 logger = logging.getLogger(__name__)
 
@@ -153,17 +162,25 @@ class Trainer:
             self.checkpoints = CheckpointManager(
                 os.path.join(workdir, "checkpoints"), train_config.keep_checkpoints
             )
-        jit = train_config.jit_compile
-        if jit and isinstance(strategy, (tf.distribute.MirroredStrategy,
-                                         tf.distribute.MultiWorkerMirroredStrategy)):
-            logger.warning(
-                "jit_compile is not used under %s on CPU (XLA cannot reach the "
-                "other replicas' variables, shared/TF_NOTES.md section 2).",
-                type(strategy).__name__,
-            )
-            jit = False
+        # mixed_float16: the LossScaleOptimizer (else None).
+        self.loss_scaler = loss_scale_optimizer(self.optimizer)
+        self.loss_scale_skips = 0  # updates skipped by loss scaling (normal)
+        # Where XLA compiles the step (training.strategy.jit_compile_scope):
+        # the whole step; or, under Mirrored/MultiWorker on GPUs, the replica
+        # function given to strategy.run; not at all with CPU replicas.
+        self.jit_scope = "none"
+        if train_config.jit_compile:
+            self.jit_scope = strategy_jit_scope(strategy)
+            if self.jit_scope == "none":
+                logger.warning(
+                    "jit_compile is not used under %s on CPU (XLA cannot reach "
+                    "the other replicas' variables, shared/TF_NOTES.md section "
+                    "2); it is used when every replica is a GPU.",
+                    type(strategy).__name__,
+                )
         # Compiled once; the tracing's freed scratch goes back to the OS.
-        self._train_step = CompiledFunction(self._train_step_fn, jit_compile=jit)
+        self._train_step = CompiledFunction(
+            self._train_step_fn, jit_compile=self.jit_scope == "step")
         self._eval_reuse = {}  # compiled evaluation steps, kept across evaluations
         self.history = []
 
@@ -191,35 +208,75 @@ class Trainer:
     def _train_step_fn(self, inputs, targets, memory):
         cfg = self.config
         model = self.model
+        # mixed_float16: Keras' LossScaleOptimizer scales the loss, then
+        # unscales the gradients, skips the update when they overflowed and
+        # adjusts its scale (`apply_gradients`); None otherwise.
+        scaler = self.loss_scaler
+
         def replica_fn(x, y, mem):
             global_tokens = float(cfg.batch_size * x.shape[-1])
             variables = model.trainable_variables
+            # The scale this step's gradients carry (read before the update
+            # may change it).
+            loss_scale = scaler.dynamic_scale.value if scaler is not None else None
             with tf.GradientTape() as tape:
                 hidden, new_memory = model.backbone(x, mem, training=True)
                 log_probs = model.log_probs_from_hidden(hidden)
                 loss = tf.reduce_sum(token_nll(log_probs, y)) / global_tokens
-            grads = tape.gradient(loss, variables)
+                scaled_loss = scaler.scale_loss(loss) if scaler is not None else loss
+            grads = tape.gradient(scaled_loss, variables)
             context = tf.distribute.get_replica_context()
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
             total_loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
             norm = tf.linalg.global_norm(grads)
+            if scaler is not None:
+                norm = norm / loss_scale  # of the unscaled gradients
             # The optimizer sums over replicas again: hand it 1/R of the sum.
             scale = tf.constant(1.0 / self.strategy.num_replicas_in_sync)
             if cfg.clip_norm > 0:
-                # tf.clip_by_global_norm's factor, folded into one multiply.
+                # tf.clip_by_global_norm's factor, folded into one multiply
+                # (linear, so it commutes with the loss scale: still-scaled
+                # gradients are clipped by the unscaled norm).
                 scale *= cfg.clip_norm * tf.minimum(1.0 / norm, 1.0 / cfg.clip_norm)
-            finite = tf.logical_and(tf.math.is_finite(total_loss), tf.math.is_finite(norm))
-            # Skipping: a zero update (Adam's moments still decay) and a
-            # fresh memory; "stop" mode never saves after a bad step. A cond
-            # rather than a select: one pass over the gradients, not three.
-            grads, new_memory = tf.cond(
-                finite,
-                lambda: ([g * scale for g in grads], new_memory),
-                lambda: ([tf.zeros_like(g) for g in grads], tf.zeros_like(new_memory)),
-            )
+            if scaler is None:
+                finite = tf.logical_and(tf.math.is_finite(total_loss),
+                                        tf.math.is_finite(norm))
+                # Skipping: a zero update (Adam's moments still decay) and a
+                # fresh memory; "stop" mode never saves after a bad step. A
+                # cond rather than a select: one pass over the gradients, not
+                # three.
+                grads, new_memory = tf.cond(
+                    finite,
+                    lambda: ([g * scale for g in grads], new_memory),
+                    lambda: ([tf.zeros_like(g) for g in grads],
+                             tf.zeros_like(new_memory)),
+                )
+            else:
+                # Overflowing gradients under a finite loss: the loss scale
+                # was too high; the scaler skips the update and halves it (a
+                # normal step of mixed_float16, the memory is good). A
+                # non-finite loss is a bad step (the guard's): NaN gradients
+                # make the scaler skip the update too (the weights and Adam's
+                # moments stay as they were), and the memory starts afresh.
+                finite_loss = tf.math.is_finite(total_loss)
+                nan = tf.constant(float("nan"))
+                # An infinite norm makes the clip factor 0, and 0 * a large
+                # finite gradient is 0: keep the overflow visible to the
+                # scaler (its check is on the gradients it receives).
+                scale = tf.where(tf.math.is_finite(norm), scale, nan)
+                grads, new_memory = tf.cond(
+                    finite_loss,
+                    lambda: ([g * scale for g in grads], new_memory),
+                    lambda: ([tf.fill(tf.shape(g), nan) for g in grads],
+                             tf.zeros_like(new_memory)),
+                )
             self.optimizer.apply_gradients(zip(grads, variables))
             return total_loss, norm, new_memory
 
+        if self.jit_scope == "replica":
+            # XLA on each GPU replica: TensorFlow all-reduces with NCCL
+            # collectives, without merge_call, inside the compiled function.
+            replica_fn = tf.function(replica_fn, jit_compile=True)
         loss, norm, new_memory = self.strategy.run(
             replica_fn, args=(inputs, targets, memory)
         )
@@ -266,6 +323,7 @@ class Trainer:
             self.memory = self._zero_memory()
         self.step = int(state["step"])
         self._restored_data = (path, state.get("data"))
+        self.loss_scale_skips = int(state.get("loss_scale_skips", 0))
         self.history = list(state.get("history", []))
         self._drop_metrics_after(self.step)
         logger.info("Resumed from %s at step %d.", path, self.step)
@@ -368,6 +426,7 @@ class Trainer:
             "model_config": self.model_config.to_dict(),
             "train_config": self.config.to_dict(),
             "history": self.history[-1000:],
+            "loss_scale_skips": self.loss_scale_skips,
         }
         if getattr(self, "_data_layout", None) is not None:
             # The position in every stream: stream b of the train split is
@@ -420,14 +479,24 @@ class Trainer:
                     self.memory = self._zero_memory()  # a new pass over the text
                 inputs, targets = next(iterator)
                 previous_memory = self.memory
+                scaler_state = self._loss_scaler_state()
                 loss, norm, self.memory = self._train_step(inputs, targets, self.memory)
                 loss, norm = float(loss), float(norm)
                 self.step += 1
-                if not (math.isfinite(loss) and math.isfinite(norm)):
+                if self._is_bad_step(loss, norm, scaler_state):
                     if cfg.on_non_finite == "stop":
-                        self._stop_non_finite(loss, norm, previous_memory)
+                        self._stop_non_finite(loss, norm, previous_memory, scaler_state)
+                    self._restore_loss_scaler(scaler_state)
                     logger.warning("Non-finite loss at step %d: update skipped.",
                                    self.step)
+                elif not math.isfinite(norm):
+                    # mixed_float16: the gradients overflowed at this loss
+                    # scale; the scaler skipped the update and halved it.
+                    self.loss_scale_skips += 1
+                    logger.info(
+                        "Step %d: gradients overflowed at loss scale %g; update "
+                        "skipped, the scale is halved (mixed_float16).",
+                        self.step, scaler_state[0])
                 losses.append(loss)
                 window_losses.append(loss)
                 window_tokens += cfg.batch_size * T
@@ -461,11 +530,16 @@ class Trainer:
         self.save_model()
         raise TrainingInterrupted(name, self.step, total, path)
 
-    def _stop_non_finite(self, loss, norm, previous_memory):
+    def _stop_non_finite(self, loss, norm, previous_memory, scaler_state=None):
         """The "stop" guard: puts back the state before the bad step, writes
         it as a checkpoint (when the last one is older) and raises."""
         bad_step = self.step
-        self._undo_guarded_update()
+        if self.loss_scaler is not None:
+            # The scaler skipped the update (NaN gradients): the weights and
+            # Adam's state are those before the step; only its scale moved.
+            self._restore_loss_scaler(scaler_state)
+        else:
+            self._undo_guarded_update()
         self.memory = previous_memory
         self.step = bad_step - 1
         path = None
@@ -489,6 +563,39 @@ class Trainer:
             "on_non_finite=skip to skip such steps."
         )
 
+    # --- mixed_float16 ---------------------------------------------------
+    def _loss_scaler_state(self):
+        """(loss scale, good-step counter) before a step, or None (no loss
+        scaling). Read on the host: the previous step has finished."""
+        if self.loss_scaler is None:
+            return None
+        return (float(self.loss_scaler.dynamic_scale.numpy()),
+                int(self.loss_scaler.step_counter.numpy()))
+
+    def _restore_loss_scaler(self, state):
+        """Puts the scaler's scale and counter back as they were before a bad
+        step (the guard's steps leave no trace in the loss scale)."""
+        if state is None:
+            return
+        with self.strategy.scope():
+            self.loss_scaler.dynamic_scale.assign(state[0])
+            self.loss_scaler.step_counter.assign(state[1])
+
+    def _is_bad_step(self, loss, norm, scaler_state):
+        """What the non-finite guard acts on.
+
+        Without loss scaling: a non-finite loss or gradient norm. With it
+        (mixed_float16) overflowing gradients under a finite loss are the
+        scaler's business (it skips the update and halves the scale: normal,
+        not a bad step), unless the scale was already at most 1, where the
+        overflow cannot come from scaling.
+        """
+        if not math.isfinite(loss):
+            return True
+        if math.isfinite(norm):
+            return False
+        return scaler_state is None or scaler_state[0] <= 1.0
+
     def _undo_guarded_update(self):
         """Reverts the zero-gradient update the step applied at a bad step.
 
@@ -499,7 +606,7 @@ class Trainer:
         (to float rounding): m = m'/b1, v = v'/b2,
         w = w' + alpha_t m'/(sqrt(v')+eps), iterations - 1.
         """
-        opt = self.optimizer
+        opt = inner_optimizer(self.optimizer)
         if not isinstance(opt, keras.optimizers.Adam) or opt.amsgrad:
             logger.warning("Cannot undo the guarded step for %s: the weights "
                            "after it are kept.", type(opt).__name__)
@@ -530,6 +637,9 @@ class Trainer:
             "ms_per_step": 1000.0 * seconds / max(len(window_losses), 1),
             "tokens_per_s": tokens / max(seconds, 1e-9),
         }
+        if self.loss_scaler is not None:
+            record["loss_scale"] = float(self.loss_scaler.dynamic_scale.numpy())
+            record["loss_scale_skips"] = self.loss_scale_skips
         self.history.append(record)
         quality = (f"{self.bits_name} {record[self.bits_name]:.3f}" if self.config.report_bpc
                    else f"ppl {record['ppl']:.1f}")

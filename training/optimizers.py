@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from keras_txl import TransformerXLCausalLM
 from keras_txl.host import auto_precision
+from keras_txl.host import gpu_auto_precision
 from keras_txl.training.schedules import learning_rate_schedule
 
 logger = logging.getLogger(__name__)
@@ -72,23 +73,47 @@ class FusedAdam(keras.optimizers.Adam):
 def resolve_precision(precision):
     """The Keras dtype policy for `TrainConfig.precision`.
 
-    "auto" is "mixed_bfloat16" on a GPU with bf16 tensor cores (compute
-    capability 8.0 or newer) and on a CPU with AMX tiles
-    (`keras_txl.host.auto_precision`, after any `ONEDNN_MAX_CPU_ISA` cap);
-    "float32" elsewhere, where bf16 was measured slower than float32 (emulated
-    without bf16 instructions, and even with AVX512_BF16 on one host).
+    "auto" on a GPU follows its compute capability
+    (`keras_txl.host.gpu_auto_precision`): "mixed_bfloat16" from 8.0 (bf16
+    tensor cores, no loss scaling needed), "mixed_float16" on 7.x (fp16
+    tensor cores only, with loss scaling), "float32" below. On a CPU it is
+    "mixed_bfloat16" with AMX tiles (`keras_txl.host.auto_precision`, after
+    any `ONEDNN_MAX_CPU_ISA` cap) and "float32" elsewhere, where bf16 was
+    measured slower than float32 (emulated without bf16 instructions, and
+    even with AVX512_BF16 on one host). "auto" never picks mixed_float16 on
+    a CPU: TensorFlow's CPU float16 kernels are emulated.
     """
     if precision != "auto":
+        if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):
+            logger.warning(
+                "precision=mixed_float16 on a host without a GPU: float16 is "
+                "emulated on CPUs (slower than float32); it is meant for "
+                "GPUs of compute capability 7.x.")
         return precision
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         capability = tf.config.experimental.get_device_details(gpus[0]).get(
-            "compute_capability") or (0, 0)
-        chosen = "mixed_bfloat16" if tuple(capability) >= (8, 0) else "float32"
+            "compute_capability")
+        chosen = gpu_auto_precision(capability)
     else:
         chosen = auto_precision()
     logger.info("precision=auto: %s on this host.", chosen)
     return chosen
+
+
+def loss_scale_optimizer(optimizer):
+    """The `keras.optimizers.LossScaleOptimizer` wrapping `optimizer`, or None
+    where it is not wrapped (float32 and mixed_bfloat16 runs)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    return None
+
+
+def inner_optimizer(optimizer):
+    """The optimizer that updates the weights (`FusedAdam`): the optimizer
+    itself, or the one a `LossScaleOptimizer` wraps."""
+    scaler = loss_scale_optimizer(optimizer)
+    return scaler.inner_optimizer if scaler is not None else optimizer
 
 
 def setup_model_and_optimizer(
@@ -110,10 +135,17 @@ def setup_model_and_optimizer(
     cross-replica sum); the custom loop clips the summed gradients itself
     and passes `clip_gradients=False`.
 
-    No loss scaling: `TrainConfig.precision` is `"float32"` or
-    `"mixed_bfloat16"`, and bfloat16 has float32's exponent range, so
-    gradients do not underflow (Keras wraps the optimizer in a
-    `LossScaleOptimizer` only for `mixed_float16`).
+    Loss scaling: under `"mixed_float16"` the optimizer is
+    `keras.optimizers.LossScaleOptimizer(FusedAdam(...),
+    initial_scale=train_config.initial_loss_scale)` (dynamic: halved and the
+    update skipped when the gradients overflow, doubled after 2,000 good
+    steps). It unscales the gradients before the inner `FusedAdam` sees them,
+    so `global_clipnorm` clips unscaled gradients. `fit` uses it as is
+    (Keras wraps only an optimizer that is not one already); the custom loop
+    calls its `scale_loss` and `apply_gradients`. Its scale and counter are
+    optimizer variables, saved in checkpoints. `"float32"` and
+    `"mixed_bfloat16"` have no loss scaling: bfloat16 has float32's
+    exponent range, so gradients do not underflow.
 
     Args:
         model_config: `TransformerXLConfig`.
@@ -128,7 +160,12 @@ def setup_model_and_optimizer(
     """
     keras.utils.set_random_seed(train_config.seed)
     previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(resolve_precision(train_config.precision))
+    precision = resolve_precision(train_config.precision)
+    if precision == "mixed_float16" and isinstance(strategy, tf.distribute.TPUStrategy):
+        raise ValueError(
+            "precision='mixed_float16' is not for TPUs (they compute bfloat16): "
+            "use precision='mixed_bfloat16' under TPUStrategy.")
+    keras.mixed_precision.set_global_policy(precision)
     try:
         with strategy.scope():
             model = TransformerXLCausalLM(model_config, **model_kwargs)
@@ -144,6 +181,9 @@ def setup_model_and_optimizer(
                     train_config.clip_norm if clip_gradients else 0.0
                 ) or None,
             )
+            if precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(
+                    optimizer, initial_scale=train_config.initial_loss_scale)
             optimizer.build(model.trainable_variables)
     finally:
         keras.mixed_precision.set_global_policy(previous)

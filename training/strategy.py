@@ -44,3 +44,63 @@ def is_chief(strategy) -> bool:
     return resolver.task_type in ("chief", None) or (
         resolver.task_type == "worker" and resolver.task_id == 0
     )
+
+
+def all_gpu_devices(devices) -> bool:
+    """True when every device name in `devices` is a GPU (and there is one).
+
+    `devices`: device strings such as "/job:localhost/replica:0/task:0/
+    device:GPU:0" (a strategy's `extended.worker_devices`).
+    """
+    devices = list(devices)
+    return bool(devices) and all(
+        (tf.DeviceSpec.from_string(d).device_type or "").upper() == "GPU"
+        for d in devices
+    )
+
+
+def jit_compile_scope(strategy_kind: str, devices) -> str:
+    """Where the training step is XLA-compiled with `jit_compile=True`.
+
+    A pure function of the strategy's kind and its replicas' devices (so it
+    is testable without the hardware):
+
+    - "step": the whole step, `strategy.run` included (the default strategy,
+      one device; TPUStrategy, whose step XLA compiles anyway);
+    - "replica": the function passed to `strategy.run`, once per replica.
+      Mirrored and MultiWorkerMirrored on GPUs only: TensorFlow then drops
+      `merge_call` inside the compiled function and all-reduces with NCCL
+      collectives (`MirroredStrategy._use_merge_call`: "only ... when XLA
+      is used to compile the `fn` passed to `strategy.run` and all devices
+      are GPU"); Keras' `fit` compiles at the same place;
+    - "none": Mirrored or MultiWorkerMirrored with a CPU replica, where XLA
+      cannot reach the other replicas' variables (shared/TF_NOTES.md
+      section 2).
+
+    Args:
+        strategy_kind: "default", "mirrored", "multi_worker" or "tpu"
+            (`TrainConfig.strategy`; `strategy_kind_of(strategy)`).
+        devices: the replicas' device strings.
+    """
+    if strategy_kind in ("mirrored", "multi_worker"):
+        return "replica" if all_gpu_devices(devices) else "none"
+    return "step"
+
+
+def strategy_kind_of(strategy) -> str:
+    """The `jit_compile_scope` kind of a strategy object."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi_worker"
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "mirrored"
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return "tpu"
+    return "default"
+
+
+def strategy_jit_scope(strategy) -> str:
+    """`jit_compile_scope` of a live strategy (its `extended.worker_devices`)."""
+    kind = strategy_kind_of(strategy)
+    devices = (strategy.extended.worker_devices
+               if kind in ("mirrored", "multi_worker") else ())
+    return jit_compile_scope(kind, devices)

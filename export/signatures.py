@@ -15,7 +15,8 @@ export time; L, M, D and V always come from the model config.
 | score           | token_ids, targets (B,T) i32, memory   | nll (B,T), memory                |
 | next_token      | token_ids, memory                      | log_probs (B,V), memory          |
 | reset (stateful TFLite only) | none                      | memory (B,L,M,D) zeros           |
-| generate (*)    | prompts (B,) string, max_new_tokens, temperature, top_k, top_p, seed | texts (B,) string, token_ids (B,N), lengths (B,), memory |
+| generate (*)    | prompts (B,) str, max_new_tokens ()    | texts (B,) str, token_ids (B,N), |
+|                 | i32, temperature, top_k, top_p, seed   | lengths (B,), memory (B,L,M,D)   |
 | generate_from_memory (*) | the same + memory (B,L,M,D)   | the same                         |
 
 (*) SavedModel only, when the model has a preprocessor (a tokenizer whose

@@ -7,6 +7,7 @@ only with `txl -v` (see `keras_txl/console.py`).
 """
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -226,6 +227,38 @@ def build_parser():
                    help="token: new tokens one at a time (default); segment: "
                    "as in training, re-running the current segment (the "
                    "only choice for a TFLite model exported with T > 1)")
+
+    p = add_command(
+        "serve-client", "ask a TF Serving deployment for text (its "
+        "generate signature)",
+        description="Sends the prompts to a TF Serving deployment of a "
+        "SavedModel exported with a tokenizer (its `generate` signature: "
+        "the whole continuation in one request) over REST or gRPC, and "
+        "prints one JSON line per prompt: {\"prompt\", \"text\"} (text "
+        "is the continuation).",
+    )
+    p.add_argument("mode", choices=["generate"], help="what to ask for")
+    server = p.add_mutually_exclusive_group(required=True)
+    server.add_argument("--rest", default=None, metavar="URL",
+                        help="REST root, e.g. http://localhost:8501")
+    server.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                        help="gRPC target, e.g. localhost:8500")
+    p.add_argument("--model-name", dest="model_name", default="txl",
+                   help="TF Serving's MODEL_NAME")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text (repeatable: one batch)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   default=50, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 is greedy decoding")
+    p.add_argument("--top-k", dest="top_k", type=int, default=0,
+                   help="sample among the k most likely (0: all)")
+    p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
+                   help="nucleus sampling threshold (1: all)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="same seed, same output")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds for the whole request")
 
     p = add_command(
         "attention", "attention heatmaps, score terms and loss by "
@@ -557,6 +590,30 @@ def _generate(args):
     return 0
 
 
+def _serve_client(args):
+    """`txl serve-client generate`: one request, one JSON line per prompt."""
+    from keras_txl.export.serving_client import ServingError
+    from keras_txl.export.serving_client import TXLServingClient
+
+    if args.rest:
+        client = TXLServingClient.rest(args.rest, args.model_name,
+                                       timeout=args.timeout)
+    else:
+        client = TXLServingClient.grpc(args.grpc, args.model_name,
+                                       timeout=args.timeout)
+    with client:
+        try:
+            texts, _ = client.generate(
+                args.prompt, args.max_new_tokens, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            )
+        except ServingError as e:
+            raise ValueError(f"the server answered: {e}") from e
+    for prompt, text in zip(args.prompt, texts):
+        print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
+    return 0
+
+
 def _attention(args):
     from keras_txl import insight
     from keras_txl import io
@@ -707,6 +764,8 @@ def main(argv=None):
             return export_cli.run(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve-client":
+            return _serve_client(args)
         if args.command == "attention":
             return _attention(args)
         if args.command == "demo":

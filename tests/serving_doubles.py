@@ -145,7 +145,7 @@ def _first_lines(message, limit=600):
 
 def _json_to_array(value, dtype, name):
     dtype = np.dtype(dtype)
-    if dtype == object:  # DT_STRING: JSON strings, or {"b64": ...} objects
+    if dtype.kind == "O":  # DT_STRING: JSON strings, or {"b64": ...} objects
         return _json_to_strings(value, name)
     try:
         array = np.asarray(value)

@@ -312,3 +312,25 @@ def test_client_generate_checks_its_arguments_before_sending(deployed_text):
         with pytest.raises(ValueError, match=message):
             client.generate(**arguments)
     assert client.memory is None
+
+
+@pytest.mark.parametrize("kind", ["rest", "grpc"])
+def test_txl_serve_client_generate_prints_one_json_line_per_prompt(
+        deployed_text, kind, capsys):
+    from keras_txl.cli import main
+
+    server = ["--rest", deployed_text.rest_url] if kind == "rest" else [
+        "--grpc", deployed_text.grpc_target]
+    code = main(["serve-client", "generate", *server, "--prompt", TEXT_PROMPTS[0],
+                 "--prompt", TEXT_PROMPTS[1], "--max-new-tokens", "5"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    direct = _direct_generate(deployed_text, sig.GENERATE, TEXT_PROMPTS[:2], 5)
+    assert [json.loads(line) for line in lines] == [
+        {"prompt": p, "text": t.decode("utf-8")}
+        for p, t in zip(TEXT_PROMPTS[:2], direct[sig.TEXTS])
+    ]
+    code = main(["serve-client", "generate", *server, "--prompt", "a",
+                 "--max-new-tokens", str(sig.MAX_NEW_TOKENS_CAP + 1)])
+    assert code == 2
+    assert "max_new_tokens" in capsys.readouterr().err

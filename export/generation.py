@@ -74,6 +74,33 @@ class SavedModelBackend:
             )
         self._next_token = self._module.signatures[sig.NEXT_TOKEN]
         self._serving_default = self._module.signatures[sig.SERVING_DEFAULT]
+        self._generate = self._module.signatures.get(sig.GENERATE)
+
+    @property
+    def has_generate(self):
+        """True when the export has the text-level `generate` signature
+        (the model was exported with a preprocessor)."""
+        return self._generate is not None
+
+    def generate_texts(self, prompts, max_new_tokens, temperature=0.0,
+                       top_k=0, top_p=1.0, seed=0):
+        """The continuations of `prompts` (list of str) by the `generate`
+        signature: the whole loop in the graph, one call."""
+        from keras_txl.export.serving import generate_request
+
+        if not self.has_generate:
+            raise ValueError(
+                f"The SavedModel in {self.directory} has no "
+                f"{sig.GENERATE!r} signature (export a model with a "
+                "preprocessor); use the id-level loop instead."
+            )
+        if seed is None:  # as the host loop: a new seed each call
+            seed = int(np.random.default_rng().integers(2**62))
+        inputs = generate_request(prompts, max_new_tokens, temperature,
+                                  top_k, top_p, seed)
+        out = self._generate(**{k: tf.constant(v) for k, v in inputs.items()})
+        return [t.decode("utf-8", errors="replace")
+                for t in out[sig.TEXTS].numpy()]
 
     def initial_state(self, memory=None):
         cfg = self.config

@@ -1,4 +1,4 @@
-"""The `txl` command: train, eval, export, generate, attention, demo, recl.
+"""The `txl` command: train, eval, export, generate, serve-client, attention, demo, recl.
 
 Each subcommand imports `training/` or `export/` lazily, so `txl --help`
 is fast and the model package does not depend on them. Runs are quiet by
@@ -558,6 +558,17 @@ def _generate(args):
             raise ValueError("--prompt encodes to no tokens; give some text.")
     else:
         prompt_ids = _parse_ids(args.prompt_ids, "--prompt-ids")
+    if (tokenizer is not None and getattr(backend, "has_generate", False)
+            and args.schedule is None and args.segment_length is None):
+        # A SavedModel exported with its tokenizer: its `generate`
+        # signature decodes the whole continuation in the graph.
+        (text,) = backend.generate_texts(
+            [args.prompt], args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        )
+        sys.stdout.write(received + text + "\n")
+        sys.stdout.flush()
+        return 0
     tokens = generate_iter(
         backend, prompt_ids, args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -34,7 +34,11 @@ def exported(tmp_path_factory):
     keras.utils.set_random_seed(0)
     model = byte_causal_lm()
     tmp = tmp_path_factory.mktemp("generate")
-    version_dir = saved_model.export_saved_model(model, str(tmp / "models"))
+    from keras_txl.tokenizers import ByteTokenizer
+
+    ByteTokenizer().save(tmp / "tokenizer")  # what `txl generate` encodes with
+    version_dir = saved_model.export_saved_model(
+        model, str(tmp / "models"), tokenizer_dir=str(tmp / "tokenizer"))
     return model, version_dir, tmp
 
 
@@ -245,3 +249,38 @@ def test_a_model_without_preprocessor_has_no_generate_signature(tmp_path):
     path = saved_model.export_saved_model(model, str(tmp_path), warmup=False)
     assert sorted(tf.saved_model.load(path).signatures) == sorted(
         sig.SAVED_MODEL_SIGNATURES)
+
+
+def test_rows_stop_at_the_end_token_each_with_its_own_memory():
+    """With a tokenizer `end_token_id`, each row stops after it (kept), its
+    memory covering up to it: the batch equals each prompt alone."""
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm()
+    model.compile(sampler="greedy")
+    free = [alone(model, p, 8)[0] for p in PROMPTS]
+    stop = int(free[1][3])  # the 4th new token of the second prompt
+    model.preprocessor.tokenizer.end_token_id = stop
+    function, specs = sig.generate_functions(model, names=(sig.GENERATE,))[sig.GENERATE]
+    served = call(tf.function(function, input_signature=specs), PROMPTS, 8)
+    for b, text in enumerate(PROMPTS):
+        new, memory = alone(model, text, 8)  # model.generate stops there too
+        hits = [i for i, token in enumerate(free[b]) if token == stop]
+        expected = hits[0] + 1 if hits else 8
+        assert served[sig.LENGTHS][b] == len(new) == expected
+        np.testing.assert_array_equal(served[sig.TOKEN_IDS][b, :expected], new)
+        assert not served[sig.TOKEN_IDS][b, expected:].any()
+        np.testing.assert_allclose(served[sig.MEMORY][b], memory, atol=1e-5)
+    assert served[sig.LENGTHS][1] <= 4
+
+
+def test_txl_generate_uses_the_generate_signature_of_a_saved_model(exported, capsys):
+    from keras_txl.cli import main
+
+    model, version_dir, _ = exported
+    model.compile(sampler="greedy")
+    code = main(["generate", "--saved-model", version_dir, "--prompt", PROMPTS[1],
+                 "--max-new-tokens", "9", "--temperature", "0"])
+    assert code == 0
+    new, _ = alone(model, PROMPTS[1], 9)
+    expected = PROMPTS[1] + model.preprocessor.tokenizer.detokenize(new.tolist())
+    assert capsys.readouterr().out == expected + "\n"

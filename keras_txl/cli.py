@@ -184,10 +184,15 @@ def build_parser():
 
     p = add_command(
         "generate", "sample text (or ids) with the memory, streamed",
-        description="Feeds the prompt in segments to fill the memory, then "
-        "samples one token at a time and prints each as it comes. The prompt "
-        "is printed as the model received it (characters the tokenizer does "
-        "not know are named in a warning).",
+        description="A Keras model (--workdir, --from-hf, --from-official) "
+        "generates with keras-hub's compiled loop (model.generate; the prompt "
+        "fed one token at a time) and prints the continuation when done; a "
+        "SavedModel with a generate signature decodes in its graph. With "
+        "--no-cache, --schedule or --segment-length, and for other exports, "
+        "the host loop feeds the prompt in segments, then samples one token "
+        "at a time and prints each as it comes. The prompt is printed as the "
+        "model received it (characters the tokenizer does not know are named "
+        "in a warning).",
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", default=None,
@@ -569,11 +574,26 @@ def _generate(args):
         sys.stdout.write(received + text + "\n")
         sys.stdout.flush()
         return 0
-    tokens = generate_iter(
-        backend, prompt_ids, args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        segment_length=args.segment_length, schedule=args.schedule,
-    )
+    model = getattr(backend, "model", None)  # a Keras source
+    if (model is not None and args.use_cache and args.schedule is None
+            and args.segment_length is None and args.max_new_tokens >= 1):
+        # keras-hub's compiled loop (model.generate): the whole continuation
+        # in one tf.function, printed when it is done.
+        from keras_txl.generation import generate_ids
+
+        (new,) = generate_ids(
+            model, [prompt_ids], args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed,
+        )
+        tokens = iter(new.tolist())
+    else:
+        tokens = generate_iter(
+            backend, prompt_ids, args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, segment_length=args.segment_length,
+            schedule=args.schedule,
+        )
     out = sys.stdout
     start, count = time.perf_counter(), 0
     if tokenizer is not None:

@@ -326,6 +326,22 @@ def test_cli_streams_the_same_text_from_every_source(exported, capsys):
     assert outputs["tflite_4"] == outputs["workdir"]
 
 
+def test_cli_samples_a_keras_source_with_model_generate(exported, capsys):
+    """`txl generate --workdir` runs `generate_ids` (keras-hub samplers over
+    the compiled `model.generate`): the same seed, the same text."""
+    model, tokenizer = exported["model"], exported["tokenizer"]
+    argv = ["generate", "--workdir", exported["workdir"], "--prompt", "txl ",
+            "--max-new-tokens", "10", "--temperature", "4.0", "--top-k", "5",
+            "--seed", "3"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    (new,) = generation.generate_ids(model, [tokenizer.encode("txl ")], 10,
+                                     temperature=4.0, top_k=5, seed=3)
+    assert printed == "txl " + tokenizer.decode(new.tolist()) + "\n"
+    assert main(argv) == 0 and capsys.readouterr().out == printed
+    assert len(set(new.tolist())) > 1
+
+
 def test_cli_prompt_ids_with_a_hugging_face_folder(capsys):
     folder = FIXTURES / "hf_transfo_xl_tiny"
     argv = ["generate", "--from-hf", str(folder), "--max-new-tokens", "6",

@@ -10,6 +10,14 @@ run what `txl export` writes, through the export contract of
   `serving_default` to read a non-last position of a segment).
 - `TFLiteBackend(runner)`: a stateless TFLite model (fixed B and T), the same
   signatures, run by `keras_txl.export.tflite.TFLiteRunner`.
+
+`tflite_generate` is what an app does with a TFLite model exported with
+T = 1: a host loop over the LiteRT interpreter, one token per call with the
+memory fed back. (LiteRT has no tensorflow-text ops and no while-loop over
+a string tokenizer, so the TFLite model keeps id-level signatures; the
+Keras model and the SavedModel decode in the graph instead.) Fed one token
+at a time from an empty memory, it gives the tokens of
+`TransformerXLCausalLM.generate` (greedy: the same ids).
 """
 
 import json
@@ -66,6 +74,33 @@ class SavedModelBackend:
             )
         self._next_token = self._module.signatures[sig.NEXT_TOKEN]
         self._serving_default = self._module.signatures[sig.SERVING_DEFAULT]
+        self._generate = self._module.signatures.get(sig.GENERATE)
+
+    @property
+    def has_generate(self):
+        """True when the export has the text-level `generate` signature
+        (the model was exported with a preprocessor)."""
+        return self._generate is not None
+
+    def generate_texts(self, prompts, max_new_tokens, temperature=0.0,
+                       top_k=0, top_p=1.0, seed=0):
+        """The continuations of `prompts` (list of str) by the `generate`
+        signature: the whole loop in the graph, one call."""
+        from keras_txl.export.serving import generate_request
+
+        if not self.has_generate:
+            raise ValueError(
+                f"The SavedModel in {self.directory} has no "
+                f"{sig.GENERATE!r} signature (export a model with a "
+                "preprocessor); use the id-level loop instead."
+            )
+        if seed is None:  # as the host loop: a new seed each call
+            seed = int(np.random.default_rng().integers(2**62))
+        inputs = generate_request(prompts, max_new_tokens, temperature,
+                                  top_k, top_p, seed)
+        out = self._generate(**{k: tf.constant(v) for k, v in inputs.items()})
+        return [t.decode("utf-8", errors="replace")
+                for t in out[sig.TEXTS].numpy()]
 
     def initial_state(self, memory=None):
         cfg = self.config
@@ -153,3 +188,75 @@ class TFLiteBackend:
         if not last:
             log_probs = log_probs[position]
         return log_probs, out[sig.MEMORY]
+
+
+def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
+                    top_k=0, top_p=1.0, seed=None, stop_token_ids=None,
+                    memory=None, on_token=None):
+    """Decodes with a stateless TFLite model of T = 1, token by token.
+
+    Args:
+        model: a `TFLiteRunner`, or the path of a .tflite file exported
+            with `--segment-length 1` (stateless).
+        prompt_ids: 1-D ints in [0, V), at least one.
+        max_new_tokens: int >= 0.
+        temperature, top_k, top_p: as `keras_txl.generation.sample_next`
+            (temperature 0: greedy).
+        seed: int or None (NumPy generator of the host loop).
+        stop_token_ids: ids that end the continuation (kept), or None.
+        memory: (1, L, M, D) memory to start from, or None (zeros).
+        on_token: callable or None, called with each new id.
+
+    Returns:
+        `(new ids int32 array, memory (1, L, M, D))`: the memory after the
+        prompt and every new id (the last one fed too), to continue from.
+
+    Raises:
+        ValueError: a stateful model, T != 1, bad prompt or settings.
+    """
+    from keras_txl.generation import check_sampling
+    from keras_txl.generation import sample_next
+
+    runner = TFLiteRunner(model) if isinstance(model, str) else model
+    if getattr(runner, "stateful", False) or runner.segment_length != 1:
+        raise ValueError(
+            "tflite_generate needs a stateless TFLite model exported with "
+            f"--segment-length 1 (this one: segment_length="
+            f"{runner.segment_length}, stateful={runner.stateful})."
+        )
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 1 or prompt.size == 0 or prompt.dtype.kind not in "iu":
+        raise ValueError(
+            "`prompt_ids` must be a non-empty 1-D sequence of int ids, "
+            f"received shape {prompt.shape} and dtype {prompt.dtype}."
+        )
+    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0):
+        raise ValueError(
+            "`max_new_tokens` must be an integer >= 0, received "
+            f"max_new_tokens={max_new_tokens!r}."
+        )
+    stops = set(int(i) for i in (stop_token_ids or ()))
+    batch = runner.batch_size
+    state = (np.zeros(runner.memory_shape, np.float32) if memory is None
+             else np.repeat(np.asarray(memory, np.float32)[:1], batch, 0))
+    rng = np.random.default_rng(seed)
+
+    def feed(token, state):
+        ids = np.full((batch, 1), int(token), np.int32)  # every row the same
+        out = runner.run(sig.NEXT_TOKEN, **{sig.TOKEN_IDS: ids, sig.MEMORY: state})
+        return out[sig.LOG_PROBS][0], out[sig.MEMORY]
+
+    for token in prompt:
+        log_probs, state = feed(token, state)
+    new = []
+    for _ in range(max_new_tokens):
+        token = sample_next(log_probs, rng, temperature, top_k, top_p)
+        new.append(token)
+        if on_token is not None:
+            on_token(token)
+        log_probs, state = feed(token, state)  # the memory covers it too
+        if token in stops:
+            break
+    return np.asarray(new, np.int32), state[:1]

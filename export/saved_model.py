@@ -13,7 +13,10 @@ built under a temporary name and renamed when complete, so a server that
 polls the base path never loads a half-written version.
 
 Signatures: see `export/signatures.py` (serving_default, initial_memory,
-score, next_token; batch-first memory (B, L, M, D)).
+score, next_token; batch-first memory (B, L, M, D)). A model with a
+preprocessor (a tokenizer whose tokenize/detokenize are graph ops) also
+gets `generate` and `generate_from_memory`: strings in, continuations and
+the new memory out, the whole decoding loop inside the graph.
 """
 
 from __future__ import annotations
@@ -137,6 +140,13 @@ def export_info(model, *, batch_size, segment_length, stateful=False,
     }
 
 
+def has_generate(model):
+    """True when `model` has a preprocessor with a tokenizer: its SavedModel
+    then gets the text-level `generate` signatures."""
+    preprocessor = getattr(model, "preprocessor", None)
+    return getattr(preprocessor, "tokenizer", None) is not None
+
+
 def write_saved_model(
     model,
     directory,
@@ -145,11 +155,21 @@ def write_saved_model(
     segment_length=None,
     checks=True,
     names=sig.SAVED_MODEL_SIGNATURES,
+    generate=None,
 ):
-    """Writes the bare SavedModel (no side files) to `directory`."""
+    """Writes the bare SavedModel (no side files) to `directory`.
+
+    Args:
+        generate: bool or None. Add the `generate` signatures (None: when
+            the model has a preprocessor).
+    """
     functions = sig.signature_functions(
         model, batch_size, segment_length, checks=checks, names=names
     )
+    if generate is None:
+        generate = has_generate(model)
+    if generate:
+        functions.update(sig.generate_functions(model))
     build_archive(model, functions).write_out(directory, verbose=False)
     return directory
 
@@ -205,18 +225,29 @@ def export_saved_model(
     # Not a number, so TF Serving ignores it while it is being written.
     staging = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=base)
     try:
+        generate = has_generate(model)
         write_saved_model(
-            model, staging, batch_size=batch_size, segment_length=segment_length
+            model, staging, batch_size=batch_size, segment_length=segment_length,
+            generate=generate,
         )
         extra = os.path.join(staging, serving.ASSETS_EXTRA)
+        names = sig.SAVED_MODEL_SIGNATURES + (
+            sig.GENERATE_SIGNATURES if generate else ()
+        )
         info = export_info(
             model, batch_size=batch_size, segment_length=segment_length,
-            model_name=name, version=version,
+            names=names, model_name=name, version=version,
+            **({"generate_caps": {
+                "max_new_tokens": sig.MAX_NEW_TOKENS_CAP,
+                "max_prompt_tokens": sig.MAX_PROMPT_TOKENS,
+                "max_batch_size": sig.MAX_GENERATE_BATCH,
+            }} if generate else {}),
         )
         write_side_files(extra, model, tokenizer_dir=tokenizer_dir, info=info)
         if warmup:
             inputs = serving.warmup_inputs(
-                model.txl_config, batch_size, segment_length
+                model.txl_config, batch_size, segment_length,
+                generate=generate,
             )
             requests = [
                 serving.make_predict_request(name, signature, values)

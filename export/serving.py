@@ -57,24 +57,51 @@ def docker_run_command(
 
 
 def warmup_inputs(
-    config, batch_size: int | None = None, segment_length: int | None = None
+    config, batch_size: int | None = None, segment_length: int | None = None,
+    generate: bool = False,
 ) -> dict:
     """`{signature: {input: ndarray}}`: one small request per signature.
 
     B is the fixed batch size or 1; T is the fixed segment length or the
     config's training segment length. Ids are `arange(T) % V`, the memory
-    is zeros.
+    is zeros. With `generate`, also the text signatures: one prompt
+    ("Hello"), 4 new tokens, greedy, seed 0.
     """
     B = batch_size or 1
     T = segment_length or config.segment_length
     ids = np.tile(np.arange(T) % config.vocabulary_size, (B, 1)).astype(np.int32)
     targets = np.roll(ids, -1, axis=1)
     memory = np.zeros(sig.memory_shape(config, B), np.float32)
-    return {
+    inputs = {
         sig.SERVING_DEFAULT: {sig.TOKEN_IDS: ids, sig.MEMORY: memory},
         sig.INITIAL_MEMORY: {sig.BATCH_SIZE: np.array(B, np.int32)},
         sig.SCORE: {sig.TOKEN_IDS: ids, sig.TARGETS: targets, sig.MEMORY: memory},
         sig.NEXT_TOKEN: {sig.TOKEN_IDS: ids, sig.MEMORY: memory},
+    }
+    if generate:
+        request = generate_request(["Hello"], 4)
+        inputs[sig.GENERATE] = request
+        inputs[sig.GENERATE_FROM_MEMORY] = {
+            **request,
+            sig.MEMORY: np.zeros(sig.memory_shape(config, 1), np.float32),
+        }
+    return inputs
+
+
+def generate_request(prompts, max_new_tokens, temperature=0.0, top_k=0,
+                     top_p=1.0, seed=0) -> dict:
+    """The inputs of a `generate` request as typed numpy values (the
+    signature's dtypes: TF Serving's gRPC API does not convert)."""
+    return {
+        sig.PROMPTS: np.asarray(
+            [p.encode("utf-8") if isinstance(p, str) else p for p in prompts],
+            dtype=object,
+        ),
+        sig.MAX_NEW_TOKENS: np.array(max_new_tokens, np.int32),
+        sig.TEMPERATURE: np.array(temperature, np.float32),
+        sig.TOP_K: np.array(top_k, np.int32),
+        sig.TOP_P: np.array(top_p, np.float32),
+        sig.SEED: np.array(seed, np.int64),
     }
 
 

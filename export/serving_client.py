@@ -10,7 +10,14 @@ client.reset(batch_size=1)                 # memory = initial_memory(1)
 for segment in segments:                   # each (1, T) ints
     log_probs = client.step(segment)       # (1, T, V); memory carried
 client = TXLServingClient.grpc("localhost:8500", model_name="txl")
+texts, memory = client.generate(["Once upon"], max_new_tokens=50)
+texts, memory = client.generate([" and"], 50, memory=memory)   # continues
 ```
+
+`generate` calls the text-level signatures (`generate`, or
+`generate_from_memory` with a memory), which SavedModels of models with a
+preprocessor have: strings travel as JSON strings (REST) or DT_STRING
+tensors (gRPC), the whole continuation comes back in one answer.
 
 Transports:
 - `RestTransport`: `POST /v1/models/<name>[/versions/<v>]:predict` with the
@@ -40,15 +47,25 @@ import numpy as np
 
 from keras_txl import checks
 from keras_txl.export.signatures import BATCH_SIZE
+from keras_txl.export.signatures import GENERATE
+from keras_txl.export.signatures import GENERATE_FROM_MEMORY
 from keras_txl.export.signatures import INITIAL_MEMORY
+from keras_txl.export.signatures import LENGTHS
 from keras_txl.export.signatures import LOG_PROBS
+from keras_txl.export.signatures import MAX_NEW_TOKENS
 from keras_txl.export.signatures import MEMORY
 from keras_txl.export.signatures import NEXT_TOKEN
 from keras_txl.export.signatures import NLL
+from keras_txl.export.signatures import PROMPTS
 from keras_txl.export.signatures import SCORE
+from keras_txl.export.signatures import SEED
 from keras_txl.export.signatures import SERVING_DEFAULT
 from keras_txl.export.signatures import TARGETS
+from keras_txl.export.signatures import TEMPERATURE
+from keras_txl.export.signatures import TEXTS
 from keras_txl.export.signatures import TOKEN_IDS
+from keras_txl.export.signatures import TOP_K
+from keras_txl.export.signatures import TOP_P
 
 
 def serving_apis(module):
@@ -98,6 +115,14 @@ def _as_numpy(value, name="output"):
         raise ServingError(
             f"The server's `{name}` is not a rectangular numeric array: {e}"
         ) from e
+    if array.dtype.kind in "USO" and array.size and all(
+        isinstance(x, (str, bytes)) for x in array.flat
+    ):
+        # Strings: JSON strings (REST) or DT_STRING bytes (gRPC), as str.
+        return np.vectorize(
+            lambda x: x.decode("utf-8", errors="replace")
+            if isinstance(x, bytes) else x, otypes=[object],
+        )(array)
     if array.dtype.kind == "f":
         return array.astype(np.float32)
     if array.dtype.kind not in "iub":
@@ -105,6 +130,14 @@ def _as_numpy(value, name="output"):
             f"The server's `{name}` is not numeric (dtype {array.dtype})."
         )
     return array
+
+
+def _text(array):
+    """An array of str/bytes as an object array of str (JSON strings)."""
+    return np.vectorize(
+        lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x),
+        otypes=[object],
+    )(array)
 
 
 def _short(text, limit=500):
@@ -127,6 +160,9 @@ def encode_rest_request(signature_name: str, inputs: dict, form: str = "inputs")
     if form not in REST_FORMS:
         raise ValueError(f"`form` must be one of {REST_FORMS}, received {form!r}.")
     arrays = {k: np.asarray(v) for k, v in inputs.items()}
+    arrays = {
+        k: (_text(v) if v.dtype.kind in "OSU" else v) for k, v in arrays.items()
+    }
     if form == "inputs":
         return {
             "signature_name": signature_name,
@@ -582,6 +618,98 @@ class TXLServingClient:
         """`next_token`: (B, V) log-probs of the next token; memory carried."""
         ids = self._token_array(TOKEN_IDS, token_ids)
         return self._call(NEXT_TOKEN, {TOKEN_IDS: ids}, LOG_PROBS)
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_k=0,
+                 top_p=1.0, seed=0, memory=None):
+        """The server's `generate` signature: whole continuations, one call.
+
+        Args:
+            prompts: list of str (at least one character each).
+            max_new_tokens: int >= 1 (the server caps it, 1024 by default).
+            temperature: float >= 0; 0 is greedy.
+            top_k: int >= 0 (0: all ids). top_p: float in (0, 1] (1: all).
+            seed: int. The same request with the same seed gives the same
+                texts.
+            memory: (B, L, M, D) float array to continue from (a memory a
+                previous `generate` returned), or None (a new text). With
+                a memory, `generate_from_memory` is called.
+
+        Returns:
+            `(texts, memory)`: list of B str (the continuations) and the
+            (B, L, M, D) float32 memory after each prompt and its
+            continuation (also kept as `self.memory`, so `step` /
+            `next_token` / another `generate(memory=client.memory)` go on
+            from it).
+
+        Raises:
+            ValueError: bad arguments (before anything is sent).
+            ServingError: the server refused or failed the request, or
+                answered something else than the signature's outputs.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise ValueError(
+                "`prompts` must be a list of strings, received "
+                f"{type(prompts).__name__}."
+            )
+        if not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise ValueError(
+                "`prompts` must be a non-empty list of non-empty strings, "
+                f"received {_short(repr(prompts), 200)}."
+            )
+        max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
+        _check_number("temperature", temperature)
+        top_k = checks.non_negative_int("top_k", top_k)
+        if (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
+                or not 0 < top_p <= 1):
+            raise ValueError(
+                f"`top_p` must be in (0, 1] (1 keeps every token). Received: "
+                f"top_p={top_p!r}."
+            )
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"`seed` must be an integer. Received: seed={seed!r}.")
+        batch = len(prompts)
+        inputs = {
+            # Bytes for gRPC's DT_STRING; the REST encoder sends str.
+            PROMPTS: np.array(list(prompts), dtype=object),
+            MAX_NEW_TOKENS: np.int32(max_new_tokens),
+            TEMPERATURE: np.float32(temperature),
+            TOP_K: np.int32(top_k),
+            TOP_P: np.float32(top_p),
+            SEED: np.int64(seed),
+        }
+        signature = GENERATE
+        previous = None
+        if memory is not None:
+            previous = np.asarray(memory)
+            if (previous.dtype.kind != "f" or previous.ndim != 4
+                    or previous.shape[0] != batch):
+                raise ValueError(
+                    "`memory` must be a float array (batch, num_layers, "
+                    f"memory_length, hidden_dim) with batch {batch} (one row "
+                    f"per prompt), received dtype {previous.dtype} and shape "
+                    f"{previous.shape}."
+                )
+            if not np.all(np.isfinite(previous)):
+                raise ValueError("`memory` contains NaN or Inf.")
+            inputs[MEMORY] = previous.astype(np.float32)
+            signature = GENERATE_FROM_MEMORY
+        out = self.transport.predict(
+            signature, inputs, output_names=[TEXTS, MEMORY], form="inputs",
+        )
+        texts = out.get(TEXTS)
+        if texts is None or texts.shape != (batch,) or texts.dtype != object:
+            raise ServingError(
+                f"The server's `{signature}` answer has no `{TEXTS}` of "
+                f"{batch} strings (outputs {sorted(out)}); the client's "
+                "memory is unchanged."
+            )
+        if LENGTHS in out and np.asarray(out[LENGTHS]).shape != (batch,):
+            raise ServingError(
+                f"The server's `{signature}` answer has `{LENGTHS}` of shape "
+                f"{np.asarray(out[LENGTHS]).shape}, expected ({batch},)."
+            )
+        self.memory = self._checked_memory(out, signature, batch, previous)
+        return [str(t) for t in texts], self.memory
 
     def close(self):
         self.transport.close()

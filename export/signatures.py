@@ -15,6 +15,13 @@ export time; L, M, D and V always come from the model config.
 | score           | token_ids, targets (B,T) i32, memory   | nll (B,T), memory                |
 | next_token      | token_ids, memory                      | log_probs (B,V), memory          |
 | reset (stateful TFLite only) | none                      | memory (B,L,M,D) zeros           |
+| generate (*)    | prompts (B,) str, max_new_tokens ()    | texts (B,) str, token_ids (B,N), |
+|                 | i32, temperature, top_k, top_p, seed   | lengths (B,), memory (B,L,M,D)   |
+| generate_from_memory (*) | the same + memory (B,L,M,D)   | the same                         |
+
+(*) SavedModel only, when the model has a preprocessor (a tokenizer whose
+tokenize/detokenize are graph ops): the whole decoding loop runs inside
+the graph, one request gives a whole continuation (`generate_functions`).
 
 The stateful TFLite variant keeps the memory in a resource variable: its
 `serving_default`, `score` and `next_token` take no `memory` input and
@@ -40,6 +47,24 @@ MEMORY = "memory"
 BATCH_SIZE = "batch_size"
 LOG_PROBS = "log_probs"
 NLL = "nll"
+
+# Text in, text out (`generate_functions`).
+GENERATE = "generate"
+GENERATE_FROM_MEMORY = "generate_from_memory"
+PROMPTS = "prompts"
+MAX_NEW_TOKENS = "max_new_tokens"
+TEMPERATURE = "temperature"
+TOP_K = "top_k"
+TOP_P = "top_p"
+SEED = "seed"
+TEXTS = "texts"
+LENGTHS = "lengths"
+GENERATE_SIGNATURES = (GENERATE, GENERATE_FROM_MEMORY)
+# Caps of one `generate` request (the loop runs prompt + new tokens steps
+# for the longest row, and its token buffer is B x that length).
+MAX_NEW_TOKENS_CAP = 1024
+MAX_PROMPT_TOKENS = 4096
+MAX_GENERATE_BATCH = 256
 
 SAVED_MODEL_SIGNATURES = (SERVING_DEFAULT, INITIAL_MEMORY, SCORE, NEXT_TOKEN)
 # The largest memory `initial_memory` allocates for one request (4 GiB).
@@ -130,7 +155,34 @@ def signature_table(
         default = STATEFUL_TFLITE_SIGNATURES
     else:
         default = SAVED_MODEL_SIGNATURES
+    if names and set(names) & set(GENERATE_SIGNATURES):
+        table.update(generate_signature_table(config))
     return {name: table[name] for name in (names or default)}
+
+
+def generate_signature_table(config) -> dict:
+    """`{generate, generate_from_memory}` entries of `signature_table`."""
+    mem = ("float32", memory_shape(config, None))
+    inputs = {
+        PROMPTS: ("string", (None,)),
+        MAX_NEW_TOKENS: ("int32", ()),
+        TEMPERATURE: ("float32", ()),
+        TOP_K: ("int32", ()),
+        TOP_P: ("float32", ()),
+        SEED: ("int64", ()),
+    }
+    outputs = {
+        TEXTS: ("string", (None,)),
+        TOKEN_IDS: ("int32", (None, None)),
+        LENGTHS: ("int32", (None,)),
+        MEMORY: mem,
+    }
+    return {
+        GENERATE: {"inputs": dict(inputs), "outputs": dict(outputs)},
+        GENERATE_FROM_MEMORY: {
+            "inputs": {**inputs, MEMORY: mem}, "outputs": dict(outputs)
+        },
+    }
 
 
 # --- pure signature functions --------------------------------------------
@@ -369,3 +421,255 @@ def stateful_signature_functions(
         NEXT_TOKEN: (next_token, [specs[TOKEN_IDS]]),
         RESET: (reset, []),
     }
+
+
+# --- text in, text out: the whole decoding loop in the graph ---------------
+
+
+def generate_input_specs(config) -> dict:
+    """Named `tf.TensorSpec`s of the `generate` signatures' inputs."""
+    import tensorflow as tf
+
+    return {
+        PROMPTS: tf.TensorSpec([None], tf.string, PROMPTS),
+        MAX_NEW_TOKENS: tf.TensorSpec([], tf.int32, MAX_NEW_TOKENS),
+        TEMPERATURE: tf.TensorSpec([], tf.float32, TEMPERATURE),
+        TOP_K: tf.TensorSpec([], tf.int32, TOP_K),
+        TOP_P: tf.TensorSpec([], tf.float32, TOP_P),
+        SEED: tf.TensorSpec([], tf.int64, SEED),
+        MEMORY: tf.TensorSpec(
+            list(memory_shape(config, None)), tf.float32, MEMORY
+        ),
+    }
+
+
+def seeded_choice(temperature, top_k, top_p, seed):
+    """A stateless, seeded `choose(log_probs (B, V), index) -> (B,)` for
+    `keras_txl.decoding.decode_loop(..., choose_with_index=True)`.
+
+    Hand-written rather than a keras-hub sampler: those draw from a
+    stateful `SeedGenerator` (a variable the SavedModel would share between
+    concurrent requests, so a seed could not make one request
+    reproducible) and fix temperature/k/p when they are built, while a
+    serving request brings its own options and seed as tensors. Here every
+    draw is `tf.random.stateless_categorical` keyed by (seed, position
+    written): the same request gives the same output.
+
+    Args:
+        temperature: () float32 >= 0; 0 is greedy (argmax).
+        top_k: () int32 >= 0; keep the k most likely ids (0: all).
+        top_p: () float32 in (0, 1]; keep the smallest set of most likely
+            ids whose probability reaches top_p (1: all).
+        seed: () int64.
+    """
+    import tensorflow as tf
+
+    def choose(log_probs, index):
+        log_probs = tf.cast(log_probs, tf.float32)  # (B, V)
+        vocabulary_size = tf.shape(log_probs)[-1]
+        greedy = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (B,)
+        logits = log_probs / tf.maximum(temperature, 1e-6)
+        # top-k: the k-th largest value of each row is the threshold.
+        k = tf.where(top_k > 0, tf.minimum(top_k, vocabulary_size),
+                     vocabulary_size)
+        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")  # (B, V)
+        kth = tf.gather(ordered, k - 1, axis=-1)[:, None]  # (B, 1)
+        logits = tf.where(logits >= kth, logits, -float("inf"))
+        # top-p on what top-k kept: keep ids until the mass before them
+        # reaches top_p (the most likely id is always kept).
+        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")
+        probs = tf.nn.softmax(ordered, axis=-1)
+        before = tf.cumsum(probs, axis=-1, exclusive=True)  # (B, V)
+        kept = tf.where(before < top_p, ordered, float("inf"))
+        threshold = tf.reduce_min(kept, axis=-1, keepdims=True)  # (B, 1)
+        logits = tf.where(logits >= threshold, logits, -float("inf"))
+        key = tf.stack([seed, tf.cast(index, tf.int64)])  # (2,)
+        sampled = tf.random.stateless_categorical(
+            logits, 1, seed=key, dtype=tf.int32
+        )[:, 0]
+        return tf.where(temperature > 0, sampled, greedy)
+
+    return choose
+
+
+def _eager_tokenizer_constants(tokenizer):
+    """keras-hub's ByteTokenizer/UnicodeCodepointTokenizer build their
+    lookup constant lazily in the first graph that detokenizes and keep it:
+    a second traced function (the other `generate` signature, a re-export)
+    would capture a tensor of a dead graph. Build it eagerly instead."""
+    import tensorflow as tf
+
+    initialize = getattr(tokenizer, "_maybe_initialized_tf", None)
+    if initialize is None:
+        return
+    if hasattr(tokenizer, "_char_lst"):
+        tokenizer._char_lst = None
+    with tf.init_scope():
+        initialize()
+
+
+def generate_functions(
+    model,
+    names: tuple = GENERATE_SIGNATURES,
+    max_new_tokens_cap: int = MAX_NEW_TOKENS_CAP,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    max_batch_size: int = MAX_GENERATE_BATCH,
+) -> dict:
+    """Pure functions of the `generate` / `generate_from_memory` signatures.
+
+    Strings in, strings out: the prompts are tokenized by the model's
+    preprocessor's tokenizer (graph ops), right-padded to the longest
+    prompt plus `max_new_tokens`, decoded by
+    `keras_txl.decoding.decode_loop` (a `tf.while_loop`, one token per
+    step with the memory key/value cache) and the new tokens detokenized.
+    Every row gets at most `max_new_tokens` (fewer after the tokenizer's
+    `end_token_id`, if it has one), and its memory covers exactly its
+    prompt and its new tokens, as if it were generated alone.
+
+    Args:
+        model: `TransformerXLCausalLM` with a preprocessor.
+        names: which of the two signatures to build.
+        max_new_tokens_cap, max_prompt_tokens, max_batch_size: int. Larger
+            requests are refused (one request holds the loop for prompt +
+            new tokens steps and a B x that token buffer).
+
+    Returns:
+        `{name: (function, [TensorSpec, ...])}` as `signature_functions`.
+        Outputs: "texts" (B,) string, the continuations; "token_ids"
+        (B, max_new_tokens) int32, the new ids (0 after each row's
+        "lengths" (B,) int32); "memory" (B, L, M, D) float32, the memory
+        after each row's prompt and continuation (feed it to
+        `generate_from_memory` to continue).
+
+    Raises:
+        ValueError: the model has no preprocessor/tokenizer.
+    """
+    import tensorflow as tf
+
+    from keras_txl.decoding import decode_loop
+
+    tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(
+            "The `generate` signatures need a model with a preprocessor "
+            "(a TransformerXLCausalLMPreprocessor with a tokenizer): attach "
+            "one, or export the id-level signatures only."
+        )
+    _eager_tokenizer_constants(tokenizer)
+    config = model.txl_config
+    specs = generate_input_specs(config)
+    end = getattr(tokenizer, "end_token_id", None)
+    stop_token_ids = None if end is None else (int(end),)
+    pad = int(getattr(tokenizer, "pad_token_id", None) or 0)
+    mem_shape = list(memory_shape(config, None))
+
+    def checked(prompts, max_new_tokens, temperature, top_k, top_p):
+        batch = tf.shape(prompts)[0]
+        return [
+            tf.debugging.assert_positive(
+                batch, message="`prompts` must hold at least one prompt"),
+            tf.debugging.assert_less_equal(
+                batch, max_batch_size,
+                message=f"`prompts` may hold at most {max_batch_size} "
+                "prompts per request"),
+            tf.debugging.assert_positive(
+                max_new_tokens, message="`max_new_tokens` must be >= 1"),
+            tf.debugging.assert_less_equal(
+                max_new_tokens, max_new_tokens_cap,
+                message=f"`max_new_tokens` must be <= {max_new_tokens_cap} "
+                "(the cap of one request; continue with "
+                "generate_from_memory)"),
+            tf.debugging.assert_all_finite(
+                temperature, "`temperature` must be finite"),
+            tf.debugging.assert_non_negative(
+                temperature,
+                message="`temperature` must be >= 0 (0 is greedy)"),
+            tf.debugging.assert_non_negative(
+                top_k, message="`top_k` must be >= 0 (0 keeps every token)"),
+            tf.debugging.assert_positive(
+                top_p, message="`top_p` must be in (0, 1] (1 keeps every "
+                "token)"),
+            tf.debugging.assert_less_equal(
+                top_p, 1.0, message="`top_p` must be in (0, 1] (1 keeps "
+                "every token)"),
+        ]
+
+    def run(prompts, max_new_tokens, temperature, top_k, top_p, seed,
+            memory=None):
+        prompts = tf.ensure_shape(prompts, [None])
+        with tf.control_dependencies(
+            checked(prompts, max_new_tokens, temperature, top_k, top_p)
+        ):
+            tokens = tokenizer.tokenize(prompts)  # (B, None) ragged
+        tokens = tf.cast(tokens, tf.int32)
+        prompt_lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)
+        deps = [
+            tf.debugging.assert_positive(
+                prompt_lengths, message="`prompts`: every prompt must "
+                "tokenize to at least one token (an empty prompt has "
+                "nothing to continue)"),
+            tf.debugging.assert_less_equal(
+                prompt_lengths, max_prompt_tokens,
+                message=f"`prompts`: a prompt may hold at most "
+                f"{max_prompt_tokens} tokens"),
+        ]
+        if memory is not None:
+            memory = tf.ensure_shape(memory, mem_shape)
+            deps += [
+                tf.debugging.assert_equal(
+                    tf.shape(memory)[0], tf.shape(prompts)[0],
+                    message="`memory` and `prompts` must have the same "
+                    "batch size; pass the memory returned for these "
+                    f"prompts. Expected memory shape (batch, "
+                    f"{', '.join(str(d) for d in mem_shape[1:])})"),
+                tf.debugging.assert_all_finite(
+                    memory, "`memory` contains NaN or Inf; pass the "
+                    "memory a generate signature returned"),
+            ]
+        with tf.control_dependencies(deps):
+            prompt_lengths = tf.identity(prompt_lengths)
+        batch = tf.shape(prompt_lengths)[0]
+        length = tf.reduce_max(prompt_lengths) + max_new_tokens  # S
+        token_ids = tokens.to_tensor(
+            default_value=pad, shape=tf.stack([batch, length])
+        )  # (B, S)
+        positions = tf.range(length)[None, :]  # (1, S)
+        padding_mask = positions < prompt_lengths[:, None]  # (B, S)
+        out = decode_loop(
+            model, token_ids, padding_mask,
+            seeded_choice(temperature, top_k, top_p, seed),
+            memory=memory, stop_token_ids=stop_token_ids,
+            max_lengths=prompt_lengths + max_new_tokens,
+            choose_with_index=True,
+        )
+        total = tf.reduce_sum(tf.cast(out["padding_mask"], tf.int32), axis=1)
+        lengths = total - prompt_lengths  # (B,) new tokens of each row
+        steps = tf.range(max_new_tokens)[None, :]  # (1, N)
+        where = tf.minimum(prompt_lengths[:, None] + steps, length - 1)
+        new_ids = tf.gather(out["token_ids"], where, batch_dims=1)  # (B, N)
+        new_ids = tf.where(steps < lengths[:, None], new_ids, 0)
+        texts = tokenizer.detokenize(
+            tf.RaggedTensor.from_tensor(new_ids, lengths=lengths)
+        )
+        return {
+            TEXTS: tf.ensure_shape(texts, [None]),
+            TOKEN_IDS: new_ids,
+            LENGTHS: lengths,
+            MEMORY: tf.ensure_shape(out["memory"], mem_shape),
+        }
+
+    def generate(prompts, max_new_tokens, temperature, top_k, top_p, seed):
+        return run(prompts, max_new_tokens, temperature, top_k, top_p, seed)
+
+    def generate_from_memory(prompts, max_new_tokens, temperature, top_k,
+                             top_p, seed, memory):
+        return run(prompts, max_new_tokens, temperature, top_k, top_p, seed,
+                   memory)
+
+    common = [specs[n] for n in (PROMPTS, MAX_NEW_TOKENS, TEMPERATURE,
+                                 TOP_K, TOP_P, SEED)]
+    table = {
+        GENERATE: (generate, common),
+        GENERATE_FROM_MEMORY: (generate_from_memory, common + [specs[MEMORY]]),
+    }
+    return {name: table[name] for name in names}

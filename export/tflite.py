@@ -17,7 +17,10 @@ Two variants:
 `export_tflite_variants` converts one SavedModel to several quantizations
 (float32, float16 weights, dynamic-range int8). Beside each .tflite file go
 `config.json` (the model config), `<stem>.json` (shapes, signatures,
-quantization) and `tokenizer/` when given.
+quantization), `tokenizer/` when given and, for a model with a
+preprocessor, the tokenizer's vocabulary for the app (`write_vocabulary`:
+LiteRT has no tensorflow-text ops, so the TFLite model keeps id-level
+signatures and the app tokenizes with this file).
 
 `TFLiteRunner` and `run_tflite` need only `ai_edge_litert` and numpy (no
 TensorFlow import), so they run on a device-like Python too. The raw
@@ -52,6 +55,8 @@ from keras_txl.export.signatures import TARGETS
 from keras_txl.export.signatures import TOKEN_IDS
 
 QUANTIZATIONS = ("none", "float16", "dynamic_int8")
+VOCABULARY_FILE = "vocabulary.json"
+VOCABULARY_INFO_FILE = "vocabulary_info.json"
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +182,69 @@ def _tflite_saved_model(model, directory, batch_size, segment_length, stateful):
     return tuple(functions)
 
 
+def _vocabulary_list(tokenizer):
+    """The tokens in id order (`get_vocabulary()` is a list, or a
+    token -> id dict for keras-hub's byte tokenizer)."""
+    vocabulary = tokenizer.get_vocabulary()
+    if isinstance(vocabulary, dict):
+        tokens = [None] * len(vocabulary)
+        for token, index in vocabulary.items():
+            tokens[int(index)] = token
+        return tokens
+    return [str(token) for token in vocabulary]
+
+
+def write_vocabulary(tokenizer, directory: str) -> list:
+    """Writes the tokenizer's vocabulary beside a TFLite model, for the app.
+
+    A tokenizer with `export_vocabulary(directory)` writes its own files
+    (the keras-txl tokenizer layers); any other keras-hub tokenizer gets
+    `vocabulary.json` (a JSON array: token i at index i, so any character,
+    newlines and control bytes included, survives) and
+    `vocabulary_info.json` ({"kind", "vocabulary_size", "end_token_id",
+    "unknown_token_id", "pad_token_id"}; null where the tokenizer has none).
+
+    Returns:
+        list of the paths written.
+    """
+    export = getattr(tokenizer, "export_vocabulary", None)
+    if callable(export):
+        written = export(directory)
+        return list(written) if isinstance(written, (list, tuple)) else [written]
+    tokens = _vocabulary_list(tokenizer)
+    size = tokenizer.vocabulary_size
+    size = int(size() if callable(size) else size)
+    if len(tokens) != size:
+        raise ValueError(
+            f"The tokenizer's get_vocabulary() holds {len(tokens)} tokens but "
+            f"its vocabulary_size is {size}."
+        )
+
+    def token_id(*names):
+        for name in names:
+            value = getattr(tokenizer, name, None)
+            if value is not None:
+                return int(value)
+        return None
+
+    info = {
+        "kind": type(tokenizer).__name__,
+        "vocabulary_size": size,
+        "vocabulary_file": VOCABULARY_FILE,
+        "end_token_id": token_id("end_token_id"),
+        "unknown_token_id": token_id("unknown_token_id", "unk_token_id"),
+        "pad_token_id": token_id("pad_token_id"),
+    }
+    paths = []
+    for name, content in ((VOCABULARY_FILE, tokens), (VOCABULARY_INFO_FILE, info)):
+        path = os.path.join(directory, name)
+        _write_bytes(path, (json.dumps(content, ensure_ascii=False, indent=None
+                                       if name == VOCABULARY_FILE else 2)
+                            + "\n").encode("utf-8"))
+        paths.append(path)
+    return paths
+
+
 def export_tflite_variants(
     model,
     out_paths: dict,
@@ -223,6 +291,9 @@ def export_tflite_variants(
         )
         directory = os.path.dirname(os.path.abspath(path))
         saved_model.write_side_files(directory, model, tokenizer_dir=tokenizer_dir)
+        tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
+        if tokenizer is not None:
+            write_vocabulary(tokenizer, directory)
         stem = os.path.splitext(os.path.basename(path))[0]
         with open(os.path.join(directory, f"{stem}.json"), "w") as f:
             json.dump(info, f, indent=2, sort_keys=True)

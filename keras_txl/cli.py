@@ -1,4 +1,5 @@
-"""The `txl` command: prepare, train, eval, export, generate, attention, demo, recl.
+"""The `txl` command: prepare, train, eval, export, generate, serve-client, attention, demo,
+recl.
 
 Each subcommand imports `training/` or `export/` lazily, so `txl --help`
 is fast and the model package does not depend on them. Runs are quiet by
@@ -7,6 +8,7 @@ only with `txl -v` (see `keras_txl/console.py`).
 """
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -227,10 +229,15 @@ def build_parser():
 
     p = add_command(
         "generate", "sample text (or ids) with the memory, streamed",
-        description="Feeds the prompt in segments to fill the memory, then "
-        "samples one token at a time and prints each as it comes. The prompt "
-        "is printed as the model received it (characters the tokenizer does "
-        "not know are named in a warning).",
+        description="A Keras model (--workdir, --from-hf, --from-official) "
+        "generates with keras-hub's compiled loop (model.generate; the prompt "
+        "fed one token at a time) and prints the continuation when done; a "
+        "SavedModel with a generate signature decodes in its graph. With "
+        "--no-cache, --schedule or --segment-length, and for other exports, "
+        "the host loop feeds the prompt in segments, then samples one token "
+        "at a time and prints each as it comes. The prompt is printed as the "
+        "model received it (characters the tokenizer does not know are named "
+        "in a warning).",
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", default=None,
@@ -270,6 +277,38 @@ def build_parser():
                    help="token: new tokens one at a time (default); segment: "
                    "as in training, re-running the current segment (the "
                    "only choice for a TFLite model exported with T > 1)")
+
+    p = add_command(
+        "serve-client", "ask a TF Serving deployment for text (its "
+        "generate signature)",
+        description="Sends the prompts to a TF Serving deployment of a "
+        "SavedModel exported with a tokenizer (its `generate` signature: "
+        "the whole continuation in one request) over REST or gRPC, and "
+        "prints one JSON line per prompt: {\"prompt\", \"text\"} (text "
+        "is the continuation).",
+    )
+    p.add_argument("mode", choices=["generate"], help="what to ask for")
+    server = p.add_mutually_exclusive_group(required=True)
+    server.add_argument("--rest", default=None, metavar="URL",
+                        help="REST root, e.g. http://localhost:8501")
+    server.add_argument("--grpc", default=None, metavar="HOST:PORT",
+                        help="gRPC target, e.g. localhost:8500")
+    p.add_argument("--model-name", dest="model_name", default="txl",
+                   help="TF Serving's MODEL_NAME")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text (repeatable: one batch)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   default=50, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 is greedy decoding")
+    p.add_argument("--top-k", dest="top_k", type=int, default=0,
+                   help="sample among the k most likely (0: all)")
+    p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
+                   help="nucleus sampling threshold (1: all)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="same seed, same output")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds for the whole request")
 
     p = add_command(
         "attention", "attention heatmaps, score terms and loss by "
@@ -574,11 +613,37 @@ def _generate(args):
             raise ValueError("--prompt encodes to no tokens; give some text.")
     else:
         prompt_ids = _parse_ids(args.prompt_ids, "--prompt-ids")
-    tokens = generate_iter(
-        backend, prompt_ids, args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        segment_length=args.segment_length, schedule=args.schedule,
-    )
+    if (tokenizer is not None and getattr(backend, "has_generate", False)
+            and args.schedule is None and args.segment_length is None):
+        # A SavedModel exported with its tokenizer: its `generate`
+        # signature decodes the whole continuation in the graph.
+        (text,) = backend.generate_texts(
+            [args.prompt], args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        )
+        sys.stdout.write(received + text + "\n")
+        sys.stdout.flush()
+        return 0
+    model = getattr(backend, "model", None)  # a Keras source
+    if (model is not None and args.use_cache and args.schedule is None
+            and args.segment_length is None and args.max_new_tokens >= 1):
+        # keras-hub's compiled loop (model.generate): the whole continuation
+        # in one tf.function, printed when it is done.
+        from keras_txl.generation import generate_ids
+
+        (new,) = generate_ids(
+            model, [prompt_ids], args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed,
+        )
+        tokens = iter(new.tolist())
+    else:
+        tokens = generate_iter(
+            backend, prompt_ids, args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, segment_length=args.segment_length,
+            schedule=args.schedule,
+        )
     out = sys.stdout
     start, count = time.perf_counter(), 0
     if tokenizer is not None:
@@ -603,6 +668,30 @@ def _generate(args):
         "%d tokens in %.2fs (%.1f tokens/s, first-call tracing included)",
         count, seconds, count / seconds if seconds else 0.0,
     )
+    return 0
+
+
+def _serve_client(args):
+    """`txl serve-client generate`: one request, one JSON line per prompt."""
+    from keras_txl.export.serving_client import ServingError
+    from keras_txl.export.serving_client import TXLServingClient
+
+    if args.rest:
+        client = TXLServingClient.rest(args.rest, args.model_name,
+                                       timeout=args.timeout)
+    else:
+        client = TXLServingClient.grpc(args.grpc, args.model_name,
+                                       timeout=args.timeout)
+    with client:
+        try:
+            texts, _ = client.generate(
+                args.prompt, args.max_new_tokens, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            )
+        except ServingError as e:
+            raise ValueError(f"the server answered: {e}") from e
+    for prompt, text in zip(args.prompt, texts):
+        print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
     return 0
 
 
@@ -761,6 +850,8 @@ def main(argv=None):
             return export_cli.run(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve-client":
+            return _serve_client(args)
         if args.command == "attention":
             return _attention(args)
         if args.command == "demo":

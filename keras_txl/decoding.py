@@ -73,7 +73,8 @@ def mask_after_stop(token_ids, padding_mask, stop_token_ids):
 
 
 def decode_loop(model, token_ids, padding_mask, choose, memory=None,
-                memory_mask=None, stop_token_ids=None):
+                memory_mask=None, stop_token_ids=None, max_lengths=None,
+                choose_with_index=False):
     """Fills the padding after each prompt with chosen tokens.
 
     Args:
@@ -88,6 +89,12 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         memory: (B, L, M, D) float32 memory to continue from, or None.
         memory_mask: (B, M) bool validity of `memory`'s slots, or None.
         stop_token_ids: tuple of ints or None.
+        max_lengths: (B,) int or None: each row's length limit (prompt plus
+            new tokens, at most S); None: S for every row. A row stops at
+            its limit as at a stop token (its memory covers up to it).
+        choose_with_index: bool. Call `choose(log_probs, index)` with the
+            () int32 position being written (a stateless sampler folds it
+            into its seed: the step is not otherwise visible to `choose`).
 
     Returns:
         dict: "token_ids" (B, S) int32 (prompts and chosen tokens),
@@ -104,6 +111,8 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
     # W_R R is the same for every step: a constant, not a loop variable.
     positions = cache.pop("positions", None)
     last = ops.full((batch_size,), length - 1, "int32")  # each row's last token
+    if max_lengths is not None:
+        last = ops.minimum(last, ops.cast(max_lengths, "int32") - 1)
     stops = tuple(stop_token_ids or ())
 
     def cond(index, token_ids, cache, last):
@@ -129,12 +138,17 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         write = ops.minimum(index, length - 1)
         min_index = write
         log_probs = model.log_probs_from_hidden(hidden)[:, 0]  # (B, V)
-        chosen = ops.cast(choose(log_probs), "int32")
+        chosen = ops.cast(
+            choose(log_probs, write) if choose_with_index else choose(log_probs),
+            "int32",
+        )
         in_prompt = ops.take(padding_mask, min_index, axis=1)
         current = ops.take(token_ids, min_index, axis=1)
         # A row writes position `index` until it has written a stop token
         # (then `last` < index: it only feeds that stop token).
         writing = ops.logical_and(
+            # index <= last: nothing is written past a row's limit (its
+            # max length or its stop token).
             ops.logical_and(index < length, index <= last),
             ops.logical_not(in_prompt),
         )

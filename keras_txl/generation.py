@@ -1,5 +1,13 @@
 """Sampling with the memory, on the Keras model or an exported one.
 
+Keras models generate through keras-hub: `generate_ids` / `generate_text`
+map temperature, top-k, top-p and seed to a keras-hub sampler
+(`sampler_from_options`) and call `TransformerXLCausalLM.generate`, the
+compiled, batched loop (`keras_txl.decoding`). The host loop below (one
+compiled step per token, NumPy sampling) remains for exported models that
+only have id-level signatures (a TFLite model; a SavedModel without the
+`generate` signature) and for `txl generate`'s streaming.
+
 One sampling loop (`generate` / `generate_iter`) drives any of three
 backends through the same small interface:
 
@@ -417,6 +425,61 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
     return np.asarray(new, dtype=np.int32)
 
 
+# === keras-hub generation (compiled, batched) ===
+
+
+def sampler_from_options(temperature=1.0, top_k=0, top_p=1.0, seed=None):
+    """The keras-hub sampler for `txl generate`'s options.
+
+    temperature 0: `GreedySampler`; top_p < 1: `TopPSampler(p, k=top_k or
+    None)`; top_k > 0: `TopKSampler(k)`; otherwise `RandomSampler`; each
+    with `temperature` and `seed` (a new sampler with the same seed draws
+    the same tokens).
+    """
+    from keras_hub import samplers
+
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    if seed is not None:
+        seed = checks.non_negative_int("seed", seed)
+    if temperature == 0:
+        return samplers.GreedySampler()
+    if top_p < 1:
+        return samplers.TopPSampler(p=top_p, k=top_k or None, seed=seed,
+                                    temperature=temperature)
+    if top_k:
+        return samplers.TopKSampler(k=top_k, seed=seed, temperature=temperature)
+    return samplers.RandomSampler(seed=seed, temperature=temperature)
+
+
+def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
+                 top_p=1.0, seed=None):
+    """New ids for a batch of id prompts, by `model.generate` (compiled).
+
+    Args:
+        model: `TransformerXLCausalLM` (not stateful).
+        prompts: list of 1-D int sequences (any lengths, at least one id).
+        max_new_tokens: int >= 1. Every row gets this many (fewer after a
+            stop token of the model's tokenizer).
+        temperature, top_k, top_p, seed: see `sampler_from_options`.
+
+    Returns:
+        list of int32 arrays, the new ids of each prompt.
+    """
+    max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(
+            "`prompts` must be a non-empty list of id sequences, received "
+            f"{type(prompts).__name__}."
+        )
+    rows = [[int(i) for i in np.asarray(p).reshape(-1)] for p in prompts]
+    model.compile(sampler=sampler_from_options(temperature, top_k, top_p, seed))
+    outputs = model.generate(
+        rows, max_length=max(len(r) for r in rows) + max_new_tokens,
+        strip_prompt=True,
+    )
+    return [np.asarray(out, np.int32)[:max_new_tokens] for out in outputs]
+
+
 # === Text ===
 
 
@@ -464,15 +527,19 @@ class TextStream:
         return piece
 
 
-def generate_text(model_dir, prompt, max_new_tokens=200, **kwargs):
+def generate_text(model_dir, prompt, max_new_tokens=200, temperature=1.0,
+                  top_k=0, top_p=1.0, seed=None):
     """Loads a model folder and its tokenizer, returns prompt + continuation.
+
+    Generates with `model.generate` (keras-hub's compiled loop, the prompt
+    fed one token at a time; see `generate_ids`).
 
     Args:
         model_dir: str. A folder written by `save_pretrained` with a
             `tokenizer/` inside.
         prompt: str.
-        max_new_tokens: int.
-        **kwargs: passed to `generate`.
+        max_new_tokens: int >= 1.
+        temperature, top_k, top_p, seed: see `sampler_from_options`.
     """
     from keras_txl.io import load_pretrained
     from keras_txl.io import tokenizer_directory
@@ -485,7 +552,13 @@ def generate_text(model_dir, prompt, max_new_tokens=200, **kwargs):
     tokenizer = load_tokenizer(directory)
     tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
     prompt_ids = tokenizer.encode(prompt)
+    if len(prompt_ids) == 0:
+        raise ValueError("`prompt` encodes to no tokens; give some text.")
+    (new,) = generate_ids(model, [prompt_ids], max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p,
+                          seed=seed)
     stream = TextStream(tokenizer, prompt_ids)
-    generate(model, prompt_ids, max_new_tokens, on_token=stream.add, **kwargs)
+    for token in new:
+        stream.add(token)
     stream.finish()
     return prompt + stream.text

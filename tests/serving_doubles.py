@@ -144,6 +144,9 @@ def _first_lines(message, limit=600):
 
 
 def _json_to_array(value, dtype, name):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "O":  # DT_STRING: JSON strings, or {"b64": ...} objects
+        return _json_to_strings(value, name)
     try:
         array = np.asarray(value)
     except ValueError:
@@ -168,6 +171,37 @@ def _json_to_array(value, dtype, name):
     elif array.size and array.dtype.kind not in "iubf":
         raise PredictError(f"Input {name!r}: expected numbers.")
     return array.astype(dtype)
+
+
+def _json_to_strings(value, name):
+    import base64
+
+    def one(item):
+        if isinstance(item, str):
+            return item.encode("utf-8")
+        if isinstance(item, dict) and set(item) == {"b64"}:
+            return base64.b64decode(item["b64"])
+        raise PredictError(
+            f"Input {name!r} is a string tensor: expected JSON strings (or "
+            f'{{"b64": ...}} objects), received {type(item).__name__}.'
+        )
+
+    if isinstance(value, list):
+        if any(isinstance(v, list) for v in value):
+            raise PredictError(f"Input {name!r}: expected a list of strings.")
+        return np.array([one(v) for v in value], dtype=object).reshape(len(value))
+    return np.array(one(value), dtype=object)
+
+
+def _jsonable(array):
+    """An output as JSON: strings as JSON strings (TF Serving does so for
+    valid UTF-8), numbers as lists."""
+    if array.dtype == object:
+        return np.vectorize(
+            lambda x: x.decode("utf-8") if isinstance(x, bytes) else x,
+            otypes=[object],
+        )(array).tolist()
+    return array.tolist()
 
 
 def decode_rest_request(body: dict, input_dtypes: dict) -> tuple:
@@ -239,8 +273,8 @@ def encode_rest_response(outputs: dict, form: str) -> dict:
     """
     if form == "inputs":
         if len(outputs) == 1:
-            return {"outputs": next(iter(outputs.values())).tolist()}
-        return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
+            return {"outputs": _jsonable(next(iter(outputs.values())))}
+        return {"outputs": {k: _jsonable(v) for k, v in outputs.items()}}
     sizes = {v.shape[0] if v.ndim else None for v in outputs.values()}
     if len(sizes) != 1 or None in sizes:
         raise PredictError(
@@ -249,10 +283,11 @@ def encode_rest_response(outputs: dict, form: str) -> dict:
         )
     (batch,) = sizes
     if len(outputs) == 1:
-        return {"predictions": next(iter(outputs.values())).tolist()}
+        return {"predictions": _jsonable(next(iter(outputs.values())))}
+    columns = {k: _jsonable(v) for k, v in outputs.items()}
     return {
         "predictions": [
-            {k: v[i].tolist() for k, v in outputs.items()} for i in range(batch)
+            {k: v[i] for k, v in columns.items()} for i in range(batch)
         ]
     }
 

@@ -69,7 +69,8 @@ def test_top_level_help_lists_every_command():
     sub = subcommands(parser)
     helps = {a.dest: a.help for a in sub._choices_actions}
     assert set(helps) == set(sub.choices) == {
-        "prepare", "train", "eval", "export", "generate", "attention", "demo", "recl"}
+        "prepare", "train", "eval", "export", "generate", "serve-client", "attention",
+        "demo", "recl"}
     for name, help_text in helps.items():
         assert help_text and f"{name} {' '.join(help_text.split())}" in text, name
         assert name in parser.description

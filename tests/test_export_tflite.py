@@ -317,3 +317,41 @@ def test_export_arguments_are_checked(artifacts, tmp_path):
     with pytest.raises(ValueError, match="n \\* segment_length"):
         tflite.run_tflite(artifacts.paths["float32"], artifacts.ids[:, :T + 1])
     assert os.listdir(tmp_path) == []
+
+
+def test_token_by_token_tflite_equals_generate_and_ships_the_vocabulary(tmp_path):
+    """What an app does: the T = 1 TFLite model in a host loop, memory fed
+    back, equals `model.generate` (greedy) on prompts of 5, 17 and 40
+    tokens; the tokenizer's vocabulary lies beside the .tflite file."""
+    from testing import byte_causal_lm
+
+    from keras_txl.export.generation import tflite_generate
+
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm()
+    model.compile(sampler="greedy")
+    path = tflite.export_tflite(model, str(tmp_path / "txl.tflite"), batch_size=1,
+                         segment_length=1)
+    with open(tmp_path / tflite.VOCABULARY_FILE, encoding="utf-8") as f:
+        vocabulary = json.load(f)
+    with open(tmp_path / tflite.VOCABULARY_INFO_FILE) as f:
+        info = json.load(f)
+    assert len(vocabulary) == 256 and vocabulary[ord("\n")] == "\n"
+    assert info["kind"] == "ByteTokenizer" and info["vocabulary_size"] == 256
+    assert info["end_token_id"] is None
+    runner = tflite.TFLiteRunner(path)
+    new_tokens, worst = 10, 0.0
+    for text in ["Hello", "The quick brown f",
+                 "Transformer-XL keeps a memory of the pas"]:
+        ids = [vocabulary.index(c) for c in text]  # the app's tokenizer
+        assert ids == list(text.encode())
+        expected, memory = model.generate(
+            [ids], max_length=len(ids) + new_tokens, strip_prompt=True,
+            return_memory=True)
+        got, tflite_memory = tflite_generate(runner, ids, new_tokens)
+        np.testing.assert_array_equal(got, expected[0])
+        worst = max(worst, float(np.abs(tflite_memory - np.asarray(memory)).max()))
+    assert worst < 1e-4
+    print(f"max |memory(TFLite) - memory(generate)| = {worst:.2e}")
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        tflite_generate(runner, [], 1)

@@ -326,6 +326,22 @@ def test_cli_streams_the_same_text_from_every_source(exported, capsys):
     assert outputs["tflite_4"] == outputs["workdir"]
 
 
+def test_cli_samples_a_keras_source_with_model_generate(exported, capsys):
+    """`txl generate --workdir` runs `generate_ids` (keras-hub samplers over
+    the compiled `model.generate`): the same seed, the same text."""
+    model, tokenizer = exported["model"], exported["tokenizer"]
+    argv = ["generate", "--workdir", exported["workdir"], "--prompt", "txl ",
+            "--max-new-tokens", "10", "--temperature", "4.0", "--top-k", "5",
+            "--seed", "3"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    (new,) = generation.generate_ids(model, [tokenizer.encode("txl ")], 10,
+                                     temperature=4.0, top_k=5, seed=3)
+    assert printed == "txl " + tokenizer.decode(new.tolist()) + "\n"
+    assert main(argv) == 0 and capsys.readouterr().out == printed
+    assert len(set(new.tolist())) > 1
+
+
 def test_cli_prompt_ids_with_a_hugging_face_folder(capsys):
     folder = FIXTURES / "hf_transfo_xl_tiny"
     argv = ["generate", "--from-hf", str(folder), "--max-new-tokens", "6",
@@ -343,3 +359,41 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "not a SavedModel" in capsys.readouterr().err
     assert main(["generate", "--workdir", str(tmp_path), "--prompt", "a"]) == 2
     assert "No model" in capsys.readouterr().err
+
+
+# === keras-hub generation: generate_ids / generate_text ===
+
+
+def test_generate_ids_is_batched_compiled_and_seeded():
+    """`generate_ids` (keras-hub samplers over `model.generate`): greedy
+    equals the host loop fed one token at a time, a batch equals each
+    prompt alone, a seed fixes the samples, bad options are refused."""
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny())
+    prompts = [random_ids(n, seed=n).tolist() for n in (2, 5, 9)]
+    batch = generation.generate_ids(model, prompts, 7, temperature=0)
+    for prompt, new in zip(prompts, batch):
+        np.testing.assert_array_equal(
+            generation.generate_ids(model, [prompt], 7, temperature=0)[0], new)
+        np.testing.assert_array_equal(
+            generation.generate(model, prompt, 7, temperature=0, segment_length=1), new)
+    options = dict(temperature=1.0, top_k=6, top_p=0.9, seed=3)
+    first = generation.generate_ids(model, prompts, 12, **options)
+    again = generation.generate_ids(model, prompts, 12, **options)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    samples = {tuple(generation.generate_ids(model, prompts[:1], 12, temperature=1.0,
+                                             seed=s)[0]) for s in range(3)}
+    assert len(samples) > 1
+    # top_k=1 keeps only the most likely id: greedy at any temperature.
+    for a, b in zip(generation.generate_ids(model, prompts, 7, temperature=3.0,
+                                            top_k=1, seed=1), batch):
+        np.testing.assert_array_equal(a, b)
+    for kwargs, message in [({"temperature": -1}, "temperature"), ({"top_p": 0.0}, "top_p"),
+                            ({"top_k": -1}, "top_k"), ({"seed": -1}, "seed")]:
+        with pytest.raises(ValueError, match=message):
+            generation.generate_ids(model, prompts, 3, **kwargs)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generation.generate_ids(model, prompts, 0)
+    with pytest.raises(ValueError, match="non-empty list"):
+        generation.generate_ids(model, [], 3)

@@ -238,3 +238,99 @@ def test_docker_command_serves_the_given_folder(tmp_path, monkeypatch):
         assert mount == {"type": "bind", "source": str(tmp_path / folder),
                          "target": f"/models/{name}"}
         assert argv[argv.index("-e") + 1] == f"MODEL_NAME={name}"
+
+
+# === Text in, text out: the `generate` signatures over REST and gRPC ===
+
+# Non-ASCII prompts: the strings must round-trip as JSON strings (REST) and
+# DT_STRING tensors (gRPC).
+TEXT_PROMPTS = ["Héllo", "naïve café ☕", "Transformer-XL"]
+
+
+@pytest.fixture(scope="module")
+def deployed_text(tmp_path_factory):
+    from testing import byte_causal_lm
+
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("serving_text")
+    saved_model.export_saved_model(byte_causal_lm(), str(tmp / "models"))
+    server = serving_doubles.StandInServer(str(tmp / "models" / "txl")).start()
+    yield server
+    server.stop()
+
+
+def _direct_generate(server, name, prompts, max_new_tokens, memory=None, **options):
+    inputs = serving.generate_request(prompts, max_new_tokens, **options)
+    if memory is not None:
+        inputs[sig.MEMORY] = memory
+    return server.predictor.predict(name, inputs)
+
+
+@pytest.mark.parametrize("kind", ["rest", "grpc"])
+def test_client_generate_matches_the_signature_and_continues(deployed_text, kind):
+    server = deployed_text
+    client = (TXLServingClient.rest(server.rest_url, "txl") if kind == "rest"
+              else TXLServingClient.grpc(server.grpc_target, "txl"))
+    with client:
+        texts, memory = client.generate(TEXT_PROMPTS, 6)
+        direct = _direct_generate(server, sig.GENERATE, TEXT_PROMPTS, 6)
+        assert texts == [t.decode("utf-8") for t in direct[sig.TEXTS]]
+        assert all(isinstance(t, str) for t in texts)
+        np.testing.assert_allclose(memory, direct[sig.MEMORY], atol=1e-6, rtol=0)
+        assert client.memory is memory
+        # Continue from the memory: generate_from_memory.
+        more, memory = client.generate(["!", " é", "."], 4, memory=memory,
+                                       temperature=0.9, top_k=20, seed=7)
+        direct = _direct_generate(server, sig.GENERATE_FROM_MEMORY, ["!", " é", "."],
+                                  4, memory=direct[sig.MEMORY], temperature=0.9,
+                                  top_k=20, seed=7)
+        assert more == [t.decode("utf-8") for t in direct[sig.TEXTS]]
+        np.testing.assert_allclose(memory, direct[sig.MEMORY], atol=1e-6, rtol=0)
+        # The server's own checks come back as ServingErrors naming the input.
+        with pytest.raises(ServingError, match="max_new_tokens"):
+            client.generate(["a"], sig.MAX_NEW_TOKENS_CAP + 1)
+        with pytest.raises(ServingError, match="same batch size"):
+            client.transport.predict(sig.GENERATE_FROM_MEMORY, {
+                **serving.generate_request(["a"], 2),
+                sig.MEMORY: np.zeros((2, *memory.shape[1:]), np.float32)})
+
+
+def test_client_generate_checks_its_arguments_before_sending(deployed_text):
+    client = TXLServingClient.rest(deployed_text.rest_url, "txl")
+    for kwargs, message in [
+        ({"prompts": "one string"}, "list of strings"),
+        ({"prompts": []}, "non-empty list"),
+        ({"prompts": ["a", ""]}, "non-empty strings"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"seed": 1.5}, "seed"),
+        ({"memory": np.zeros((2, 2, 48, 32), np.float32)}, "batch 1"),
+    ]:
+        arguments = {"prompts": ["a"], "max_new_tokens": 2, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            client.generate(**arguments)
+    assert client.memory is None
+
+
+@pytest.mark.parametrize("kind", ["rest", "grpc"])
+def test_txl_serve_client_generate_prints_one_json_line_per_prompt(
+        deployed_text, kind, capsys):
+    from keras_txl.cli import main
+
+    server = ["--rest", deployed_text.rest_url] if kind == "rest" else [
+        "--grpc", deployed_text.grpc_target]
+    code = main(["serve-client", "generate", *server, "--prompt", TEXT_PROMPTS[0],
+                 "--prompt", TEXT_PROMPTS[1], "--max-new-tokens", "5"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    direct = _direct_generate(deployed_text, sig.GENERATE, TEXT_PROMPTS[:2], 5)
+    assert [json.loads(line) for line in lines] == [
+        {"prompt": p, "text": t.decode("utf-8")}
+        for p, t in zip(TEXT_PROMPTS[:2], direct[sig.TEXTS])
+    ]
+    code = main(["serve-client", "generate", *server, "--prompt", "a",
+                 "--max-new-tokens", str(sig.MAX_NEW_TOKENS_CAP + 1)])
+    assert code == 2
+    assert "max_new_tokens" in capsys.readouterr().err

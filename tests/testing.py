@@ -8,6 +8,8 @@ loaded once under its own name: a second import would run it again as a
 different module).
 
 - `tiny_config(**overrides)`: the one small `TransformerXLConfig`.
+- `byte_causal_lm(**overrides)`: a tiny byte-level model with a
+  preprocessor (text in, text out).
 - `chain_segments(fn_or_model, ids, segment_length)`: the one loop that
   feeds segments in order with the memory carried.
 - `signature_reference(model, ids, segment_length)`: the per-segment numbers
@@ -65,6 +67,38 @@ def tiny_config(adaptive=False, **overrides):
         base.update(ADAPTIVE)
     base.update(overrides)
     return TransformerXLConfig.from_dict(base)  # names an unknown key
+
+
+# A tiny byte-level model (vocabulary 256) for text in / text out.
+BYTE = dict(
+    vocabulary_size=256, num_layers=2, hidden_dim=32, num_heads=2,
+    head_dim=16, intermediate_dim=64, segment_length=16, memory_length=48,
+    dropout=0.0, init_std=0.3, projection_init_std=0.3,
+)
+
+
+def byte_tokenizer():
+    """keras-hub's ByteTokenizer (graph-op tokenize/detokenize), keeping
+    case: the stand-in for the keras-txl tokenizer layers."""
+    import keras_hub
+
+    return keras_hub.tokenizers.ByteTokenizer(lowercase=False)
+
+
+def byte_causal_lm(preprocessor=True, **overrides):
+    """A `TransformerXLCausalLM` of `BYTE` (+ `overrides`) with a
+    `TransformerXLCausalLMPreprocessor` around `byte_tokenizer()`."""
+    from keras_txl import TransformerXLCausalLM
+    from keras_txl import TransformerXLConfig
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+
+    config = TransformerXLConfig.from_dict({**BYTE, **overrides})
+    attached = None
+    if preprocessor:
+        attached = TransformerXLCausalLMPreprocessor(
+            byte_tokenizer(), sequence_length=config.segment_length
+        )
+    return TransformerXLCausalLM(config, preprocessor=attached)
 
 
 def random_ids(shape, vocabulary_size=TINY["vocabulary_size"], seed=0):

@@ -1,0 +1,286 @@
+"""The SavedModel `generate` signatures: text in, text out, the loop in the graph.
+
+A tiny byte-level model with a preprocessor (keras-hub's ByteTokenizer:
+tokenize/detokenize are graph ops) is exported once. Greedy decoding of a
+batch of prompts of 5, 17 and 40 tokens through `model.generate` equals
+each prompt alone, and equals the `generate` signature run in a fresh
+Python process (TensorFlow only), tokens, texts and memory. Sampling is
+deterministic for a seed; bad requests fail with messages naming the input.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import serving_doubles
+import tensorflow as tf
+from testing import byte_causal_lm
+
+from keras_txl.export import saved_model
+from keras_txl.export import serving
+from keras_txl.export import signatures as sig
+
+# Token lengths 5, 17 and 40 (one byte per character).
+PROMPTS = ["Hello", "The quick brown f", "Transformer-XL keeps a memory of the pas"]
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm()
+    tmp = tmp_path_factory.mktemp("generate")
+    from keras_txl.tokenizers import ByteTokenizer
+
+    ByteTokenizer().save(tmp / "tokenizer")  # what `txl generate` encodes with
+    version_dir = saved_model.export_saved_model(
+        model, str(tmp / "models"), tokenizer_dir=str(tmp / "tokenizer"))
+    return model, version_dir, tmp
+
+
+def ids_of(text):
+    return list(text.encode("utf-8"))
+
+
+def call(signature, prompts, max_new_tokens=NEW, memory=None, **options):
+    inputs = serving.generate_request(prompts, max_new_tokens, **options)
+    if memory is not None:
+        inputs[sig.MEMORY] = np.asarray(memory, np.float32)
+    out = signature(**{k: tf.constant(v) for k, v in inputs.items()})
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def alone(model, text, max_new_tokens=NEW, memory=None):
+    """(new ids, memory) of `model.generate` on one prompt, greedy."""
+    ids = ids_of(text)
+    new, memory = model.generate(
+        [ids], max_length=len(ids) + max_new_tokens, strip_prompt=True,
+        memory=memory, return_memory=True,
+    )
+    return np.asarray(new[0]), np.asarray(memory)[0]
+
+
+FRESH = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+job = json.loads(sys.argv[1])
+generate = tf.saved_model.load(job["saved_model"]).signatures["generate"]
+out = generate(
+    prompts=tf.constant(job["prompts"]),
+    max_new_tokens=tf.constant(job["max_new_tokens"], tf.int32),
+    temperature=tf.constant(0.0), top_k=tf.constant(0, tf.int32),
+    top_p=tf.constant(1.0), seed=tf.constant(0, tf.int64))
+out = {k: v.numpy() for k, v in out.items()}
+texts = [t.decode("utf-8") for t in out.pop("texts")]
+np.savez(job["output"], **out)
+print("REPORT " + json.dumps({"keras_txl_imported": "keras_txl" in sys.modules,
+                              "texts": texts}))
+"""
+
+
+def test_greedy_batch_equals_each_prompt_alone_and_a_fresh_process(exported):
+    model, version_dir, tmp = exported
+    model.compile(sampler="greedy")
+    assert [len(ids_of(p)) for p in PROMPTS] == [5, 17, 40]
+    # In process: the batch (every row decoded up to the longest prompt
+    # + NEW) against each prompt alone.
+    longest = max(len(ids_of(p)) for p in PROMPTS)
+    batch = model.generate([ids_of(p) for p in PROMPTS],
+                           max_length=longest + NEW, strip_prompt=True)
+    singles = [alone(model, p) for p in PROMPTS]
+    for row, (new, _) in zip(batch, singles):
+        assert len(new) == NEW
+        np.testing.assert_array_equal(np.asarray(row)[:NEW], new)
+    assert len({tuple(new) for new, _ in singles}) > 1  # not one constant row
+    # The SavedModel, in a fresh interpreter that never imports keras_txl.
+    job = {"saved_model": version_dir, "prompts": PROMPTS,
+           "max_new_tokens": NEW, "output": str(tmp / "fresh.npz")}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, json.dumps(job)], cwd=tmp,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.split("REPORT ")[-1])
+    assert report["keras_txl_imported"] is False
+    served = np.load(job["output"])
+    np.testing.assert_array_equal(served["lengths"], [NEW] * 3)
+    tokenizer = model.preprocessor.tokenizer
+    for b, (new, memory) in enumerate(singles):
+        np.testing.assert_array_equal(served["token_ids"][b], new)
+        assert report["texts"][b] == tokenizer.detokenize(new.tolist())
+        np.testing.assert_allclose(served["memory"][b], memory, atol=1e-5)
+    difference = max(np.abs(served["memory"][b] - m).max()
+                     for b, (_, m) in enumerate(singles))
+    print(f"max |memory(signature) - memory(generate)| = {difference:.2e}")
+
+
+def test_generate_from_memory_continues_like_generate_with_memory(exported):
+    model, version_dir, _ = exported
+    model.compile(sampler="greedy")
+    signatures = tf.saved_model.load(version_dir).signatures
+    first = call(signatures[sig.GENERATE], PROMPTS[:2], 6)
+    second = call(signatures[sig.GENERATE_FROM_MEMORY], [" and", " then"],
+                  5, memory=first[sig.MEMORY])
+    for b, (text, earlier) in enumerate(zip(PROMPTS[:2], first[sig.MEMORY])):
+        _, memory = alone(model, text, 6)
+        np.testing.assert_allclose(earlier, memory, atol=1e-5)
+        new, memory = alone(model, [" and", " then"][b], 5, memory=memory[None])
+        np.testing.assert_array_equal(second[sig.TOKEN_IDS][b], new)
+        np.testing.assert_allclose(second[sig.MEMORY][b], memory, atol=1e-5)
+
+
+def test_sampling_is_seeded_and_greedy_at_temperature_zero(exported):
+    _, version_dir, _ = exported
+    generate = tf.saved_model.load(version_dir).signatures[sig.GENERATE]
+    greedy = call(generate, PROMPTS)[sig.TOKEN_IDS]
+    sampled = {
+        seed: call(generate, PROMPTS, temperature=1.0, seed=seed)[sig.TOKEN_IDS]
+        for seed in (1, 2)
+    }
+    np.testing.assert_array_equal(
+        call(generate, PROMPTS, temperature=1.0, seed=1)[sig.TOKEN_IDS], sampled[1]
+    )
+    assert not np.array_equal(sampled[1], sampled[2])
+    assert not np.array_equal(sampled[1], greedy)
+    # top_k=1 and a tiny top_p keep only the most likely id: greedy.
+    for options in ({"top_k": 1}, {"top_p": 1e-6}):
+        np.testing.assert_array_equal(
+            call(generate, PROMPTS, temperature=1.5, seed=3, **options)[sig.TOKEN_IDS],
+            greedy,
+        )
+    # top_k=3: every sampled id is one of the 3 most likely at its step,
+    # checked on the first step (whose distribution does not depend on it).
+    first = call(generate, PROMPTS, 1, temperature=5.0, seed=4, top_k=3)
+    log_probs = _next_log_probs(version_dir, PROMPTS)
+    for b, row in enumerate(log_probs):
+        assert first[sig.TOKEN_IDS][b, 0] in np.argsort(-row)[:3]
+
+
+def _next_log_probs(version_dir, prompts):
+    """(B, V) log-probs after each prompt fed one token at a time."""
+    signatures = tf.saved_model.load(version_dir).signatures
+    rows = []
+    for text in prompts:
+        memory = tf.zeros(sig.memory_shape(_config(version_dir), 1))
+        for token in ids_of(text):
+            out = signatures[sig.NEXT_TOKEN](
+                token_ids=tf.constant([[token]], tf.int32), memory=memory)
+            memory = out[sig.MEMORY]
+        rows.append(out[sig.LOG_PROBS].numpy()[0])
+    return np.stack(rows)
+
+
+def _config(version_dir):
+    return saved_model.load_config(version_dir)
+
+
+@pytest.mark.parametrize("options, prompts, message", [
+    ({"max_new_tokens": 0}, PROMPTS, "`max_new_tokens` must be >= 1"),
+    ({"max_new_tokens": sig.MAX_NEW_TOKENS_CAP + 1}, PROMPTS,
+     f"`max_new_tokens` must be <= {sig.MAX_NEW_TOKENS_CAP}"),
+    ({}, ["fine", ""], "every prompt must tokenize to at least one token"),
+    ({}, [], "`prompts` must hold at least one prompt"),
+    ({"top_p": 1.5}, PROMPTS, r"`top_p` must be in \(0, 1\]"),
+    ({"top_p": 0.0}, PROMPTS, r"`top_p` must be in \(0, 1\]"),
+    ({"temperature": -1.0}, PROMPTS, "`temperature` must be >= 0"),
+    ({"temperature": float("nan")}, PROMPTS, "`temperature` must be finite"),
+    ({"top_k": -1}, PROMPTS, "`top_k` must be >= 0"),
+])
+def test_bad_requests_fail_with_the_input_named(exported, options, prompts, message):
+    _, version_dir, _ = exported
+    predictor = serving_doubles.SavedModelPredictor(version_dir)
+    inputs = serving.generate_request(prompts, options.pop("max_new_tokens", 4), **options)
+    if not prompts:
+        inputs[sig.PROMPTS] = np.zeros((0,), object)
+    with pytest.raises(serving_doubles.PredictError, match=message):
+        predictor.predict(sig.GENERATE, inputs)
+
+
+def test_memory_of_another_shape_or_batch_is_refused(exported):
+    _, version_dir, _ = exported
+    predictor = serving_doubles.SavedModelPredictor(version_dir)
+    config = _config(version_dir)
+    inputs = serving.generate_request(PROMPTS, 2)
+    inputs[sig.MEMORY] = np.zeros(sig.memory_shape(config, 2), np.float32)
+    with pytest.raises(serving_doubles.PredictError, match="same batch size"):
+        predictor.predict(sig.GENERATE_FROM_MEMORY, inputs)
+    inputs[sig.MEMORY] = np.full(sig.memory_shape(config, 3), np.nan, np.float32)
+    with pytest.raises(serving_doubles.PredictError, match="NaN or Inf"):
+        predictor.predict(sig.GENERATE_FROM_MEMORY, inputs)
+
+
+def test_signatures_manifest_and_warmup_include_generate(exported):
+    _, version_dir, _ = exported
+    config = _config(version_dir)
+    loaded = tf.saved_model.load(version_dir).signatures
+    table = sig.signature_table(config, names=sig.SAVED_MODEL_SIGNATURES
+                                + sig.GENERATE_SIGNATURES)
+    assert sorted(loaded) == sorted(table)
+    for name in sig.GENERATE_SIGNATURES:
+        specs = loaded[name].structured_input_signature[1]
+        assert {k: (s.dtype.name, tuple(s.shape)) for k, s in specs.items()} == {
+            k: (d, tuple(shape)) for k, (d, shape) in table[name]["inputs"].items()
+        }
+        outputs = loaded[name].structured_outputs
+        assert {k: (s.dtype.name, tuple(s.shape)) for k, s in outputs.items()} == {
+            k: (d, tuple(shape)) for k, (d, shape) in table[name]["outputs"].items()
+        }
+    with open(os.path.join(version_dir, serving.ASSETS_EXTRA, "export.json")) as f:
+        info = json.load(f)
+    assert set(sig.GENERATE_SIGNATURES) <= set(info["signatures"])
+    assert info["generate_caps"]["max_new_tokens"] == sig.MAX_NEW_TOKENS_CAP
+    replayed = dict(serving_doubles.replay_warmup(version_dir))
+    assert set(replayed) == set(table)
+    assert replayed[sig.GENERATE][sig.TEXTS].shape == (1,)
+    assert replayed[sig.GENERATE][sig.LENGTHS].tolist() == [4]
+
+
+def test_a_model_without_preprocessor_has_no_generate_signature(tmp_path):
+    model = byte_causal_lm(preprocessor=False)
+    with pytest.raises(ValueError, match="need a model with a preprocessor"):
+        sig.generate_functions(model)
+    path = saved_model.export_saved_model(model, str(tmp_path), warmup=False)
+    assert sorted(tf.saved_model.load(path).signatures) == sorted(
+        sig.SAVED_MODEL_SIGNATURES)
+
+
+def test_rows_stop_at_the_end_token_each_with_its_own_memory():
+    """With a tokenizer `end_token_id`, each row stops after it (kept), its
+    memory covering up to it: the batch equals each prompt alone."""
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm()
+    model.compile(sampler="greedy")
+    free = [alone(model, p, 8)[0] for p in PROMPTS]
+    stop = int(free[1][3])  # the 4th new token of the second prompt
+    model.preprocessor.tokenizer.end_token_id = stop
+    function, specs = sig.generate_functions(model, names=(sig.GENERATE,))[sig.GENERATE]
+    served = call(tf.function(function, input_signature=specs), PROMPTS, 8)
+    for b, text in enumerate(PROMPTS):
+        new, memory = alone(model, text, 8)  # model.generate stops there too
+        hits = [i for i, token in enumerate(free[b]) if token == stop]
+        expected = hits[0] + 1 if hits else 8
+        assert served[sig.LENGTHS][b] == len(new) == expected
+        np.testing.assert_array_equal(served[sig.TOKEN_IDS][b, :expected], new)
+        assert not served[sig.TOKEN_IDS][b, expected:].any()
+        np.testing.assert_allclose(served[sig.MEMORY][b], memory, atol=1e-5)
+    assert served[sig.LENGTHS][1] <= 4
+
+
+def test_txl_generate_uses_the_generate_signature_of_a_saved_model(exported, capsys):
+    from keras_txl.cli import main
+
+    model, version_dir, _ = exported
+    model.compile(sampler="greedy")
+    code = main(["generate", "--saved-model", version_dir, "--prompt", PROMPTS[1],
+                 "--max-new-tokens", "9", "--temperature", "0"])
+    assert code == 0
+    new, _ = alone(model, PROMPTS[1], 9)
+    expected = PROMPTS[1] + model.preprocessor.tokenizer.detokenize(new.tolist())
+    assert capsys.readouterr().out == expected + "\n"

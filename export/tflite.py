@@ -197,8 +197,10 @@ def _vocabulary_list(tokenizer):
 def write_vocabulary(tokenizer, directory: str) -> list:
     """Writes the tokenizer's vocabulary beside a TFLite model, for the app.
 
-    A tokenizer with `export_vocabulary(directory)` writes its own files
-    (the keras-txl tokenizer layers); any other keras-hub tokenizer gets
+    A keras-txl tokenizer layer writes its own files
+    (`keras_txl.tokenizers.export_vocabulary`: `vocabulary.txt`,
+    `tokenizer_info.json`, and `vocabulary.spm` for SentencePiece); any
+    other keras-hub tokenizer gets
     `vocabulary.json` (a JSON array: token i at index i, so any character,
     newlines and control bytes included, survives) and
     `vocabulary_info.json` ({"kind", "vocabulary_size", "end_token_id",
@@ -207,10 +209,14 @@ def write_vocabulary(tokenizer, directory: str) -> list:
     Returns:
         list of the paths written.
     """
-    export = getattr(tokenizer, "export_vocabulary", None)
-    if callable(export):
-        written = export(directory)
-        return list(written) if isinstance(written, (list, tuple)) else [written]
+    from keras_txl.tokenizers import TransformerXLTokenizer
+    from keras_txl.tokenizers import export_vocabulary
+
+    if isinstance(tokenizer, TransformerXLTokenizer):
+        before = set(os.listdir(directory))
+        folder = export_vocabulary(tokenizer, directory)
+        return sorted(str(folder / name) for name in set(os.listdir(folder)) - before
+                      or ("vocabulary.txt", "tokenizer_info.json"))
     tokens = _vocabulary_list(tokenizer)
     size = tokenizer.vocabulary_size
     size = int(size() if callable(size) else size)

@@ -124,9 +124,11 @@ class TransformerXLBackbone(Backbone):
             )
             for i in range(cfg.num_layers)
         ]
-        self._embedding_dropout = keras.layers.Dropout(cfg.dropout)
-        self._position_dropout = keras.layers.Dropout(cfg.dropout)
-        self._output_dropout = keras.layers.Dropout(cfg.dropout)
+        # The layer's policy: under mixed precision they pass the compute
+        # dtype through (a float32 dropout would cast back).
+        self._embedding_dropout = keras.layers.Dropout(cfg.dropout, dtype=self.dtype_policy)
+        self._position_dropout = keras.layers.Dropout(cfg.dropout, dtype=self.dtype_policy)
+        self._output_dropout = keras.layers.Dropout(cfg.dropout, dtype=self.dtype_policy)
         self.build()
 
     # keras-hub's names for the shape of the model.

@@ -136,14 +136,13 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         new_cache = tree.map_structure(keep_active, new_cache, cache)
         # Position `index` (the last step only feeds: nothing to write).
         write = ops.minimum(index, length - 1)
-        min_index = write
         log_probs = model.log_probs_from_hidden(hidden)[:, 0]  # (B, V)
         chosen = ops.cast(
             choose(log_probs, write) if choose_with_index else choose(log_probs),
             "int32",
         )
-        in_prompt = ops.take(padding_mask, min_index, axis=1)
-        current = ops.take(token_ids, min_index, axis=1)
+        in_prompt = ops.take(padding_mask, write, axis=1)
+        current = ops.take(token_ids, write, axis=1)
         # A row writes position `index` until it has written a stop token
         # (then `last` < index: it only feeds that stop token).
         writing = ops.logical_and(

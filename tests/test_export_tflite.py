@@ -332,18 +332,19 @@ def test_token_by_token_tflite_equals_generate_and_ships_the_vocabulary(tmp_path
     model.compile(sampler="greedy")
     path = tflite.export_tflite(model, str(tmp_path / "txl.tflite"), batch_size=1,
                          segment_length=1)
-    with open(tmp_path / tflite.VOCABULARY_FILE, encoding="utf-8") as f:
-        vocabulary = json.load(f)
-    with open(tmp_path / tflite.VOCABULARY_INFO_FILE) as f:
+    with open(tmp_path / "vocabulary.txt", encoding="utf-8") as f:
+        vocabulary = f.read().splitlines()
+    with open(tmp_path / "tokenizer_info.json") as f:
         info = json.load(f)
-    assert len(vocabulary) == 256 and vocabulary[ord("\n")] == "\n"
-    assert info["kind"] == "ByteTokenizer" and info["vocabulary_size"] == 256
-    assert info["end_token_id"] is None
+    # The byte kind: line i is the byte value i; a newline is byte 10.
+    assert vocabulary == [str(i) for i in range(256)]
+    assert info["kind"] == "byte" and info["vocabulary_size"] == 256
+    assert info["eos_id"] is None and info["newline"] == "byte"
     runner = tflite.TFLiteRunner(path)
     new_tokens, worst = 10, 0.0
     for text in ["Hello", "The quick brown f",
                  "Transformer-XL keeps a memory of the pas"]:
-        ids = [vocabulary.index(c) for c in text]  # the app's tokenizer
+        ids = [vocabulary.index(str(b)) for b in text.encode()]  # the app's tokenizer
         assert ids == list(text.encode())
         expected, memory = model.generate(
             [ids], max_length=len(ids) + new_tokens, strip_prompt=True,

@@ -78,11 +78,10 @@ BYTE = dict(
 
 
 def byte_tokenizer():
-    """keras-hub's ByteTokenizer (graph-op tokenize/detokenize), keeping
-    case: the stand-in for the keras-txl tokenizer layers."""
-    import keras_hub
+    """keras-txl's byte tokenizer layer (graph-op tokenize/detokenize)."""
+    from keras_txl.tokenizers import ByteTokenizer
 
-    return keras_hub.tokenizers.ByteTokenizer(lowercase=False)
+    return ByteTokenizer()
 
 
 def byte_causal_lm(preprocessor=True, **overrides):

@@ -800,6 +800,10 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         data = keras.saving.serialize_keras_object(self)
         for key in ("build_config", "compile_config"):
             data.pop(key, None)
+        # One name per kind, not Keras' per-process counter ("word_tokenizer_3"):
+        # the same tokenizer always writes the same bytes (data caches are
+        # keyed by them).
+        data["config"]["name"] = f"{self.kind}_tokenizer"
         data.update(
             {
                 "kind": self.kind,

@@ -93,7 +93,10 @@ def test_streaming_vocabulary_equals_build_tokenizer(tmp_path, kind, options):
     streamed = build_streaming_tokenizer(
         kind, (t for t, _ in source.chunks("train")), **options)
     reference = build_tokenizer(kind, text, **options)
-    assert streamed.get_config() == reference.get_config()
+    def options(tokenizer):  # the layer's name is Keras' per-process counter
+        return {k: v for k, v in tokenizer.get_config().items() if k != "name"}
+
+    assert options(streamed) == options(reference)
     if kind != "byte":
         assert streamed.vocabulary == reference.vocabulary
     np.testing.assert_array_equal(streamed.encode(text), reference.encode(text))
@@ -281,7 +284,7 @@ def test_vocabulary_flags_reach_the_tokenizer(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["vocabulary_size"] == 6
     config = json.loads((workdir / "tokenizer" / "tokenizer.json").read_text())
-    assert config["lower_case"] is True
+    assert config["config"]["lower_case"] is True
     assert main(["prepare", "--data", folder, "--workdir", str(tmp_path / "b"),
                  "--tokenizer", "byte", "--vocab-size", "6"]) == 2
     assert "fixed vocabulary" in capsys.readouterr().err

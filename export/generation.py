@@ -200,9 +200,9 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             with `--segment-length 1` (stateless).
         prompt_ids: 1-D ints in [0, V), at least one.
         max_new_tokens: int >= 0.
-        temperature, top_k, top_p: as `keras_txl.generation.sample_next`
-            (temperature 0: greedy).
-        seed: int or None (NumPy generator of the host loop).
+        temperature, top_k, top_p, seed: as
+            `keras_txl.generation.sampler_from_options` (a keras-hub
+            sampler; temperature 0: greedy).
         stop_token_ids: ids that end the continuation (kept), or None.
         memory: (1, L, M, D) memory to start from, or None (zeros).
         on_token: callable or None, called with each new id.
@@ -216,6 +216,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
     """
     from keras_txl.generation import check_sampling
     from keras_txl.generation import sample_next
+    from keras_txl.generation import sampler_from_options
 
     runner = TFLiteRunner(model) if isinstance(model, str) else model
     if getattr(runner, "stateful", False) or runner.segment_length != 1:
@@ -241,7 +242,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
     batch = runner.batch_size
     state = (np.zeros(runner.memory_shape, np.float32) if memory is None
              else np.repeat(np.asarray(memory, np.float32)[:1], batch, 0))
-    rng = np.random.default_rng(seed)
+    sampler = sampler_from_options(temperature, top_k, top_p, seed)
 
     def feed(token, state):
         ids = np.full((batch, 1), int(token), np.int32)  # every row the same
@@ -252,7 +253,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
         log_probs, state = feed(token, state)
     new = []
     for _ in range(max_new_tokens):
-        token = sample_next(log_probs, rng, temperature, top_k, top_p)
+        token = sample_next(log_probs, sampler)
         new.append(token)
         if on_token is not None:
             on_token(token)

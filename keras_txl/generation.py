@@ -4,7 +4,7 @@ Keras models generate through keras-hub: `generate_ids` / `generate_text`
 map temperature, top-k, top-p and seed to a keras-hub sampler
 (`sampler_from_options`) and call `TransformerXLCausalLM.generate`, the
 compiled, batched loop (`keras_txl.decoding`). The host loop below (one
-compiled step per token, NumPy sampling) remains for exported models that
+compiled step per token, the same keras-hub samplers) remains for exported models that
 only have id-level signatures (a TFLite model; a SavedModel without the
 `generate` signature) and for `txl generate`'s streaming.
 
@@ -88,43 +88,27 @@ def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
     return temperature, top_k, float(top_p)
 
 
-def sample_next(log_probs, rng, temperature=1.0, top_k=0, top_p=1.0):
-    """One id from a (V,) vector of log-probabilities.
+def sample_next(log_probs, sampler):
+    """One id from a (V,) vector of log-probabilities, chosen by a keras-hub
+    sampler (see `sampler_from_options`): the host loops below (exported
+    models, the "segment" schedule) pick tokens as `model.generate` does.
 
     Args:
         log_probs: (V,) array.
-        rng: `np.random.Generator` (seeded for reproducible samples).
-        temperature: float >= 0. 0 is greedy (argmax, first index on ties).
-        top_k: int >= 0. Keep the k most likely ids (0: all).
-        top_p: float in (0, 1]. Keep the smallest set of most likely ids
-            whose probability reaches top_p (nucleus sampling).
+        sampler: a `keras_hub.samplers.Sampler` (greedy: argmax, first index
+            on ties).
 
     Returns:
         int.
     """
-    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
-    log_probs = np.asarray(log_probs, dtype=np.float64).reshape(-1)
+    log_probs = np.asarray(log_probs, dtype=np.float32).reshape(1, -1)
     if np.isnan(log_probs).any() or not (log_probs < np.inf).all():
         raise ValueError(
             "The model returned NaN or +Inf log-probabilities; check its "
             "weights and the memory it was given."
         )
-    if temperature == 0:
-        return int(np.argmax(log_probs))
-    logits = log_probs / temperature
-    if top_k:
-        kth = np.sort(logits)[-min(top_k, logits.size)]
-        logits = np.where(logits >= kth, logits, -np.inf)
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    if top_p < 1:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
-        mask = np.zeros_like(probs)
-        mask[keep] = 1.0
-        probs = probs * mask / (probs * mask).sum()
-    return int(rng.choice(probs.size, p=probs))
+    probabilities = sampler.compute_probabilities(log_probs)
+    return int(np.asarray(sampler.get_next_token(probabilities))[0])
 
 
 # === Backends ===
@@ -321,12 +305,12 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
         initial_memory = _check_initial_memory(backend, initial_memory)
     schedule, length = _resolve_schedule(backend, schedule, segment_length)
     prompt = prompt.astype(np.int32)
-    rng = np.random.default_rng(seed)
+    sampler = sampler_from_options(temperature, top_k, top_p, seed)
     state = backend.initial_state(initial_memory)
     fixed = backend.segment_length
 
     def pick(log_probs):
-        return sample_next(log_probs, rng, temperature, top_k, top_p)
+        return sample_next(log_probs, sampler)
 
     if schedule == "token":
         for start in range(0, prompt.size, length):

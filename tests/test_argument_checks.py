@@ -74,11 +74,12 @@ def test_numpy_scalars_are_numbers(model):
 
 
 def test_the_sampler_reports_nan_log_probs_itself():
-    rng = np.random.default_rng(0)
     for temperature in (0, 1.0):
+        sampler = generation.sampler_from_options(temperature, seed=0)
         with pytest.raises(ValueError, match="NaN or \\+Inf log-probabilities"):
-            generation.sample_next(np.array([0.0, np.nan, -1.0]), rng, temperature)
-    assert generation.sample_next(np.array([-np.inf, 0.0]), rng, 1.0) == 1
+            generation.sample_next(np.array([0.0, np.nan, -1.0]), sampler)
+    sampler = generation.sampler_from_options(1.0, seed=0)
+    assert generation.sample_next(np.array([-np.inf, 0.0]), sampler) == 1
 
 
 def test_initial_memory_is_bounded(model):

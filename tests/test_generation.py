@@ -95,18 +95,21 @@ def test_cache_with_whole_segments_equals_call_with_memory(variant):
 
 
 def test_sample_next_greedy_top_k_top_p():
+    # The host loops pick with keras-hub's samplers, as model.generate does.
     log_probs = np.log(np.array([0.1, 0.5, 0.15, 0.25]))
-    rng = np.random.default_rng(0)
-    assert generation.sample_next(log_probs, rng, temperature=0) == 1
-    assert all(generation.sample_next(log_probs, rng, 5.0, top_k=1) == 1
-               for _ in range(20))
-    assert all(generation.sample_next(log_probs, rng, top_p=0.4) == 1
-               for _ in range(20))
+
+    def draws(n, **options):
+        sampler = generation.sampler_from_options(seed=0, **options)
+        return [generation.sample_next(log_probs, sampler) for _ in range(n)]
+
+    assert draws(1, temperature=0) == [1]
+    assert set(draws(20, temperature=5.0, top_k=1)) == {1}
+    assert set(draws(20, top_p=0.4)) == {1}
     # top_p=0.7 keeps {0.5, 0.25}; top_k=3 keeps {0.5, 0.25, 0.15}.
-    assert {generation.sample_next(log_probs, rng, top_p=0.7)
-            for _ in range(200)} == {1, 3}
-    assert {generation.sample_next(log_probs, rng, top_k=3)
-            for _ in range(300)} == {1, 2, 3}
+    assert set(draws(200, top_p=0.7)) == {1, 3}
+    assert set(draws(300, top_k=3)) == {1, 2, 3}
+    # The same seed draws the same ids.
+    assert draws(30, top_k=3) == draws(30, top_k=3)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -117,7 +120,7 @@ def test_sample_next_greedy_top_k_top_p():
 ])
 def test_bad_sampling_settings_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        generation.sample_next(np.zeros(3), np.random.default_rng(0), **kwargs)
+        generation.sampler_from_options(**kwargs)
 
 
 def test_generate_is_deterministic_streams_and_cache_changes_nothing():

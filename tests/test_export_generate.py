@@ -259,7 +259,12 @@ def test_rows_stop_at_the_end_token_each_with_its_own_memory():
     model.compile(sampler="greedy")
     free = [alone(model, p, 8)[0] for p in PROMPTS]
     stop = int(free[1][3])  # the 4th new token of the second prompt
-    model.preprocessor.tokenizer.end_token_id = stop
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import ByteTokenizer
+
+    # A byte tokenizer whose end token is that byte.
+    stopping = type("StoppingByteTokenizer", (ByteTokenizer,), {"end_token_id": stop})()
+    model.preprocessor = TransformerXLCausalLMPreprocessor(stopping, sequence_length=8)
     function, specs = sig.generate_functions(model, names=(sig.GENERATE,))[sig.GENERATE]
     served = call(tf.function(function, input_signature=specs), PROMPTS, 8)
     for b, text in enumerate(PROMPTS):

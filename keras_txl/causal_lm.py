@@ -735,7 +735,7 @@ class TransformerXLCausalLM(CausalLM):
                 "memory is the sampler's cache): use "
                 "`model.with_settings(stateful=False)`."
             )
-        if tf.is_tensor(inputs) is False and isinstance(inputs, tf.data.Dataset):
+        if isinstance(inputs, tf.data.Dataset):
             results = [
                 self.generate(batch, max_length, stop_token_ids, strip_prompt)
                 for batch in inputs

@@ -1,5 +1,4 @@
-"""The `txl` command: prepare, train, eval, export, generate, serve-client, attention, demo,
-recl.
+"""The `txl` command: prepare, train, eval, export, generate, serve-client, attention, demo, recl.
 
 Each subcommand imports `training/` or `export/` lazily, so `txl --help`
 is fast and the model package does not depend on them. Runs are quiet by

@@ -293,7 +293,7 @@ def test_vocabulary_flags_reach_the_tokenizer(tmp_path, capsys):
     assert main(["prepare", "--data", folder, "--workdir", str(tmp_path / "v"),
                  "--vocabulary-file", str(vocab)]) == 0
     config = json.loads((tmp_path / "v" / "tokenizer" / "tokenizer.json").read_text())
-    assert config["eos_token"] == "<S>" and config["unk_token"] == "<UNK>"
+    assert config["config"]["eos_token"] == "<S>" and config["config"]["unk_token"] == "<UNK>"
 
 
 # --- a PG-19-format TFDS dataset -------------------------------------------

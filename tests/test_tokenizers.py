@@ -71,7 +71,9 @@ def test_save_load_gives_identical_ids(kind, fitted, tmp_path):
     loaded = tokenizers.load_tokenizer(tmp_path / "tok")
     assert type(loaded) is type(tokenizer)
     assert loaded.vocabulary_size() == tokenizer.vocabulary_size()
-    assert loaded.get_config() == tokenizer.get_config()
+    # Everything but the layer's name, which is saved as one name per kind.
+    assert {**loaded.get_config(), "name": None} == {**tokenizer.get_config(), "name": None}
+    assert loaded.name == config["config"]["name"] == f"{kind}_tokenizer"
     assert loaded.kind == loaded.get_config()["kind"] == kind
     np.testing.assert_array_equal(loaded.encode(TEXT), ids)
     assert loaded.decode(ids) == tokenizer.decode(ids)

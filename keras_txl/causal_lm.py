@@ -593,8 +593,6 @@ class TransformerXLCausalLM(CausalLM):
                 )
             folders.load_config(preset, limits)
             folders.check_preset_files(preset, limits)
-            # The tokenizer layers a preset names must be registered first.
-            import keras_txl.tokenizers  # noqa: F401
             try:
                 model = super().from_preset(preset, load_weights=load_weights, **kwargs)
             except (OSError, KeyError) as error:

@@ -13,6 +13,9 @@ import numpy as np
 import tensorflow as tf
 from keras_hub.models import CausalLMPreprocessor
 
+# The tokenizer layers a preset's preprocessor names are registered with the
+# preprocessor (keras-hub's own `CausalLM.from_preset` deserializes them).
+from keras_txl import tokenizers  # noqa: F401
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.checks import positive_int
 

@@ -289,3 +289,21 @@ def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
     keras_txl.save_pretrained(model, str(tmp_path / "weights"))
     with pytest.raises(ValueError, match="keras-txl folder, not a keras-hub preset"):
         TransformerXLCausalLM.from_preset(str(tmp_path / "weights"))
+
+
+def test_keras_hubs_own_from_preset_reads_the_folder_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    _, folder = word_preset(tmp_path)
+    code = (
+        "import keras_hub, keras_txl.causal_lm\n"
+        f"m = keras_hub.models.CausalLM.from_preset({str(folder)!r})\n"
+        "m.compile(sampler='greedy')\n"
+        "print(type(m).__name__, type(m.preprocessor.tokenizer).__name__,"
+        " m.generate(['the cat'], max_length=6)[0].startswith('the cat'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-3:] == ["TransformerXLCausalLM", "WordTokenizer", "True"]

@@ -133,6 +133,7 @@ __all__ = [
     "export_vocabulary",
     "load_tokenizer",
     "official_tokenizer",
+    "select_vocabulary",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -242,36 +243,30 @@ def _add_counts(counts: dict, values: tf.Tensor) -> None:
         counts[token] = counts.get(token, 0) + number
 
 
-def _select_vocabulary(
-    specials: list[str],
-    ordered: list[str],
-    counts: dict,
-    max_size,
-    min_freq,
-) -> list[str]:
-    if max_size is not None:
-        if (
-            isinstance(max_size, bool)
-            or not isinstance(max_size, numbers.Integral)
-            or max_size <= len(specials)
-        ):
-            raise ValueError(
-                "`max_size` is the total vocabulary size including the "
-                f"special tokens {specials}, so it must be an integer > "
-                f"{len(specials)}. Received: max_size={max_size!r}."
-            )
-    if (
-        isinstance(min_freq, bool)
-        or not isinstance(min_freq, numbers.Integral)
-        or min_freq < 1
+def select_vocabulary(specials, counts: dict, *, max_size=None, min_freq=1) -> list[str]:
+    """`specials`, then the tokens of `counts` by decreasing count (ties: first
+    appearance, the reference `vocabulary.py` order), at most `max_size` in
+    all (the CLI's `--vocab-size`), each seen `min_freq` times or more
+    (`--min-freq`). The one selection rule of `fit` and of the training
+    package's streaming vocabulary."""
+    if max_size is not None and (
+        isinstance(max_size, bool)
+        or not isinstance(max_size, numbers.Integral)
+        or max_size <= len(specials)
     ):
         raise ValueError(
-            "`min_freq` must be a positive integer. Received: "
+            "`max_size` (--vocab-size) is the total vocabulary size including "
+            f"the special tokens {list(specials)}, so it must be an integer > "
+            f"{len(specials)}. Received: max_size={max_size!r}."
+        )
+    if isinstance(min_freq, bool) or not isinstance(min_freq, numbers.Integral) or min_freq < 1:
+        raise ValueError(
+            "`min_freq` (--min-freq) must be a positive integer. Received: "
             f"min_freq={min_freq!r}."
         )
     vocabulary = list(specials)
     special_set = set(specials)
-    for token in ordered:
+    for token in _frequency_order(counts):
         if max_size is not None and len(vocabulary) >= max_size:
             break
         if counts[token] < min_freq:
@@ -1062,8 +1057,8 @@ class CharTokenizer(_VocabularyTokenizer):
                 _add_counts(counts, splitter.tokenize(_utf8(chunk)))
         # Code points -> characters; U+FFFD stands for invalid input.
         counts = {chr(point): number for point, number in counts.items()}
-        vocabulary = _select_vocabulary(
-            [unk_token], _frequency_order(counts), counts, max_size, min_freq
+        vocabulary = select_vocabulary(
+            [unk_token], counts, max_size=max_size, min_freq=min_freq
         )
         tokenizer = cls(vocabulary, unk_token=unk_token)
         logger.info(
@@ -1241,8 +1236,8 @@ class WordTokenizer(_VocabularyTokenizer):
             token.decode("utf-8"): number for token, number in counts.items()
         }
         specials = [eos_token, unk_token] if add_eos else [unk_token]
-        vocabulary = _select_vocabulary(
-            specials, _frequency_order(counts), counts, max_size, min_freq
+        vocabulary = select_vocabulary(
+            specials, counts, max_size=max_size, min_freq=min_freq
         )
         logger.info(
             "word vocabulary: %d distinct words, %d tokens kept",

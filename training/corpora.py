@@ -328,7 +328,9 @@ def _complete_layout(folder, files: Mapping[str, str]):
     return paths
 
 
-def _load_folder(folder: pathlib.Path, char_symbols) -> Corpus:
+def _wikitext_layout(folder: pathlib.Path, char_symbols):
+    """`(paths, layout, kind)` of a WikiText folder (tokenized or raw), or
+    None; shared by `load_corpus` and the streaming `open_corpus_source`."""
     for files, layout, kind in (
         (_WIKITEXT_FILES, "wikitext", "word"),
         (_WIKITEXT_RAW_FILES, "wikitext-raw", "char"),
@@ -340,14 +342,22 @@ def _load_folder(folder: pathlib.Path, char_symbols) -> Corpus:
                     "char_symbols=True applies to train.txt/valid.txt/"
                     f"test.txt folders, but {folder} holds {layout} files."
                 )
-            corpus = Corpus(
-                *(_read_text(paths[split]) for split in SPLITS),
-                name=folder.name,
-                layout=layout,
-                source=str(folder),
-                tokenizer_kind=kind,
-            )
-            return _check_splits(corpus, paths)
+            return paths, layout, kind
+    return None
+
+
+def _load_folder(folder: pathlib.Path, char_symbols) -> Corpus:
+    found = _wikitext_layout(folder, char_symbols)
+    if found is not None:
+        paths, layout, kind = found
+        corpus = Corpus(
+            *(_read_text(paths[split]) for split in SPLITS),
+            name=folder.name,
+            layout=layout,
+            source=str(folder),
+            tokenizer_kind=kind,
+        )
+        return _check_splits(corpus, paths)
 
     paths = _complete_layout(folder, _TEXT_FILES)
     if paths is not None:
@@ -1305,21 +1315,13 @@ def open_corpus_source(
     lm1b = _lm1b_source(path, **common)
     if lm1b is not None:
         return lm1b
-    for files, layout, kind in (
-        (_WIKITEXT_FILES, "wikitext", "word"),
-        (_WIKITEXT_RAW_FILES, "wikitext-raw", "char"),
-    ):
-        paths = _complete_layout(path, files)
-        if paths is not None:
-            if char_symbols:
-                raise ValueError(
-                    "char_symbols=True applies to train.txt/valid.txt/"
-                    f"test.txt folders, but {path} holds {layout} files."
-                )
-            return CorpusSource(
-                name=path.name, layout=layout, source=str(path),
-                parts={s: [_FilePart(str(paths[s]))] for s in SPLITS},
-                tokenizer_kind=kind, **common)
+    found = _wikitext_layout(path, char_symbols)
+    if found is not None:
+        paths, layout, kind = found
+        return CorpusSource(
+            name=path.name, layout=layout, source=str(path),
+            parts={s: [_FilePart(str(paths[s]))] for s in SPLITS},
+            tokenizer_kind=kind, **common)
     paths = _complete_layout(path, _TEXT_FILES)
     if paths is not None:
         parts = {s: [_FilePart(str(paths[s]))] for s in SPLITS}

@@ -15,9 +15,9 @@ ties in order of first appearance; `max_size` counts the specials,
 """
 
 import logging
-import numbers
 
 from keras_txl import tokenizers
+from keras_txl.tokenizers import select_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,6 @@ __all__ = [
     "build_streaming_tokenizer",
     "count_tokens",
     "read_vocabulary_file",
-    "select_vocabulary",
 ]
 
 # The tokenizers' special tokens (constants there today; kept here too so
@@ -81,36 +80,6 @@ def count_tokens(kind, chunks, *, lower_case=False):
     if kind == "word":
         return {token.decode("utf-8"): n for token, n in counts.items()}
     return {chr(point): n for point, n in counts.items()}
-
-
-def select_vocabulary(specials, counts, *, max_size=None, min_freq=1):
-    """`specials`, then the tokens of `counts` by decreasing count (ties:
-    first appearance), at most `max_size` in all, each seen `min_freq`
-    times or more."""
-    if max_size is not None and (
-        isinstance(max_size, bool)
-        or not isinstance(max_size, numbers.Integral)
-        or max_size <= len(specials)
-    ):
-        raise ValueError(
-            "`max_size` (--vocab-size) is the total vocabulary size including "
-            f"the special tokens {specials}, so it must be an integer > "
-            f"{len(specials)}. Received: max_size={max_size!r}."
-        )
-    if isinstance(min_freq, bool) or not isinstance(min_freq, numbers.Integral) or min_freq < 1:
-        raise ValueError(
-            f"`min_freq` (--min-freq) must be a positive integer. Received: min_freq={min_freq!r}."
-        )
-    vocabulary = list(specials)
-    special = set(specials)
-    for token in sorted(counts, key=counts.get, reverse=True):  # stable: ties keep order
-        if max_size is not None and len(vocabulary) >= max_size:
-            break
-        if counts[token] < min_freq:
-            break
-        if token not in special:
-            vocabulary.append(token)
-    return vocabulary
 
 
 def read_vocabulary_file(path):

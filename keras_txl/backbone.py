@@ -15,7 +15,6 @@ from keras_txl.adaptive import AdaptiveEmbedding
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoder_block import TransformerXLBlock
 from keras_txl.memory import attention_mask
-from keras_txl.memory import last_positions
 from keras_txl.memory import memory_attention_mask
 from keras_txl.memory import update_memory
 from keras_txl.memory import update_memory_mask
@@ -286,15 +285,18 @@ class TransformerXLBackbone(Backbone):
             memory_mask: (B, M) bool or None, as in `call`.
 
         Returns:
-            dict of L-tuples: "memory" (B, M, D) float32, "keys" and
-            "values" (B, M, N, H) in the compute dtype and, in relative
-            mode, "positions" (M + T, N, H), `W_R R` of each layer; with a
-            memory mask, "memory_mask" (B, M) bool, slid with the memory.
+            dict of L-tuples: "memory" (B, M, D) float32, "keys"
+            (B, N, H, M) and "values" (B, N, M, H) in the compute dtype (the
+            layouts the attention's products read, so a step neither
+            transposes nor re-lays the cache) and, in relative mode,
+            "positions" (N, H, M + T + 1), `[0 ; W_R R]` of each layer
+            (`RelativeMultiHeadAttention.project_positions`); with a memory
+            mask, "memory_mask" (B, M) bool, slid with the memory.
         """
         memory = ops.cast(memory, "float32")
         layers = [memory[:, layer] for layer in range(len(self.blocks))]
         projected = [
-            block.project_memory(layer_memory)  # (B, M, N, H) twice
+            block.project_memory(layer_memory)  # keys, values
             for block, layer_memory in zip(self.blocks, layers)
         ]
         cache = {
@@ -315,7 +317,7 @@ class TransformerXLBackbone(Backbone):
         return tuple(
             block.attention.project_positions(position_embedding)
             for block in self.blocks
-        )  # L x (K, N, H)
+        )  # L x (N, H, K+1)
 
     def call_with_cache(self, token_ids, cache):
         """Inference over one segment with a cache from `build_cache`.
@@ -344,18 +346,22 @@ class TransformerXLBackbone(Backbone):
         if self.relative and (
             positions is None
             or static_length is None
-            or positions[0].shape[0] != memory_length + static_length
+            or positions[0].shape[-1] != memory_length + static_length + 1
         ):
             # Built for another T: project R for this K once, for all layers.
             positions = self._position_projections(
                 memory_length + segment_length
             )
 
-        def slide(window):
-            # (B, M + T, ...) -> the last M positions, as `update_memory`.
-            if memory_length == 0:
-                return window[:, :0]
-            return last_positions(window, memory_length)
+        def slide(window, axis):
+            # The last M of the M + T positions on `axis`, as `update_memory`.
+            length = ops.shape(window)[axis]
+            start = [0] * len(window.shape)
+            start[axis] = length - memory_length
+            size = list(ops.shape(window))
+            size[axis] = memory_length
+            # A `slice` (contiguous copies) rather than a strided slice.
+            return ops.slice(window, start, size)
 
         new_memory, new_keys, new_values = [], [], []
         for layer, block in enumerate(self.blocks):
@@ -368,9 +374,9 @@ class TransformerXLBackbone(Backbone):
                 position_projection=None if positions is None else positions[layer],
                 content_bias=content_bias, position_bias=position_bias,
                 attention_mask=mask,
-            )  # keys, values: (B, M + T, N, H)
-            new_keys.append(slide(keys))
-            new_values.append(slide(values))
+            )  # keys (B, N, H, M + T), values (B, N, M + T, H)
+            new_keys.append(slide(keys, 3))
+            new_values.append(slide(values, 2))
         new_cache = {
             "memory": tuple(ops.cast(m, "float32") for m in new_memory),
             "keys": tuple(new_keys),

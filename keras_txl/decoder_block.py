@@ -242,7 +242,7 @@ class TransformerXLBlock(keras.layers.Layer):
         return hidden
 
     def project_memory(self, memory):
-        """(B, M, D) memory -> its keys and values, (B, M, N, H) each.
+        """(B, M, D) memory -> its keys (B, N, H, M) and values (B, N, M, H).
 
         What `call` computes for the memory part of `[memory ; segment]`
         (after the pre-LN LayerNorm when `pre_layer_norm`): the cache of
@@ -268,7 +268,7 @@ class TransformerXLBlock(keras.layers.Layer):
         `position_projection = attention.project_positions(R)`.
 
         Returns:
-            `(hidden (B, T, D), keys (B, K, N, H), values (B, K, N, H))`,
+            `(hidden (B, T, D), keys (B, N, H, K), values (B, N, K, H))`,
             the keys and values of `[memory ; segment]`.
         """
         hidden = ops.cast(hidden, self.compute_dtype)

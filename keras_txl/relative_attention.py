@@ -60,9 +60,9 @@ def shift_padded(padded):
 
 def masking_bias(attention_mask):
     """Bool mask -> float32 additive bias (0 or the lowest float), shaped to
-    add to (N, B, T, K) scores: a (T, K) mask (the same for every row) gives
+    add to (B, N, T, K) scores: a (T, K) mask (the same for every row) gives
     (1, 1, T, K); a (B, T, K) mask (per row: a memory validity mask) gives
-    (1, B, T, K).
+    (B, 1, T, K).
 
     Adding the most negative finite float32 to a blocked score gives that
     same value (scores are far below its rounding step), so this equals
@@ -73,7 +73,32 @@ def masking_bias(attention_mask):
     bias = ops.where(attention_mask, 0.0, -3.4028234663852886e38)
     if len(attention_mask.shape) == 2:
         return bias[None, None]  # (1, 1, T, K)
-    return bias[None]  # (1, B, T, K)
+    return bias[:, None]  # (B, 1, T, K)
+
+
+def keys_operand(keys):
+    """(B, K, N, H) keys -> (B, N, H, K), the layout the scores read.
+
+    The attention keeps keys as (B, N, H, K) and values as (B, N, K, H)
+    (`values_operand`), in training and in the key/value cache alike: the
+    score and mixing products are plain batched matmuls on them, and a
+    cache in this layout is extended and slid without a transpose per
+    segment (the transposes of the memory's keys and values were about a
+    third of an evaluation step's op time at M = 3,672). With one position
+    (decoding) the transpose is a reshape.
+    """
+    if keys.shape[1] == 1:
+        shape = ops.shape(keys)
+        return ops.reshape(keys, (shape[0], shape[2], shape[3], 1))
+    return ops.transpose(keys, (0, 2, 3, 1))
+
+
+def values_operand(values):
+    """(B, K, N, H) values -> (B, N, K, H) (see `keys_operand`)."""
+    if values.shape[1] == 1:
+        shape = ops.shape(values)
+        return ops.reshape(values, (shape[0], shape[2], 1, shape[3]))
+    return ops.transpose(values, (0, 2, 1, 3))
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -175,85 +200,78 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         )  # (B, T, N, H)
 
     def project_keys(self, keys_in):
-        """(B, K, D) inputs -> keys and values, (B, K, N, H) each."""
+        """(B, K, D) inputs -> keys (B, N, H, K) and values (B, N, K, H)."""
         dtype = self.compute_dtype
         _, key_kernel, value_kernel = self._kernels()
         keys_in = ops.cast(keys_in, dtype)
         # Two products rather than one split afterwards: splitting the
         # (B, K, 2, N, H) result costs a strided-slice gradient of its size.
         return (
-            ops.einsum("bkd,dnh->bknh", keys_in, key_kernel),
-            ops.einsum("bkd,dnh->bknh", keys_in, value_kernel),
-        )  # (B, K, N, H) each
+            keys_operand(ops.einsum("bkd,dnh->bknh", keys_in, key_kernel)),
+            values_operand(ops.einsum("bkd,dnh->bknh", keys_in, value_kernel)),
+        )
 
     def project_positions(self, position_embedding):
-        """(K, D) sinusoid matrix R -> (K, N, H) `W_R R` (relative mode)."""
+        """(K, D) sinusoid matrix R -> `[0 ; W_R R]` as (N, H, K+1).
+
+        The zero column in front is the relative shift's padding (see
+        `shift_padded`): position scores come out of one product already
+        padded. Column c + 1 holds `W_R R_c` (relative mode).
+        """
         dtype = self.compute_dtype
-        return ops.einsum(
-            "kd,dnh->knh", ops.cast(position_embedding, dtype),
+        projected = ops.einsum(
+            "kd,dnh->nhk", ops.cast(position_embedding, dtype),
             ops.cast(self.position_kernel, dtype),
-        )  # (K, N, H)
+        )  # (N, H, K)
+        return ops.pad(projected, [[0, 0], [0, 0], [1, 0]])  # (N, H, K+1)
 
     def _scores(self, q, k, r, u, w, bias):
-        """Pre-softmax scores, (N, B, T, K) float32, and the (b)+(d) terms.
+        """Pre-softmax scores, (B, N, T, K) float32, and the (b)+(d) terms.
 
-        The (T, K) score blocks are laid out head-major, (N, B, T, K): every
-        product is a plain batched matmul whose result is already in that
-        layout (only the small (.., T or K, H) operands are transposed), and
-        the position scores of all B*T queries of a head come from one
-        (B*T, H) x (H, K+1) product. The 1/sqrt(H) scale goes on the
-        (B, T, N, H) queries rather than on the scores: same products, one
-        small multiply. `bias` is the additive mask from `masking_bias`
-        ((1, 1, T, K) or (1, B, T, K)) or None.
+        Every product is a plain batched matmul on operands already in
+        their layout: keys (B, N, H, K) (`keys_operand`), `[0 ; W_R R]`
+        (N, H, K+1) (`project_positions`, broadcast over the batch); only
+        the small (B, T, N, H) queries are transposed. The position scores
+        come out with the zero column of the shift in place. The 1/sqrt(H)
+        scale goes on the queries rather than on the scores: same
+        products, one small multiply. `bias` is the additive mask from
+        `masking_bias` ((1, 1, T, K) or (B, 1, T, K)) or None.
         """
         scale = 1.0 / (self.head_dim**0.5)
-        batch_size, query_length = ops.shape(q)[0], ops.shape(q)[1]
-        n, h = self.num_heads, self.head_dim
-        keys_t = ops.transpose(k, (2, 0, 3, 1))  # (N, B, H, K)
         position = None
         if self.relative:
             # (a) + (c): content terms with the global content bias u.
             content = ops.matmul(
-                ops.transpose((q + u) * scale, (2, 0, 1, 3)), keys_t
-            )  # (N, B, T, K)
-            # (b) + (d): position terms with the global position bias v,
-            # against [0 ; W_R R] so the scores come out with the zero
-            # column of the shift already in place.
-            r_padded = ops.pad(r, [[1, 0], [0, 0], [0, 0]])  # (K+1, N, H)
-            queries_v = ops.reshape(
-                ops.transpose((q + w) * scale, (2, 0, 1, 3)), (n, -1, h)
-            )  # (N, B*T, H)
-            position = ops.matmul(
-                queries_v, ops.transpose(r_padded, (1, 2, 0))
-            )  # (N, B*T, K+1)
-            position = shift_padded(
-                ops.reshape(position, (n, batch_size, query_length, -1))
-            )  # (N, B, T, K)
+                ops.transpose((q + u) * scale, (0, 2, 1, 3)), k
+            )  # (B, N, T, K)
+            # (b) + (d): position terms with the global position bias v.
+            position = shift_padded(ops.matmul(
+                ops.transpose((q + w) * scale, (0, 2, 1, 3)), r[None]
+            ))  # (B, N, T, K+1) -> (B, N, T, K)
             scores = ops.cast(content + position, "float32")
         else:
             scores = ops.cast(ops.matmul(
-                ops.transpose(q * scale, (2, 0, 1, 3)), keys_t
-            ), "float32")  # (N, B, T, K)
+                ops.transpose(q * scale, (0, 2, 1, 3)), k
+            ), "float32")  # (B, N, T, K)
         if bias is not None:
             scores = scores + bias
         return scores, position
 
     def _mix(self, probabilities, v):
-        """(N, B, T, K) probabilities x values -> (B, T, N*H) context."""
+        """(B, N, T, K) probabilities x (B, N, K, H) values -> (B, T, N*H)."""
         batch_size, query_length = ops.shape(v)[0], ops.shape(probabilities)[2]
         context = ops.matmul(
-            ops.cast(probabilities, self.compute_dtype),
-            ops.transpose(v, (2, 0, 1, 3)),
-        )  # (N, B, T, H)
+            ops.cast(probabilities, self.compute_dtype), v
+        )  # (B, N, T, H)
         return ops.reshape(
-            ops.transpose(context, (1, 2, 0, 3)),
+            ops.transpose(context, (0, 2, 1, 3)),
             (batch_size, query_length, self.num_heads * self.head_dim),
         )  # (B, T, N*H), head-major like the kernel
 
     def _context_recomputed(self, query, keys_in, r, u, w, bias, dropout_seed=None):
         """The attention context, keeping only the projections' inputs.
 
-        Training would otherwise keep, per layer, q, k, v, the (N, B, T, K)
+        Training would otherwise keep, per layer, q, k, v, the (B, N, T, K)
         float32 probabilities and five transposed copies of q, k and v for
         the backward pass (about 20 MB per layer on the benchmark's
         config). Here the backward pass recomputes all of them from the
@@ -269,7 +287,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             query, keys_in, *rest = inputs
             r, u, w = rest if rest else (None, None, None)
             q = self.project_query(query)  # (B, T, N, H)
-            k, v = self.project_keys(keys_in)  # (B, K, N, H) each
+            k, v = self.project_keys(keys_in)  # (B, N, H, K), (B, N, K, H)
             scores, _ = self._scores(q, k, r, u, w, bias)
             probabilities = ops.softmax(scores, axis=-1)
             if dropout_seed is not None:
@@ -302,9 +320,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             w = ops.cast(position_bias, dtype)
         bias = None
         if attention_mask is not None:
-            bias = masking_bias(attention_mask)  # (1, 1 or B, T, K) float32
+            bias = masking_bias(attention_mask)  # (1 or B, 1, T, K) float32
         scores, position = self._scores(q, k, r, u, w, bias)
-        probabilities = ops.softmax(scores, axis=-1)  # (N, B, T, K) float32
+        probabilities = ops.softmax(scores, axis=-1)  # (B, N, T, K) float32
         dropped = self._probability_dropout(probabilities, training=training)
         output = self._output(self._mix(dropped, v), training)
         if not return_scores:
@@ -323,25 +341,25 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     def _details(self, q, k, r, u, w, scores, position, probabilities):
         """Score terms and probabilities as (B, N, T, K) float32, for pictures."""
         scale = 1.0 / (self.head_dim**0.5)
-        head_last = lambda x: ops.transpose(  # noqa: E731
-            ops.cast(x, "float32"), (1, 0, 2, 3))  # (N,B,T,K) -> (B,N,T,K)
+        as_float = lambda x: ops.cast(x, "float32")  # noqa: E731
         details = {
-            "scores": head_last(scores),
-            "probabilities": head_last(probabilities),
+            "scores": as_float(scores),
+            "probabilities": as_float(probabilities),
         }
         if self.relative:
-            details["position"] = head_last(position)
+            details["position"] = as_float(position)
+            r = r[:, :, 1:]  # (N, H, K): W_R R without the shift's column
             # (a) alone, (b) alone and the bias terms.
-            details["term_a"] = ops.cast(
-                ops.einsum("btnh,bknh->bntk", q, k), "float32") * scale
-            details["term_b"] = ops.cast(relative_shift(
-                ops.einsum("btnh,knh->bntk", q, r)), "float32") * scale
-            details["term_d"] = ops.cast(relative_shift(
-                ops.einsum("nh,knh->nk", w, r)[None, :, None, :]
-                + ops.zeros_like(details["position"])), "float32") * scale
+            details["term_a"] = as_float(
+                ops.einsum("btnh,bnhk->bntk", q, k)) * scale
+            details["term_b"] = as_float(relative_shift(
+                ops.einsum("btnh,nhk->bntk", q, r))) * scale
+            details["term_d"] = as_float(relative_shift(
+                ops.einsum("nh,nhk->nk", w, r)[None, :, None, :]
+                + ops.zeros_like(details["position"]))) * scale
             # (a) + (c): the content terms with the global content bias u.
-            details["content"] = ops.cast(
-                ops.einsum("btnh,bknh->bntk", q + u, k), "float32") * scale
+            details["content"] = as_float(
+                ops.einsum("btnh,bnhk->bntk", q + u, k)) * scale
         return details
 
     def call(
@@ -360,27 +378,27 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         keys_in = ops.concatenate([ops.cast(memory, dtype), query], axis=1)  # (B,K,D)
         r = None
         if self.relative:
-            r = self.project_positions(position_embedding)  # (K, N, H)
+            r = self.project_positions(position_embedding)  # (N, H, K+1)
         if training and not return_scores:
             u = w = bias = seed = None
             if self.relative:
                 u = ops.cast(content_bias, dtype)
                 w = ops.cast(position_bias, dtype)
             if attention_mask is not None:
-                bias = masking_bias(attention_mask)  # (1, 1 or B, T, K) float32
+                bias = masking_bias(attention_mask)  # (1 or B, 1, T, K) float32
             if self.attention_dropout:
                 seed = self._dropout_seed()
             context = self._context_recomputed(query, keys_in, r, u, w, bias, seed)
             return self._output(context, training)
         q = self.project_query(query)  # (B, T, N, H)
-        k, v = self.project_keys(keys_in)  # (B, K, N, H) each
+        k, v = self.project_keys(keys_in)  # (B, N, H, K), (B, N, K, H)
         return self._attend(
             q, k, v, r, content_bias, position_bias, attention_mask,
             training, return_scores,
         )
 
     def project_new_positions(self, query):
-        """(B, T, D) -> q, k, v, (B, T, N, H) each.
+        """(B, T, D) -> q (B, T, N, H), k (B, N, H, T), v (B, N, T, H).
 
         The same projections as `project_query` and `project_keys`. For one
         position (decoding) they are one (B, D) x (D, 3*N*H) matmul on the
@@ -403,7 +421,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ops.reshape(ops.cast(query, dtype), (-1, hidden_dim)), kernel
         )  # (B*T, 3NH)
         qkv = ops.reshape(qkv, (batch_size, length, 3, n, h))  # (B,T,3,N,H)
-        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        return (qkv[:, :, 0], keys_operand(qkv[:, :, 1]),
+                values_operand(qkv[:, :, 2]))
 
     def call_with_cache(
         self,
@@ -424,24 +443,26 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
 
         Args:
             query: (B, T, D) segment input.
-            key_cache, value_cache: (B, M, N, H) projected memory.
-            position_projection: (K, N, H) `W_R R` (relative mode).
+            key_cache: (B, N, H, M) and value_cache: (B, N, M, H), the
+                projected memory (`project_keys`).
+            position_projection: (N, H, K+1) `[0 ; W_R R]` (relative mode,
+                `project_positions`).
             content_bias, position_bias, attention_mask: as in `call`.
 
         Returns:
-            `(output (B, T, D), keys (B, K, N, H), values (B, K, N, H))`:
+            `(output (B, T, D), keys (B, N, H, K), values (B, N, K, H))`:
             the keys and values of `[memory ; segment]`, whose last M
             positions are the next cache.
         """
         dtype = self.compute_dtype
         q, new_keys, new_values = self.project_new_positions(query)
-        k = ops.concatenate([ops.cast(key_cache, dtype), new_keys], axis=1)
-        v = ops.concatenate([ops.cast(value_cache, dtype), new_values], axis=1)
+        k = ops.concatenate([ops.cast(key_cache, dtype), new_keys], axis=3)
+        v = ops.concatenate([ops.cast(value_cache, dtype), new_values], axis=2)
         output = self._attend(
             q, k, v, position_projection, content_bias, position_bias,
             attention_mask, False, False,
         )  # (B, T, D)
-        return output, k, v  # (B, K, N, H) each
+        return output, k, v  # (B, N, H, K), (B, N, K, H)
 
     def get_config(self):
         config = super().get_config()

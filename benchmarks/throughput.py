@@ -46,7 +46,10 @@ def peak_rss_mb():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jit", action="store_true", help="XLA-compile the steps")
+    parser.add_argument("--jit", action="store_true", help="XLA-compile the training step")
+    parser.add_argument("--eval-jit", default="auto", choices=["auto", "on", "off"],
+                        help="XLA for the evaluation step (default: the library's "
+                             "`make_eval_step` default, auto)")
     parser.add_argument("--precision", default="float32",
                         choices=["float32", "mixed_bfloat16", "auto"],
                         help="auto: keras_txl.host.auto_precision() (bf16 only where the "
@@ -70,6 +73,7 @@ def main(argv=None):
     rss_after_import = peak_rss_mb()  # the framework's own footprint
     from keras_txl.training.config import TrainConfig
     from keras_txl.training.loop import Trainer
+    from keras_txl.training.loop import eval_jit_compile
     from keras_txl.training.loop import make_eval_step
 
     config = keras_txl.TransformerXLConfig(**CONFIG)
@@ -100,8 +104,11 @@ def main(argv=None):
 
     # 2. evaluation: per-token NLL of the targets, memory carried, with the
     # library's evaluation step (the memory key/value cache carried).
-    eval_step = make_eval_step(model, jit_compile=args.jit)
+    eval_jit = {"auto": "auto", "on": True, "off": False}[args.eval_jit]
+    eval_jit = eval_jit_compile(model, eval_jit)
+    eval_step = make_eval_step(model, jit_compile=eval_jit)
     eval_times = []
+    eval_first_s = None
     cache = model.build_cache(batch_size=BATCH, segment_length=SEGMENT)
     for k in range(steps):
         x = tf.constant(data[:, k * SEGMENT:(k + 1) * SEGMENT])
@@ -110,6 +117,8 @@ def main(argv=None):
         nll, cache = eval_step(x, y, cache)
         nll.numpy()
         dt = time.perf_counter() - t0
+        if k == 0:
+            eval_first_s = dt  # tracing (and XLA compilation) included
         if k >= WARMUP:
             eval_times.append(dt)
 
@@ -137,7 +146,9 @@ def main(argv=None):
         eval_step_s=[round(t, 4) for t in eval_times],
         train_loss_first_last=[round(losses[0], 4), round(losses[-1], 4)],
         tokens_per_step=tokens_per_step, warmup_steps=WARMUP, timed_steps=TIMED,
-        jit_compile=args.jit, precision=args.precision, precision_requested=requested,
+        eval_first_step_s=round(eval_first_s, 3),
+        jit_compile=args.jit, eval_jit_compile=eval_jit,
+        precision=args.precision, precision_requested=requested,
         threads=args.threads,
         n_params=model.count_params(), config=CONFIG, tensorflow=tf.__version__,
         python=sys.version.split()[0], cpu_count=os.cpu_count(), machine=platform.machine(),

@@ -26,6 +26,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from keras_txl import register_text_ops
 from keras_txl.config import TransformerXLConfig
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
@@ -64,6 +65,7 @@ class SavedModelBackend:
         self.segment_length = info.get("segment_length")
         tokenizer = os.path.join(extra, "tokenizer")
         self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
+        register_text_ops()  # its text signatures may use tensorflow-text's ops
         self._module = tf.saved_model.load(self.directory)
         missing = [n for n in (sig.NEXT_TOKEN, sig.SERVING_DEFAULT)
                    if n not in self._module.signatures]

@@ -20,6 +20,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from keras_txl import register_text_ops
 from keras_txl.export import signatures as sig
 from keras_txl.export.serving import ASSETS_EXTRA
 from keras_txl.export.serving import GRPC_OPTIONS
@@ -69,6 +70,7 @@ class SavedModelPredictor:
         self.version_dir = resolve_version_dir(path)
         name = os.path.basename(os.path.normpath(self.version_dir))
         self.version = int(name) if name.isdigit() else None
+        register_text_ops()
         self._loaded = tf.saved_model.load(self.version_dir)
         self.signatures = dict(self._loaded.signatures)
 

@@ -211,6 +211,26 @@ def test_evaluate_with_the_cache_equals_recomputing_the_memory(attention_type, p
     np.testing.assert_allclose(result["loss"], expected, rtol=2e-6)
 
 
+def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_keys():
+    from keras_txl.training.loop import EVAL_JIT_MIN_KEYS
+    from keras_txl.training.loop import eval_jit_compile
+
+    model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0))
+    tokens = corpus(203, seed=5)
+    result = evaluate(model, tokens, batch_size=2, jit_compile=True)
+    expected, count = _evaluate_by_recomputing_the_memory(model, tokens, 2, 8)
+    assert result["tokens"] == count == 200
+    np.testing.assert_allclose(result["loss"], expected, rtol=1e-5)
+    # "auto": graph mode for this short memory, XLA from EVAL_JIT_MIN_KEYS keys.
+    assert eval_jit_compile(model) is False
+    long = keras_txl.TransformerXLCausalLM(model_config(
+        dropout=0.0, memory_length=EVAL_JIT_MIN_KEYS - 8))
+    assert eval_jit_compile(long) is True
+    assert eval_jit_compile(long, False) is False
+    with pytest.raises(ValueError, match="`jit_compile` must be 'auto', True or False"):
+        evaluate(model, tokens, jit_compile="yes")
+
+
 @pytest.mark.parametrize("use_mirrored", [False, True])
 def test_periodic_evaluation_reuses_one_compiled_step(use_mirrored):
     # Three evaluations during training: the evaluation step is traced once

@@ -217,6 +217,8 @@ from keras_txl import causal_lm  # TensorFlow and Keras: imported before measuri
 from keras_txl.hf_checkpoint import load_hf_checkpoint
 from keras_txl.io import load_pretrained
 from keras_txl.tokenizers import load_tokenizer
+import keras_txl
+keras_txl.register_text_ops()  # tensorflow-text (deferred until first use) before measuring
 
 LOADERS = {"pretrained": load_pretrained, "hf": load_hf_checkpoint,
            "tokenizer": load_tokenizer}

@@ -104,3 +104,56 @@ def test_keras_fit_releases_once_per_compiled_function(monkeypatch):
                                 verbose=0)
     assert len(history.history["val_loss"]) == 4
     assert len(calls) == 2
+
+
+def test_tensorflow_text_is_loaded_on_first_use_only():
+    # keras-hub imports tensorflow-text eagerly (117 MB of op libraries);
+    # keras-txl defers it: a model without a text tokenizer never maps it,
+    # the first tokenizer use (ours or through keras-hub's binding) does.
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import keras_txl
+from testing import tiny_config
+
+def mapped():
+    with open("/proc/self/maps") as f:
+        return "tensorflow_text" in f.read()
+
+model = keras_txl.TransformerXLCausalLM(tiny_config())
+model.call_with_memory([[1, 2, 3]])
+import keras_hub.src.utils.tensor_utils as hub_utils
+print("model", type(sys.modules["tensorflow_text"]).__name__, mapped())
+from keras_txl.tokenizers import WordTokenizer
+tokenizer = WordTokenizer(vocabulary=["<eos>", "<unk>", "the", "cat"])
+print("ids", tokenizer.tokenize("the cat dog").numpy().tolist(), mapped())
+import tensorflow_text
+print("hub", hub_utils.tf_text.WhitespaceTokenizer is tensorflow_text.WhitespaceTokenizer)
+"""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=tests_dir + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["model"] == "_DeferredModule False"
+    assert lines["ids"] == "[2, 3, 1] True"
+    assert lines["hub"] == "True"
+
+
+def test_register_text_ops_loads_tensorflow_text():
+    import subprocess
+    import sys
+
+    code = ("import sys, keras_txl\n"
+            "from tensorflow.python.framework import op_def_registry\n"
+            "before = op_def_registry.get('RegexSplitWithOffsets') is not None\n"
+            "keras_txl.register_text_ops()\n"
+            "print(type(sys.modules['tensorflow_text']).__name__, before,"
+            " op_def_registry.get('RegexSplitWithOffsets') is not None)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["module", "False", "True"]

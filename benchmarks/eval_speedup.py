@@ -9,7 +9,7 @@ key/value cache); per token, that time / T. Same model size for both
 (default: 4 layers, d 256, 8 heads x 32, d_inner 1024, byte vocabulary 256), batch 1,
 random weights (speed does not depend on them), fp32. The vanilla forward runs in graph mode
 (XLA was slower for it: 596 against 481 ms per token at A = 2,800); XL runs the evaluation
-step as the library compiles it (`make_eval_step`'s default, "auto": XLA from 1,024 keys on;
+step as the library compiles it (`make_eval_step`'s default, "auto": XLA from 512 keys on;
 `--xl-jit on|off` forces it). `--jit` XLA-compiles both.
 
 Also times XL with M = A (the paper's "attention length" is the memory length, T = 128:

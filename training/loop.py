@@ -680,7 +680,7 @@ class Trainer:
 
 # --- evaluation ------------------------------------------------------------
 # "auto" XLA-compiles the evaluation step from this many keys (M + T) on.
-EVAL_JIT_MIN_KEYS = 1024
+EVAL_JIT_MIN_KEYS = 512
 
 
 def eval_jit_compile(model, jit_compile="auto"):
@@ -690,12 +690,13 @@ def eval_jit_compile(model, jit_compile="auto"):
 
     A long-memory evaluation step is bound by the element-wise passes over
     its (B, N, T, K) scores (shift, sum of the terms, mask, softmax), which
-    XLA fuses: on a 2-core Xeon, 1.19x and 1.22x the graph-mode step at
-    M = 2,672 and 3,672 (T = 128, batch 1). With fewer keys it gained
-    1.05x-1.28x, within what its compilation costs: ~140 MB more peak
-    resident memory and ~1 s per segment shape (docs/benchmarks.md). XLA's
-    CPU backend does not use oneDNN's bf16 matmuls, so a bfloat16 model
-    stays in graph mode there.
+    XLA fuses. On a 2-core Xeon (T = 128, batch 1, docs/benchmarks.md) the
+    XLA step was 1.11x the graph-mode step at K = 512, 1.2x at K = 800 and
+    1.2x-1.4x at K = 2,800-3,800. Below, it gained 1.08x at the throughput
+    benchmark's K = 256 (batch 8), not worth what compiling costs there:
+    ~140 MB more peak resident memory and ~1 s per segment shape. XLA's CPU
+    backend does not use oneDNN's bf16 matmuls, so a bfloat16 model stays in
+    graph mode there.
     """
     if jit_compile not in ("auto", True, False):
         raise ValueError(

@@ -183,21 +183,30 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
 
     # --- pieces shared by `call` and `call_with_cache` -------------------
     def _kernels(self):
-        """The q, k and v kernels, (D, N, H) each, in the compute dtype.
+        """The q, k and v kernels, (D, N, H) each, in the compute dtype;
+        the q kernel scaled by 1/sqrt(H) (see `project_query`).
 
         An unstack, not `kernel[:, i]`: the gradient of a strided slice is
         slow on CPU even for a kernel this small (about 1 ms each).
         """
-        return ops.unstack(
+        query_kernel, key_kernel, value_kernel = ops.unstack(
             ops.cast(self.qkv_kernel, self.compute_dtype), axis=1
         )
+        return query_kernel * self._scale(), key_kernel, value_kernel
+
+    def _scale(self):
+        return 1.0 / (self.head_dim**0.5)
 
     def project_query(self, query):
-        """(B, T, D) inputs -> (B, T, N, H) queries."""
+        """(B, T, D) inputs -> (B, N, T, H) queries, scaled by 1/sqrt(H).
+
+        The score scale goes on the (D, N, H) kernel: the same products as
+        scaling the scores, without a pass over the queries or the scores.
+        """
         dtype = self.compute_dtype
         return ops.einsum(
-            "btd,dnh->btnh", ops.cast(query, dtype), self._kernels()[0]
-        )  # (B, T, N, H)
+            "btd,dnh->bnth", ops.cast(query, dtype), self._kernels()[0]
+        )  # (B, N, T, H)
 
     def project_keys(self, keys_in):
         """(B, K, D) inputs -> keys (B, N, H, K) and values (B, N, K, H)."""
@@ -229,30 +238,28 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         """Pre-softmax scores, (B, N, T, K) float32, and the (b)+(d) terms.
 
         Every product is a plain batched matmul on operands already in
-        their layout: keys (B, N, H, K) (`keys_operand`), `[0 ; W_R R]`
-        (N, H, K+1) (`project_positions`, broadcast over the batch); only
-        the small (B, T, N, H) queries are transposed. The position scores
-        come out with the zero column of the shift in place. The 1/sqrt(H)
-        scale goes on the queries rather than on the scores: same
-        products, one small multiply. `bias` is the additive mask from
-        `masking_bias` ((1, 1, T, K) or (B, 1, T, K)) or None.
+        their layout: queries (B, N, T, H) scaled by 1/sqrt(H)
+        (`project_query`), keys (B, N, H, K) (`keys_operand`),
+        `[0 ; W_R R]` (N, H, K+1) (`project_positions`, broadcast over the
+        batch). The position scores come out with the zero column of the
+        shift in place. `u` and `v` are scaled like the queries (two (N, H)
+        multiplies). `bias` is the additive mask from `masking_bias`
+        ((1, 1, T, K) or (B, 1, T, K)) or None.
         """
-        scale = 1.0 / (self.head_dim**0.5)
         position = None
         if self.relative:
+            scale = self._scale()
             # (a) + (c): content terms with the global content bias u.
             content = ops.matmul(
-                ops.transpose((q + u) * scale, (0, 2, 1, 3)), k
+                q + ops.expand_dims(u * scale, 1), k
             )  # (B, N, T, K)
             # (b) + (d): position terms with the global position bias v.
             position = shift_padded(ops.matmul(
-                ops.transpose((q + w) * scale, (0, 2, 1, 3)), r[None]
+                q + ops.expand_dims(w * scale, 1), r[None]
             ))  # (B, N, T, K+1) -> (B, N, T, K)
             scores = ops.cast(content + position, "float32")
         else:
-            scores = ops.cast(ops.matmul(
-                ops.transpose(q * scale, (0, 2, 1, 3)), k
-            ), "float32")  # (B, N, T, K)
+            scores = ops.cast(ops.matmul(q, k), "float32")  # (B, N, T, K)
         if bias is not None:
             scores = scores + bias
         return scores, position
@@ -286,7 +293,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         def context(*inputs):
             query, keys_in, *rest = inputs
             r, u, w = rest if rest else (None, None, None)
-            q = self.project_query(query)  # (B, T, N, H)
+            q = self.project_query(query)  # (B, N, T, H)
             k, v = self.project_keys(keys_in)  # (B, N, H, K), (B, N, K, H)
             scores, _ = self._scores(q, k, r, u, w, bias)
             probabilities = ops.softmax(scores, axis=-1)
@@ -339,8 +346,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return self._output_dropout(output, training=training)
 
     def _details(self, q, k, r, u, w, scores, position, probabilities):
-        """Score terms and probabilities as (B, N, T, K) float32, for pictures."""
-        scale = 1.0 / (self.head_dim**0.5)
+        """Score terms and probabilities as (B, N, T, K) float32, for pictures.
+
+        `q` is scaled by 1/sqrt(H) already (`project_query`)."""
+        scale = self._scale()
         as_float = lambda x: ops.cast(x, "float32")  # noqa: E731
         details = {
             "scores": as_float(scores),
@@ -350,16 +359,15 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             details["position"] = as_float(position)
             r = r[:, :, 1:]  # (N, H, K): W_R R without the shift's column
             # (a) alone, (b) alone and the bias terms.
-            details["term_a"] = as_float(
-                ops.einsum("btnh,bnhk->bntk", q, k)) * scale
+            details["term_a"] = as_float(ops.einsum("bnth,bnhk->bntk", q, k))
             details["term_b"] = as_float(relative_shift(
-                ops.einsum("btnh,nhk->bntk", q, r))) * scale
+                ops.einsum("bnth,nhk->bntk", q, r)))
             details["term_d"] = as_float(relative_shift(
                 ops.einsum("nh,nhk->nk", w, r)[None, :, None, :]
                 + ops.zeros_like(details["position"]))) * scale
             # (a) + (c): the content terms with the global content bias u.
-            details["content"] = as_float(
-                ops.einsum("btnh,bnhk->bntk", q + u, k)) * scale
+            details["content"] = as_float(ops.einsum(
+                "bnth,bnhk->bntk", q + ops.expand_dims(u * scale, 1), k))
         return details
 
     def call(
@@ -390,7 +398,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 seed = self._dropout_seed()
             context = self._context_recomputed(query, keys_in, r, u, w, bias, seed)
             return self._output(context, training)
-        q = self.project_query(query)  # (B, T, N, H)
+        q = self.project_query(query)  # (B, N, T, H)
         k, v = self.project_keys(keys_in)  # (B, N, H, K), (B, N, K, H)
         return self._attend(
             q, k, v, r, content_bias, position_bias, attention_mask,
@@ -398,31 +406,39 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         )
 
     def project_new_positions(self, query):
-        """(B, T, D) -> q (B, T, N, H), k (B, N, H, T), v (B, N, T, H).
+        """(B, T, D) -> q (B, N, T, H), k (B, N, H, T), v (B, N, T, H).
 
-        The same projections as `project_query` and `project_keys`. For one
-        position (decoding) they are one (B, D) x (D, 3*N*H) matmul on the
-        whole q|k|v kernel: this avoids unstacking the kernel and the einsum
-        set-up, the larger part of such a step's cost. For a segment, three
-        products: splitting one (B, T, 3, N, H) result would copy it again.
+        The same projections as `project_query` and `project_keys`, as one
+        (B*T, D) x (D, 3*N*H) matmul on the whole q|k|v kernel (inference
+        only: no gradient goes through the split). One wide product runs
+        closer to the matmul peak than three narrow ones (measured: a
+        (1024, 256) x (256, 256) einsum at ~150 GFLOP/s, a (1024, 256) x
+        (256, 1024) matmul at ~250); for one position (decoding) it also
+        avoids unstacking the kernel and the einsum set-up, the larger part
+        of such a step's cost.
         """
-        if query.shape[1] is not None and query.shape[1] > 1:
-            k, v = self.project_keys(query)
-            return self.project_query(query), k, v
         dtype = self.compute_dtype
         n, h = self.num_heads, self.head_dim
         batch_size, length, hidden_dim = (
             ops.shape(query)[0], ops.shape(query)[1], ops.shape(query)[2]
         )
+        scales = ops.convert_to_tensor([self._scale(), 1.0, 1.0], dtype)
         kernel = ops.reshape(
-            ops.cast(self.qkv_kernel, dtype), (-1, 3 * n * h)
-        )  # (D, 3NH), q | k | v, head-major
+            ops.cast(self.qkv_kernel, dtype) * ops.reshape(scales, (1, 3, 1, 1)),
+            (-1, 3 * n * h),
+        )  # (D, 3NH), q (scaled) | k | v, head-major
         qkv = ops.matmul(
             ops.reshape(ops.cast(query, dtype), (-1, hidden_dim)), kernel
         )  # (B*T, 3NH)
-        qkv = ops.reshape(qkv, (batch_size, length, 3, n, h))  # (B,T,3,N,H)
-        return (qkv[:, :, 0], keys_operand(qkv[:, :, 1]),
-                values_operand(qkv[:, :, 2]))
+        if query.shape[1] == 1:
+            qkv = ops.reshape(qkv, (batch_size, 3, n, 1, h))  # T = 1
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (B, N, 1, H) each
+            return q, ops.reshape(k, (batch_size, n, h, 1)), v
+        qkv = ops.transpose(
+            ops.reshape(qkv, (batch_size, length, 3, n, h)), (2, 0, 3, 1, 4)
+        )  # (3, B, N, T, H)
+        q, k, v = ops.unstack(qkv, axis=0)
+        return q, ops.transpose(k, (0, 1, 3, 2)), v
 
     def call_with_cache(
         self,

@@ -1,0 +1,149 @@
+"""Where a step's time goes: TensorFlow's profiler, op time summed by op type.
+
+Profiles the library's training step (`keras_txl.training.loop.Trainer`) and evaluation step
+(`make_eval_step`, the memory key/value cache carried) on the throughput benchmark's
+configuration (`benchmarks/throughput.py`: 6 layers, d 256, 8 heads x 32, T = M = 128,
+batch 8), or the evaluation step alone at a long memory (`--memory 3672 --batch 1
+--layers 4`, the Table 9 shape). Run it natively and under `ONEDNN_MAX_CPU_ISA=AVX2` to see
+what costs more on an AVX2 host:
+
+    python benchmarks/profile_steps.py
+    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/profile_steps.py
+    python benchmarks/profile_steps.py --steps eval --memory 3672 --batch 1 --layers 4
+
+Op time is the kernels' own time on their threads: with 2 inter-op threads two kernels can
+run at once, so the sum per step can exceed the step's wall time (both are printed).
+Prints one JSON line (`ms_per_step` and `op_ms_per_step` by op type for each step, the
+`host` block) and a table per step.
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hostinfo import host_block  # noqa: E402
+from hostinfo import host_line  # noqa: E402
+from throughput import CONFIG  # noqa: E402
+
+
+def op_times(tf, logdir, steps):
+    """{op type: ms per step} from the profile written under `logdir`."""
+    # The profiler's own protobuf: no TensorBoard plug-in needed to read it.
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    path = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0]
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    by_type = collections.Counter()
+    for plane in space.planes:
+        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                name = names[event.metadata_id]
+                # Kernel events are "op_name:OpType"; host bookkeeping is not.
+                op_type = name.rsplit(":", 1)[-1]
+                if ":" not in name or "::" in name or " " in op_type or not op_type:
+                    continue
+                by_type[op_type] += event.duration_ps / 1e9 / steps
+    return dict(by_type.most_common())
+
+
+def profile(tf, name, run_step, warmup, steps):
+    for _ in range(warmup):
+        run_step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        run_step()
+    wall_ms = 1000 * (time.perf_counter() - start) / steps
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        for _ in range(steps):
+            run_step()
+        tf.profiler.experimental.stop()
+        times = op_times(tf, logdir, steps)
+    return {"step": name, "ms_per_step": round(wall_ms, 2),
+            "op_ms_per_step": {k: round(v, 3) for k, v in times.items()},
+            "op_ms_total": round(sum(times.values()), 2)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", choices=["both", "train", "eval"], default="both")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--memory", type=int, default=CONFIG["memory_length"])
+    parser.add_argument("--layers", type=int, default=CONFIG["num_layers"])
+    parser.add_argument("--repeats", type=int, default=10, help="profiled steps")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=12, help="op types in the table")
+    parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    import keras_txl
+    from keras_txl.training.config import TrainConfig
+    from keras_txl.training.loop import Trainer
+    from keras_txl.training.loop import make_eval_step
+
+    cfg = dict(CONFIG, memory_length=args.memory, num_layers=args.layers)
+    T, B = cfg["segment_length"], args.batch
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.integers(0, cfg["vocabulary_size"], size=(B, T)), tf.int32)
+    y = tf.constant(rng.integers(0, cfg["vocabulary_size"], size=(B, T)), tf.int32)
+    results = []
+    if args.steps in ("both", "train"):
+        trainer = Trainer(keras_txl.TransformerXLConfig(**cfg),
+                          TrainConfig(batch_size=B, learning_rate=2.5e-4, warmup_steps=0,
+                                      steps=1000, clip_norm=0.25),
+                          tf.distribute.get_strategy(), verbose=False)
+        state = {"memory": trainer.memory}
+
+        def train_step():
+            loss, _, state["memory"] = trainer._train_step(x, y, state["memory"])
+            float(loss)
+
+        results.append(profile(tf, "train", train_step, 3, args.repeats))
+        model = trainer.model
+    else:
+        model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**cfg))
+    if args.steps in ("both", "eval"):
+        eval_step = make_eval_step(model)
+        state = {"cache": model.build_cache(batch_size=B, segment_length=T)}
+
+        def evaluation_step():
+            nll, state["cache"] = eval_step(x, y, state["cache"])
+            nll.numpy()
+
+        results.append(profile(tf, "eval", evaluation_step, 3, args.repeats))
+
+    host = host_block(tf, peak=not args.no_peak)
+    print(json.dumps({"bench": "profile_steps", "config": cfg, "batch": B,
+                      "repeats": args.repeats, "threads": args.threads,
+                      "steps": results, "host": host}))
+    print(host_line(host))
+    for r in results:
+        print(f"\n{r['step']} step: {r['ms_per_step']:.1f} ms wall, "
+              f"{r['op_ms_total']:.1f} ms of op time (B {B}, T {T}, M {args.memory}, "
+              f"{args.layers} layers)")
+        print("| op type | ms per step | share of op time |")
+        print("|---|---:|---:|")
+        for op, ms in list(r["op_ms_per_step"].items())[:args.top]:
+            print(f"| {op} | {ms:.2f} | {100 * ms / r['op_ms_total']:.0f} % |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

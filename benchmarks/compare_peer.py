@@ -33,12 +33,14 @@ Prints one JSON line (host, all runs, medians, ratios) and a table.
 """
 
 import argparse
+import getpass
 import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -153,6 +155,12 @@ def child_env(isa):
             env.pop(name, None)
         else:
             env[name] = value
+    # Inductor's compiled kernels are cached on disk keyed without the ISA cap:
+    # kernels built for AVX-512 were reused under ATEN_CPU_CAPABILITY=avx2 and
+    # crashed (SIGSEGV, out-of-bounds indices). One cache per level.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{isa}")
     return env
 
 

@@ -215,12 +215,15 @@ def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_k
     from keras_txl.training.loop import EVAL_JIT_MIN_KEYS
     from keras_txl.training.loop import eval_jit_compile
 
-    model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0))
     tokens = corpus(203, seed=5)
-    result = evaluate(model, tokens, batch_size=2, jit_compile=True)
-    expected, count = _evaluate_by_recomputing_the_memory(model, tokens, 2, 8)
-    assert result["tokens"] == count == 200
-    np.testing.assert_allclose(result["loss"], expected, rtol=1e-5)
+    # The plain softmax, and the adaptive one with masked empty memory slots.
+    for changes in ({}, {"cutoffs": (10, 20), "div_val": 2, "empty_memory": "masked"}):
+        model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0, **changes))
+        result = evaluate(model, tokens, batch_size=2, jit_compile=True)
+        expected, count = _evaluate_by_recomputing_the_memory(model, tokens, 2, 8)
+        assert result["tokens"] == count == 200
+        np.testing.assert_allclose(result["loss"], expected, rtol=1e-5, err_msg=str(changes))
+    model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0))
     # "auto": graph mode for this short memory, XLA from EVAL_JIT_MIN_KEYS keys.
     assert eval_jit_compile(model) is False
     long = keras_txl.TransformerXLCausalLM(model_config(

@@ -69,6 +69,20 @@ def test_a_batch_of_prompts_equals_each_prompt_alone_and_the_host_loop():
         np.testing.assert_array_equal(row[len(prompt):], host)
 
 
+def test_generate_uses_xla_unless_compiled_without_it_and_both_give_the_same_tokens():
+    model = generation_model()  # compile(sampler="greedy"): jit_compile "auto"
+    assert model.generate_jit_compile() is True
+    if not tf.config.list_logical_devices("GPU"):
+        assert model.jit_compile is False  # fit keeps Keras' CPU default
+    xla = model.generate(prompts(), max_length=60, stop_token_ids=None)
+    model.compile(sampler="greedy", jit_compile=False)
+    assert model.generate_jit_compile() is False
+    graph = model.generate(prompts(), max_length=60, stop_token_ids=None)
+    np.testing.assert_array_equal(xla, graph)
+    model.compile(sampler="greedy", jit_compile=True)
+    assert model.generate_jit_compile() is True
+
+
 def test_the_returned_memory_continues_the_text():
     model = generation_model()
     first = prompts()[0]

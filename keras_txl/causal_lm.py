@@ -621,7 +621,13 @@ class TransformerXLCausalLM(CausalLM):
                 Keras' own resolution (off on a CPU-only host).
             Other arguments: as `keras_hub.models.CausalLM.compile`.
         """
-        self._generate_jit = kwargs.get("jit_compile", "auto")
+        jit_compile = kwargs.get("jit_compile", "auto")
+        if jit_compile not in ("auto", True, False):
+            raise ValueError(
+                "`jit_compile` must be 'auto', True or False, received "
+                f"jit_compile={jit_compile!r}."
+            )
+        self._generate_jit = jit_compile
         if isinstance(sampler, str) and sampler not in SAMPLERS:
             raise ValueError(
                 f"`sampler` must be one of {list(SAMPLERS)} or a "

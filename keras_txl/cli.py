@@ -256,16 +256,7 @@ def build_parser():
                         metavar="IDS", help="comma-separated prompt ids; the "
                         "output is then ids too")
     _add_checkpoint_argument(p)
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
-                   default=200, help="tokens to sample")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="0 is greedy decoding")
-    p.add_argument("--top-k", dest="top_k", type=int, default=0,
-                   help="sample among the k most likely (0: all)")
-    p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
-                   help="nucleus sampling threshold (1: all)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="same seed, same output (default: a random one)")
+    _add_sampling_arguments(p, max_new_tokens=200, temperature=1.0, seed=None)
     p.add_argument("--no-cache", dest="use_cache", action="store_false",
                    help="Keras sources: recompute the memory keys/values at "
                    "every step (the reference path; same output, slower)")
@@ -296,16 +287,7 @@ def build_parser():
                    help="TF Serving's MODEL_NAME")
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text (repeatable: one batch)")
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
-                   default=50, help="tokens to generate per prompt")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0 is greedy decoding")
-    p.add_argument("--top-k", dest="top_k", type=int, default=0,
-                   help="sample among the k most likely (0: all)")
-    p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
-                   help="nucleus sampling threshold (1: all)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="same seed, same output")
+    _add_sampling_arguments(p, max_new_tokens=50, temperature=0.0, seed=0)
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds for the whole request")
 
@@ -487,6 +469,23 @@ def _eval(args):
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),
                       "settings": {**settings, **kwargs}}))
     return 0
+
+
+def _add_sampling_arguments(p, max_new_tokens, temperature, seed):
+    """--max-new-tokens, --temperature, --top-k, --top-p, --seed (`txl
+    generate` and `txl serve-client generate`, with their own defaults)."""
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   default=max_new_tokens,
+                   help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help="0 is greedy decoding")
+    p.add_argument("--top-k", dest="top_k", type=int, default=0,
+                   help="sample among the k most likely (0: all)")
+    p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
+                   help="nucleus sampling threshold (1: all)")
+    p.add_argument("--seed", type=int, default=seed,
+                   help="same seed, same output" + (
+                       " (none: a random one)" if seed is None else ""))
 
 
 def _add_checkpoint_argument(p):

@@ -22,6 +22,7 @@ temporary name and renamed, so a killed writer never leaves a half file
 under the final name.
 """
 
+import hashlib
 import math
 import os
 import shutil
@@ -36,6 +37,12 @@ from keras_txl.folders import WEIGHTS_FILE
 from keras_txl.folders import folder_format
 from keras_txl.folders import load_config
 from keras_txl.limits import check_config
+
+
+def sha256_file(path):
+    """The hex sha256 of a file's bytes, read in blocks (shards, checkpoints)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def atomic_write_bytes(path, data):

@@ -81,6 +81,8 @@ def test_generate_uses_xla_unless_compiled_without_it_and_both_give_the_same_tok
     np.testing.assert_array_equal(xla, graph)
     model.compile(sampler="greedy", jit_compile=True)
     assert model.generate_jit_compile() is True
+    with pytest.raises(ValueError, match="`jit_compile` must be 'auto', True or False"):
+        model.compile(sampler="greedy", jit_compile="yes")
 
 
 def test_the_returned_memory_continues_the_text():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from testing import REPO
+from testing import free_ports
 
 from keras_txl.cli import main
 from keras_txl.tokenizers import build_tokenizer
@@ -408,18 +409,6 @@ def test_the_lm1b_folder_follows_the_reference_protocol(tmp_path, capsys):
     # Files in sorted order, every sentence <S> words <S>; held-out shard 0.
     assert data["train"] == [0, 3, 4, 2, 0, 0, 5, 3, 2, 0, 0, 4, 5, 2, 0]
     assert data["valid"] == data["test"] == [0, 3, 1, 2, 0]
-
-
-def free_ports(n):
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def train_losses(workdir):

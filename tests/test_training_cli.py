@@ -4,7 +4,6 @@ resume, two MultiWorkerMirrored workers on 127.0.0.1, the CLI errors."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from testing import REPO
+from testing import free_ports
 
 from keras_txl.cli import main
 
@@ -83,16 +83,6 @@ def test_sigkill_during_training_then_resume_gives_the_same_losses(corpus_dir, t
     restored = max(s for s in range(20, done + 1, 20))
     for step in range(restored + 1, 161):
         assert resumed[step] == pytest.approx(reference[step], rel=1e-6), step
-
-
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def test_two_workers_with_multi_worker_mirrored_match_one_process(corpus_dir, tmp_path):

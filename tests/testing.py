@@ -122,6 +122,19 @@ def write_word_corpus(folder, train_words=3000, eval_words=40, seed=0):
     return folder
 
 
+def free_ports(n):
+    """`n` free TCP ports on 127.0.0.1 (for a local MultiWorker cluster)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
 def mirrored_strategy():
     """One MirroredStrategy over the two logical CPUs for the whole session.
 

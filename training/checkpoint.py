@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_txl.folders import model_weights_file
 from keras_txl.io import atomic_write_bytes
+from keras_txl.io import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +43,6 @@ class CheckpointError(ValueError):
     def __init__(self, message, path):
         super().__init__(message)
         self.path = path
-
-
-def _sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_synced(path, data):
@@ -333,7 +326,7 @@ class CheckpointManager:
                     f"{size} bytes, the manifest says {files[name]['bytes']}.",
                     file,
                 )
-            if _sha256_file(file) != files[name].get("sha256"):
+            if sha256_file(file) != files[name].get("sha256"):
                 raise CheckpointError(
                     f"Checkpoint file {file} is corrupted: its sha256 does not "
                     f"match {manifest_path}.", file,

@@ -41,6 +41,7 @@ import time
 import numpy as np
 
 from keras_txl.io import atomic_write_bytes
+from keras_txl.io import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -186,19 +187,11 @@ class ShardedTokens:
     def verify(self):
         """Re-hashes every shard against the index; raises if one differs."""
         for shard, path in zip(self.index["shards"], self._paths):
-            if _sha256_file(path) != shard["sha256"]:
+            if sha256_file(path) != shard["sha256"]:
                 raise ValueError(
                     f"shard {path} does not match its sha256 in {INDEX}: it changed "
                     f"since it was written. Delete {self.folder} and prepare again "
                     "(`txl prepare` with the same --data and --workdir).")
-
-
-def _sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class _Progress:

@@ -10,6 +10,7 @@ what costs more on an AVX2 host:
     python benchmarks/profile_steps.py
     ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/profile_steps.py
     python benchmarks/profile_steps.py --steps eval --memory 3672 --batch 1 --layers 4
+    python benchmarks/profile_steps.py --precision mixed_bfloat16
 
 Op time is the kernels' own time on their threads: with 2 inter-op threads two kernels can
 run at once, so the sum per step can exceed the step's wall time (both are printed).
@@ -86,7 +87,14 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=12, help="op types in the table")
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
+    parser.add_argument("--precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "auto"],
+                        help="the model's precision (auto: keras_txl.host.auto_precision())")
     args = parser.parse_args(argv)
+    if args.precision == "auto":
+        from keras_txl.host import auto_precision
+
+        args.precision = auto_precision()
 
     import numpy as np
     import tensorflow as tf
@@ -107,7 +115,8 @@ def main(argv=None):
     if args.steps in ("both", "train"):
         trainer = Trainer(keras_txl.TransformerXLConfig(**cfg),
                           TrainConfig(batch_size=B, learning_rate=2.5e-4, warmup_steps=0,
-                                      steps=1000, clip_norm=0.25),
+                                      steps=1000, clip_norm=0.25,
+                                      precision=args.precision),
                           tf.distribute.get_strategy(), verbose=False)
         state = {"memory": trainer.memory}
 
@@ -118,6 +127,9 @@ def main(argv=None):
         results.append(profile(tf, "train", train_step, 3, args.repeats))
         model = trainer.model
     else:
+        import keras
+
+        keras.config.set_dtype_policy(args.precision)
         model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**cfg))
     if args.steps in ("both", "eval"):
         eval_step = make_eval_step(model)
@@ -131,13 +143,14 @@ def main(argv=None):
 
     host = host_block(tf, peak=not args.no_peak)
     print(json.dumps({"bench": "profile_steps", "config": cfg, "batch": B,
+                      "precision": args.precision,
                       "repeats": args.repeats, "threads": args.threads,
                       "steps": results, "host": host}))
     print(host_line(host))
     for r in results:
         print(f"\n{r['step']} step: {r['ms_per_step']:.1f} ms wall, "
               f"{r['op_ms_total']:.1f} ms of op time (B {B}, T {T}, M {args.memory}, "
-              f"{args.layers} layers)")
+              f"{args.layers} layers, {args.precision})")
         print("| op type | ms per step | share of op time |")
         print("|---|---:|---:|")
         for op, ms in list(r["op_ms_per_step"].items())[:args.top]:

@@ -7,9 +7,10 @@ PyTorch's mkldnn ones), PyTorch's `ATEN_CPU_CAPABILITY` (ATen's vectorised kerne
 MKL's `MKL_ENABLE_INSTRUCTIONS` (PyTorch's CPU BLAS). The "effective ISA" is the lower
 of what the CPU has and what the cap allows.
 
-`auto_precision()` picks the training precision from it: `"mixed_bfloat16"` only where
-the effective ISA has AMX (where bf16 was not measured faster everywhere with AVX512_BF16
-alone: see its docstring), `"float32"` elsewhere. `gpu_auto_precision()` does the same for
+`auto_precision()` picks the training precision from it: `"mixed_bfloat16"` where the
+effective ISA has AMX, or AVX512_BF16 on an AMD Zen 4 (the hosts where bf16 was measured
+faster than fp32; not on Intel CPUs with AVX512_BF16 alone: see its docstring),
+`"float32"` elsewhere. `gpu_auto_precision()` does the same for
 an NVIDIA GPU from its compute capability.
 
 Nothing here imports TensorFlow: benchmarks, the command line and the PyTorch peer's
@@ -59,9 +60,14 @@ FRAMEWORK_CAPS = {
     "torch": ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"),
 }
 
-# Where `auto_precision` picks mixed_bfloat16: AMX only (see its docstring for why
-# AVX512_BF16 alone is not enough).
+# Where `auto_precision` picks mixed_bfloat16 on any CPU: AMX (see its docstring for why
+# AVX512_BF16 alone is not enough everywhere).
 AUTO_BF16_LEVELS = ("AMX",)
+# (vendor_id, cpu family) of the CPUs where AVX512_BF16 alone made bf16 faster than fp32:
+# AMD family 0x19 with AVX-512 is Zen 4 (Zen 3, the same family, has no AVX-512). Zen 4
+# runs a 512-bit FMA as two 256-bit halves, so its fp32 matmul peak is half an AVX-512
+# Intel core's per clock, while `vdpbf16ps` does twice the multiply-adds per instruction.
+AUTO_BF16_AVX512_BF16_CPUS = (("AuthenticAMD", 25),)
 
 
 def _read(path):
@@ -77,17 +83,28 @@ def parse_cpuinfo(text):
 
     The first processor's entry is taken: a process may run on any of them.
     """
-    model, flags = None, set()
+    fields = cpuinfo_fields(text)
+    return fields.get("model name") or None, set(fields.get("flags", "").split())
+
+
+def cpuinfo_fields(text):
+    """{lower-case key: value} of the first processor's entry of a /proc/cpuinfo text."""
+    fields = {}
     for line in (text or "").splitlines():
+        if not line.strip():
+            if fields:
+                break  # the end of the first processor's entry
+            continue
         key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "model name" and model is None:
-            model = value.strip() or None
-        elif key == "flags" and not flags:
-            flags = set(value.split())
-        if model is not None and flags:
-            break
-    return model, flags
+        fields.setdefault(key.strip().lower(), value.strip())
+    return fields
+
+
+def _cpu_family(fields):
+    try:
+        return int(fields.get("cpu family", ""))
+    except ValueError:
+        return None
 
 
 def isa_level(flags):
@@ -149,7 +166,8 @@ def _cgroup_cpu_limit():
 def cpu_info(cpuinfo_text=None, environ=None):
     """A dict describing this CPU and the ISA caps in force.
 
-    Keys: `cpu` (model name), `machine`, `cores` (logical cores this process may run on,
+    Keys: `cpu` (model name), `vendor` and `cpu_family` (`vendor_id`, `cpu family`; None
+    where unknown), `machine`, `cores` (logical cores this process may run on,
     `os.sched_getaffinity`), `cpu_quota` (cgroup v2 limit or None), `isa` (which of AVX2,
     AVX512F, AVX512_BF16, AMX_BF16, AMX_TILE the CPU has; None where unknown: not x86
     Linux), `cpu_isa` (the highest of `LEVELS`), `caps` (`isa_caps()`), `effective_isa`
@@ -160,6 +178,7 @@ def cpu_info(cpuinfo_text=None, environ=None):
     """
     text = _read("/proc/cpuinfo") if cpuinfo_text is None else cpuinfo_text
     model, flags = parse_cpuinfo(text)
+    fields = cpuinfo_fields(text)
     machine = platform.machine()
     if model is None:
         model = platform.processor() or machine or "unknown"
@@ -178,6 +197,8 @@ def cpu_info(cpuinfo_text=None, environ=None):
         by_framework[framework] = value
     return {
         "cpu": model,
+        "vendor": fields.get("vendor_id") or None,
+        "cpu_family": _cpu_family(fields),
         "machine": machine,
         "cores": _cores() if cpuinfo_text is None else None,
         "cpu_quota": _cgroup_cpu_limit() if cpuinfo_text is None else None,
@@ -192,26 +213,36 @@ def cpu_info(cpuinfo_text=None, environ=None):
 def auto_precision(info=None):
     """`"mixed_bfloat16"` where bf16 is known to pay on this CPU, else `"float32"`.
 
-    Without bf16 instructions oneDNN emulates bf16 (convert to fp32, multiply, round
-    back) and mixed precision is slower than fp32: on an AVX2-only AMD EPYC, 1,035
-    training tokens/s in mixed_bfloat16 against ~1,400 in float32 (docs/benchmarks.md).
-    With AVX512_BF16 (`vdpbf16ps`) alone the throughput benchmark went both ways: 1.40x
-    faster than fp32 on an AMD EPYC (Zen 4) host (5,029 vs 3,584 training tokens/s), but
-    0.66x on an Intel Xeon host (1,764 vs 2,654, fourth session): the dot-product
-    instruction helps the matmuls, and the casts around every element-wise pass cost
-    more than it saves there. AMX tiles multiply bf16 at many times the fp32 rate. So
-    "auto" picks mixed_bfloat16 only where TensorFlow's effective ISA reaches AMX (the
-    CPU's, lowered by `ONEDNN_MAX_CPU_ISA` when that caps it); elsewhere float32, and a
-    user who measured bf16 faster on their host passes `mixed_bfloat16`. Unknown CPUs
-    (no /proc/cpuinfo flags, e.g. not Linux or not x86) get float32.
+    - AMX (TensorFlow's effective ISA: the CPU's, lowered by `ONEDNN_MAX_CPU_ISA` when
+      that caps it): bf16. The tiles multiply bf16 at many times the fp32 rate.
+    - AVX512_BF16 on an AMD Zen 4 (`AUTO_BF16_AVX512_BF16_CPUS`): bf16. Zen 4 executes
+      512-bit fp32 FMAs as two halves, and `vdpbf16ps` does twice their multiply-adds:
+      TensorFlow's bf16 matmuls ran at ~2x its fp32 ones, and the throughput benchmark
+      measured mixed_bfloat16 1.40x fp32 in training (third session, 5,029 vs 3,584
+      tokens/s) and, in the seventh session, 1.54x in training and 1.43x in evaluation
+      (3,888 vs 2,525 and 13,642 vs 9,547 tokens/s, medians of 5; docs/benchmarks.md).
+    - AVX512_BF16 elsewhere (the Intel Xeons of sessions 4 and 6): float32. Their fp32
+      FMAs are full-width, bf16 measured 0.66x fp32 in training (1,764 vs 2,654): the
+      casts around every element-wise pass cost more than the dot product saves. An
+      unmeasured CPU with AVX512_BF16 (e.g. AMD's next family) stays here too.
+    - Without bf16 instructions oneDNN emulates bf16 (convert to fp32, multiply, round
+      back): slower than fp32 (an AVX2-only AMD EPYC: 1,035 training tokens/s in
+      mixed_bfloat16 against ~1,400 in float32). float32.
+    - Unknown CPUs (no /proc/cpuinfo flags, e.g. not Linux or not x86): float32.
 
-    This is about CPUs; on a GPU see `gpu_auto_precision`. `info`: a `cpu_info()`
-    dict (default: this host's).
+    A user who measured otherwise on their host passes the precision explicitly. This is
+    about CPUs; on a GPU see `gpu_auto_precision`. `info`: a `cpu_info()` dict (default:
+    this host's).
     """
     info = cpu_info() if info is None else info
     level = (info.get("effective_isa_by_framework") or {}).get(
         "tensorflow", info.get("effective_isa"))
-    return "mixed_bfloat16" if level in AUTO_BF16_LEVELS else "float32"
+    if level in AUTO_BF16_LEVELS:
+        return "mixed_bfloat16"
+    cpu = (info.get("vendor"), info.get("cpu_family"))
+    if level == "AVX512_BF16" and cpu in AUTO_BF16_AVX512_BF16_CPUS:
+        return "mixed_bfloat16"
+    return "float32"
 
 
 def gpu_auto_precision(compute_capability):

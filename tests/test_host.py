@@ -12,16 +12,18 @@ BASE_FLAGS = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat
               "fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c rdrand hypervisor")
 
 
-def cpuinfo(model, extra_flags, processors=2):
+def cpuinfo(model, extra_flags, processors=2, vendor="GenuineIntel", family=6):
     entries = []
     for i in range(processors):
-        entries.append(f"processor\t: {i}\nvendor_id\t: x\nmodel name\t: {model}\n"
+        entries.append(f"processor\t: {i}\nvendor_id\t: {vendor}\ncpu family\t: {family}\n"
+                       f"model name\t: {model}\n"
                        f"flags\t\t: {BASE_FLAGS} {extra_flags}\nbogomips\t: 4000.0\n")
     return "\n".join(entries)
 
 
 # An AVX2-only AMD EPYC (Zen 2): no AVX-512 at all.
-EPYC_AVX2 = cpuinfo("AMD EPYC 7B12 64-Core Processor", "bmi1 avx2 smep bmi2 sha_ni clzero")
+EPYC_AVX2 = cpuinfo("AMD EPYC 7B12 64-Core Processor", "bmi1 avx2 smep bmi2 sha_ni clzero",
+                    vendor="AuthenticAMD", family=23)
 # Cascade Lake: AVX-512 without bf16.
 XEON_AVX512 = cpuinfo("Intel(R) Xeon(R) Platinum 8280 CPU @ 2.70GHz",
                       "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni")
@@ -31,7 +33,12 @@ XEON_BF16 = cpuinfo("Intel(R) Xeon(R) Processor",
                     "avx512_vnni avx512_fp16")
 # AMD EPYC Genoa (Zen 4): AVX-512 with bf16.
 EPYC_GENOA = cpuinfo("AMD EPYC 9654 96-Core Processor",
-                     "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni")
+                     "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni",
+                     vendor="AuthenticAMD", family=25)
+# AMD EPYC Turin (Zen 5): AVX512_BF16 on full-width units; bf16 not measured there.
+EPYC_TURIN = cpuinfo("AMD EPYC 9755 128-Core Processor",
+                     "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni "
+                     "avx512_vp2intersect", vendor="AuthenticAMD", family=26)
 # Sapphire Rapids: AMX tiles.
 SPR_AMX = cpuinfo("Intel(R) Xeon(R) Platinum 8480+",
                   "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_fp16 "
@@ -44,10 +51,13 @@ ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull
     (EPYC_AVX2, "AMD EPYC 7B12 64-Core Processor", ["AVX2"], "AVX2", "float32"),
     (XEON_AVX512, "Intel(R) Xeon(R) Platinum 8280 CPU @ 2.70GHz", ["AVX2", "AVX512F"],
      "AVX512", "float32"),
-    # AVX512_BF16 alone measured both faster and slower than fp32: auto stays fp32.
+    # AVX512_BF16 alone: bf16 measured slower than fp32 on Intel Xeons, faster on Zen 4;
+    # an unmeasured family stays fp32.
     (XEON_BF16, "Intel(R) Xeon(R) Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
      "AVX512_BF16", "float32"),
     (EPYC_GENOA, "AMD EPYC 9654 96-Core Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
+     "AVX512_BF16", "mixed_bfloat16"),
+    (EPYC_TURIN, "AMD EPYC 9755 128-Core Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
      "AVX512_BF16", "float32"),
     (SPR_AMX, "Intel(R) Xeon(R) Platinum 8480+",
      ["AVX2", "AVX512F", "AVX512_BF16", "AMX_BF16", "AMX_TILE"], "AMX", "mixed_bfloat16"),
@@ -62,6 +72,13 @@ def test_cpuinfo_levels_and_auto_precision_without_caps(text, model, isa, level,
     assert host.auto_precision(info) == precision
 
 
+def test_vendor_and_family_are_read_from_the_first_entry():
+    info = host.cpu_info(cpuinfo_text=EPYC_GENOA, environ={})
+    assert (info["vendor"], info["cpu_family"]) == ("AuthenticAMD", 25)
+    info = host.cpu_info(cpuinfo_text=ARM, environ={})
+    assert (info["vendor"], info["cpu_family"]) == (None, None)
+
+
 def test_a_cap_below_bf16_means_float32():
     # oneDNN capped at AVX2 on a bf16 / AMX CPU: TensorFlow's kernels have no bf16 there.
     for text in (XEON_BF16, SPR_AMX, EPYC_GENOA):
@@ -73,6 +90,11 @@ def test_a_cap_below_bf16_means_float32():
     capped = host.cpu_info(cpuinfo_text=SPR_AMX,
                            environ={"ONEDNN_MAX_CPU_ISA": "avx512_core"})
     assert capped["effective_isa"] == "AVX512"  # values are case-insensitive
+    assert host.auto_precision(capped) == "float32"
+    # A Zen 4 with oneDNN kept off AVX512_BF16 has no bf16 dot product left.
+    capped = host.cpu_info(cpuinfo_text=EPYC_GENOA,
+                           environ={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"})
+    assert capped["effective_isa"] == "AVX512"
     assert host.auto_precision(capped) == "float32"
 
 

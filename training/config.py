@@ -56,8 +56,8 @@ class TrainConfig:
     # Compile the training step with XLA (not under Mirrored on CPU).
     jit_compile: bool = False
     # "float32", "mixed_bfloat16", "mixed_float16" (with dynamic loss
-    # scaling), or "auto": on a CPU mixed_bfloat16 only with AMX
-    # (keras_txl.host.auto_precision), else float32; on a GPU by compute
+    # scaling), or "auto": on a CPU mixed_bfloat16 with AMX or on an AMD
+    # Zen 4 (keras_txl.host.auto_precision), else float32; on a GPU by compute
     # capability (keras_txl.host.gpu_auto_precision).
     precision: str = "float32"
     # mixed_float16 only: the first loss scale of Keras' LossScaleOptimizer

@@ -77,11 +77,12 @@ def resolve_precision(precision):
     (`keras_txl.host.gpu_auto_precision`): "mixed_bfloat16" from 8.0 (bf16
     tensor cores, no loss scaling needed), "mixed_float16" on 7.x (fp16
     tensor cores only, with loss scaling), "float32" below. On a CPU it is
-    "mixed_bfloat16" with AMX tiles (`keras_txl.host.auto_precision`, after
-    any `ONEDNN_MAX_CPU_ISA` cap) and "float32" elsewhere, where bf16 was
-    measured slower than float32 (emulated without bf16 instructions, and
-    even with AVX512_BF16 on one host). "auto" never picks mixed_float16 on
-    a CPU: TensorFlow's CPU float16 kernels are emulated.
+    "mixed_bfloat16" with AMX tiles, or AVX512_BF16 on an AMD Zen 4
+    (`keras_txl.host.auto_precision`, after any `ONEDNN_MAX_CPU_ISA` cap),
+    and "float32" elsewhere, where bf16 was measured slower than float32
+    (emulated without bf16 instructions, and with AVX512_BF16 on Intel
+    Xeons). "auto" never picks mixed_float16 on a CPU: TensorFlow's CPU
+    float16 kernels are emulated.
     """
     if precision != "auto":
         if precision == "mixed_float16" and not tf.config.list_physical_devices("GPU"):

@@ -186,6 +186,10 @@ class TransformerXLBlock(keras.layers.Layer):
         self.built = True
 
     def _feedforward(self, x, training):
+        # On (B*T, D) rows: a 2-D matmul lets TensorFlow's remapper fuse
+        # the bias add (and the relu, at inference) into the oneDNN matmul.
+        shape = ops.shape(x)
+        x = ops.reshape(x, (-1, x.shape[-1]))
         x = self.intermediate_dense(x)
         if training and self.dropout > 0:
             x = relu_dropout(
@@ -193,7 +197,7 @@ class TransformerXLBlock(keras.layers.Layer):
             )
         else:
             x = ops.relu(x)
-        x = self.output_dense(x)
+        x = ops.reshape(self.output_dense(x), shape)
         return self._output_dropout(x, training=training)
 
     def _attention_input(self, x):

@@ -36,8 +36,9 @@ from hostinfo import host_line  # noqa: E402
 from throughput import CONFIG  # noqa: E402
 
 
-def op_times(tf, logdir, steps):
-    """{op type: ms per step} from the profile written under `logdir`."""
+def op_times(tf, logdir, steps, by_name=False):
+    """{op type: ms per step} from the profile written under `logdir`
+    ({"op name:op type": ms per step} with `by_name`)."""
     # The profiler's own protobuf: no TensorBoard plug-in needed to read it.
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -55,11 +56,12 @@ def op_times(tf, logdir, steps):
                 op_type = name.rsplit(":", 1)[-1]
                 if ":" not in name or "::" in name or " " in op_type or not op_type:
                     continue
-                by_type[op_type] += event.duration_ps / 1e9 / steps
+                key = name if by_name else op_type
+                by_type[key] += event.duration_ps / 1e9 / steps
     return dict(by_type.most_common())
 
 
-def profile(tf, name, run_step, warmup, steps):
+def profile(tf, name, run_step, warmup, steps, by_name=False):
     for _ in range(warmup):
         run_step()
     start = time.perf_counter()
@@ -71,7 +73,7 @@ def profile(tf, name, run_step, warmup, steps):
         for _ in range(steps):
             run_step()
         tf.profiler.experimental.stop()
-        times = op_times(tf, logdir, steps)
+        times = op_times(tf, logdir, steps, by_name)
     return {"step": name, "ms_per_step": round(wall_ms, 2),
             "op_ms_per_step": {k: round(v, 3) for k, v in times.items()},
             "op_ms_total": round(sum(times.values()), 2)}
@@ -87,6 +89,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=12, help="op types in the table")
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
+    parser.add_argument("--by-name", action="store_true",
+                        help="sum op time by op name (which Cast, which AddV2), not by op type")
     parser.add_argument("--precision", default="float32",
                         choices=["float32", "mixed_bfloat16", "auto"],
                         help="the model's precision (auto: keras_txl.host.auto_precision())")
@@ -124,7 +128,7 @@ def main(argv=None):
             loss, _, state["memory"] = trainer._train_step(x, y, state["memory"])
             float(loss)
 
-        results.append(profile(tf, "train", train_step, 3, args.repeats))
+        results.append(profile(tf, "train", train_step, 3, args.repeats, args.by_name))
         model = trainer.model
     else:
         import keras
@@ -139,7 +143,8 @@ def main(argv=None):
             nll, state["cache"] = eval_step(x, y, state["cache"])
             nll.numpy()
 
-        results.append(profile(tf, "eval", evaluation_step, 3, args.repeats))
+        results.append(profile(tf, "eval", evaluation_step, 3, args.repeats,
+                               args.by_name))
 
     host = host_block(tf, peak=not args.no_peak)
     print(json.dumps({"bench": "profile_steps", "config": cfg, "batch": B,

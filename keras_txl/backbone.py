@@ -14,6 +14,7 @@ from keras_hub.models import Backbone
 from keras_txl.adaptive import AdaptiveEmbedding
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoder_block import TransformerXLBlock
+from keras_txl.host import check_bfloat16
 from keras_txl.memory import attention_mask
 from keras_txl.memory import memory_attention_mask
 from keras_txl.memory import update_memory
@@ -21,6 +22,20 @@ from keras_txl.memory import update_memory_mask
 from keras_txl.memory import zero_memory
 from keras_txl.position_encoding import absolute_position_embedding
 from keras_txl.position_encoding import relative_position_embedding
+
+
+def _check_cpu_dtype(policy):
+    """A bfloat16 policy on a CPU whose oneDNN is capped below AVX-512 would
+    crash TensorFlow at the first matmul (`keras_txl.host.check_bfloat16`):
+    raise a clear error at construction instead. Where a GPU or TPU is
+    visible the matmuls run there and nothing is checked."""
+    if "bfloat16" not in policy.compute_dtype:
+        return
+    import tensorflow as tf  # the only backend keras-txl runs on
+
+    if tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"):
+        return
+    check_bfloat16(policy.name)
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -101,6 +116,7 @@ class TransformerXLBackbone(Backbone):
         # The float32 memory must not be cast to the compute dtype on entry.
         kwargs.setdefault("autocast", False)
         super().__init__(dtype=dtype, **kwargs)
+        _check_cpu_dtype(self.dtype_policy)
         self.config = config
         cfg = config
         init = keras.initializers.RandomNormal(stddev=cfg.init_std)

@@ -78,15 +78,6 @@ def _read(path):
         return None
 
 
-def parse_cpuinfo(text):
-    """(model name or None, set of lower-case flags) of a /proc/cpuinfo text (x86 Linux).
-
-    The first processor's entry is taken: a process may run on any of them.
-    """
-    fields = cpuinfo_fields(text)
-    return fields.get("model name") or None, set(fields.get("flags", "").split())
-
-
 def cpuinfo_fields(text):
     """{lower-case key: value} of the first processor's entry of a /proc/cpuinfo text."""
     fields = {}
@@ -177,8 +168,9 @@ def cpu_info(cpuinfo_text=None, environ=None):
     `cpuinfo_text` and `environ` replace /proc/cpuinfo and os.environ (for tests).
     """
     text = _read("/proc/cpuinfo") if cpuinfo_text is None else cpuinfo_text
-    model, flags = parse_cpuinfo(text)
     fields = cpuinfo_fields(text)
+    model = fields.get("model name") or None
+    flags = set(fields.get("flags", "").split())
     machine = platform.machine()
     if model is None:
         model = platform.processor() or machine or "unknown"
@@ -243,6 +235,49 @@ def auto_precision(info=None):
     if level == "AVX512_BF16" and cpu in AUTO_BF16_AVX512_BF16_CPUS:
         return "mixed_bfloat16"
     return "float32"
+
+
+def bfloat16_cap_conflict(info=None):
+    """Why TensorFlow's bfloat16 matmuls would crash this process, or None.
+
+    TensorFlow 2.21 sends bfloat16 matmuls to oneDNN when the CPU itself has
+    AVX-512 (it reads CPUID, not oneDNN's cap), and oneDNN capped below
+    AVX512_CORE by `ONEDNN_MAX_CPU_ISA` has no bfloat16 matmul to give it: the
+    process ends with a segmentation fault at the first bfloat16 matmul
+    (measured on an AMX Xeon with every cap from SSE41 to AVX2_VNNI_2;
+    AVX512_CORE and above run). A CPU without AVX-512 takes TensorFlow's own
+    (Eigen) bfloat16 kernels instead, so there is no conflict. `info`: a
+    `cpu_info()` dict (default: this host's).
+    """
+    info = cpu_info() if info is None else info
+    cpu_level = info.get("cpu_isa")
+    level = (info.get("effective_isa_by_framework") or {}).get(
+        "tensorflow", info.get("effective_isa"))
+    if cpu_level is None or level is None:
+        return None
+    if LEVELS.index(cpu_level) < LEVELS.index("AVX512"):
+        return None
+    if LEVELS.index(level) >= LEVELS.index("AVX512"):
+        return None
+    value = info.get("caps", {}).get("ONEDNN_MAX_CPU_ISA", {}).get("value")
+    return (
+        f"ONEDNN_MAX_CPU_ISA={value} caps oneDNN below AVX512_CORE on a CPU with "
+        f"AVX-512 ({info.get('cpu')}): TensorFlow still sends bfloat16 matmuls to "
+        f"oneDNN here, which has none at that level, and the process would crash "
+        f"(segmentation fault) at the first one")
+
+
+def check_bfloat16(precision, info=None):
+    """Raises ValueError where `precision` (a Keras dtype policy name) would crash
+    TensorFlow's CPU kernels on this host (`bfloat16_cap_conflict`)."""
+    if "bfloat16" not in str(precision):
+        return
+    conflict = bfloat16_cap_conflict(info)
+    if conflict:
+        raise ValueError(
+            f"precision={precision!r} cannot run here: {conflict}. Use "
+            f"precision='float32' (or 'auto', which picks it under this cap), or "
+            f"unset ONEDNN_MAX_CPU_ISA or set it to AVX512_CORE or higher.")
 
 
 def gpu_auto_precision(compute_capability):

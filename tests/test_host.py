@@ -160,3 +160,52 @@ def test_importing_it_does_not_import_tensorflow():
             "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_bfloat16_under_a_cap_below_avx512_is_refused_on_avx512_cpus():
+    # TensorFlow 2.21 sends bf16 matmuls to oneDNN on any AVX-512 CPU; capped below
+    # AVX512_CORE, oneDNN has none and the process segfaults (measured on an AMX Xeon).
+    for text in (XEON_AVX512, XEON_BF16, SPR_AMX, EPYC_GENOA):
+        for cap in ("AVX2", "avx2_vnni", "AVX", "SSE41"):
+            info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
+            conflict = host.bfloat16_cap_conflict(info)
+            assert f"ONEDNN_MAX_CPU_ISA={cap}" in conflict and "AVX512_CORE" in conflict
+            for precision in ("mixed_bfloat16", "bfloat16"):
+                with pytest.raises(ValueError, match=f"precision='{precision}' cannot run "
+                                                     f"here: ONEDNN_MAX_CPU_ISA={cap}"):
+                    host.check_bfloat16(precision, info)
+            host.check_bfloat16("float32", info)  # float32 is fine under any cap
+            assert host.auto_precision(info) == "float32"
+        # At AVX512_CORE and above oneDNN has bf16 matmuls: nothing to refuse.
+        for cap in ("AVX512_CORE", "AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL"):
+            info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
+            assert host.bfloat16_cap_conflict(info) is None
+            host.check_bfloat16("mixed_bfloat16", info)
+    # Without AVX-512 TensorFlow keeps bf16 on its own kernels (slow, but they run);
+    # without a cap, or with PyTorch's caps only, there is nothing to conflict with.
+    for text, env in ((EPYC_AVX2, {"ONEDNN_MAX_CPU_ISA": "AVX2"}), (SPR_AMX, {}),
+                      (SPR_AMX, {"ATEN_CPU_CAPABILITY": "avx2"}), (ARM, {}),
+                      ("", {"ONEDNN_MAX_CPU_ISA": "AVX2"})):
+        info = host.cpu_info(cpuinfo_text=text, environ=env)
+        assert host.bfloat16_cap_conflict(info) is None
+        host.check_bfloat16("mixed_bfloat16", info)
+
+
+def test_a_bfloat16_model_is_refused_at_construction_under_such_a_cap(monkeypatch):
+    # The check acts where every bf16 model is made (the backbone), so training,
+    # evaluation, generation and a user's own `set_dtype_policy` all get the error
+    # instead of a segfault at the first matmul. cpu_info is replaced: setting the
+    # variable in this process could cap oneDNN for the tests after this one.
+    import tensorflow as tf
+    from testing import tiny_config
+
+    import keras_txl
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("with a GPU the matmuls run there and nothing is checked")
+    capped = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    monkeypatch.setattr(host, "cpu_info", lambda *args, **kwargs: capped)
+    with pytest.raises(ValueError, match="precision='mixed_bfloat16' cannot run here: "
+                                         "ONEDNN_MAX_CPU_ISA=AVX2"):
+        keras_txl.TransformerXLCausalLM(tiny_config(), dtype="mixed_bfloat16")
+    keras_txl.TransformerXLCausalLM(tiny_config())  # float32 builds under the same cap

@@ -257,12 +257,13 @@ def child_keras(args, cfg, data):
     from keras_txl.config import TransformerXLConfig
     from keras_txl.training.config import TrainConfig
     from keras_txl.training.loop import Trainer
-    from keras_txl.training.loop import make_eval_step
 
     device = "GPU:0" if gpus else None
     memory_mb = (lambda: tf.config.experimental.get_memory_info(device)["peak"] / 2**20) \
         if device else (lambda: None)
     from hostinfo import tf_matmul_peak_gflops
+    from steps import time_eval_steps
+    from steps import time_train_steps
 
     # The matmul rate this GPU reaches in this run's dtype (tiny on a CPU smoke run).
     matmul_tflops = tf_matmul_peak_gflops(
@@ -277,28 +278,11 @@ def child_keras(args, cfg, data):
     trainer = Trainer(TransformerXLConfig.from_dict(cfg), train_config,
                       tf.distribute.get_strategy(), verbose=False)
     model = trainer.model
-    times, losses = [], []
-    memory = trainer.memory
-    for k in range(steps):
-        x = tf.constant(data[:, k * T:(k + 1) * T])
-        y = tf.constant(data[:, k * T + 1:(k + 1) * T + 1])
-        t0 = time.perf_counter()
-        loss, _, memory = trainer._train_step(x, y, memory)
-        losses.append(float(loss))  # waits for the step
-        times.append(time.perf_counter() - t0)
+    times, losses = time_train_steps(tf, trainer, data, T, steps)
     train_memory = memory_mb()
     if device:
         tf.config.experimental.reset_memory_stats(device)
-    eval_step = make_eval_step(model, jit_compile=args.jit)
-    cache = model.build_cache(batch_size=B, segment_length=T)
-    eval_times = []
-    for k in range(steps):
-        x = tf.constant(data[:, k * T:(k + 1) * T])
-        y = tf.constant(data[:, k * T + 1:(k + 1) * T + 1])
-        t0 = time.perf_counter()
-        nll, cache = eval_step(x, y, cache)
-        nll.numpy()
-        eval_times.append(time.perf_counter() - t0)
+    eval_times = time_eval_steps(tf, model, data, T, steps, args.jit)
     scaler = trainer.loss_scaler
     result = dict(framework="keras-txl", precision=args.precision, tensorflow=tf.__version__,
                   matmul_tflops_measured=round(matmul_tflops, 3),

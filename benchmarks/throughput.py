@@ -20,7 +20,6 @@ import os
 import platform
 import resource
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu import forward_flops_per_token  # noqa: E402  (one FLOP model for both)
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from steps import time_eval_steps  # noqa: E402
+from steps import time_train_steps  # noqa: E402
 
 BATCH, SEGMENT, MEMORY = 8, 128, 128
 WARMUP, TIMED = 3, 10
@@ -74,7 +75,6 @@ def main(argv=None):
     from keras_txl.training.config import TrainConfig
     from keras_txl.training.loop import Trainer
     from keras_txl.training.loop import eval_jit_compile
-    from keras_txl.training.loop import make_eval_step
 
     config = keras_txl.TransformerXLConfig(**CONFIG)
     train_config = TrainConfig(batch_size=BATCH, learning_rate=2.5e-4, warmup_steps=0,
@@ -88,39 +88,17 @@ def main(argv=None):
     tokens_per_step = BATCH * SEGMENT
 
     # 1. training: the library's step, memory carried as loop state.
-    train_times, losses = [], []
-    memory = trainer.memory
-    for k in range(steps):
-        x = tf.constant(data[:, k * SEGMENT:(k + 1) * SEGMENT])
-        y = tf.constant(data[:, k * SEGMENT + 1:(k + 1) * SEGMENT + 1])
-        t0 = time.perf_counter()
-        loss, _, memory = trainer._train_step(x, y, memory)
-        loss = float(loss)  # waits for the step
-        dt = time.perf_counter() - t0
-        losses.append(loss)
-        if k >= WARMUP:
-            train_times.append(dt)
+    times, losses = time_train_steps(tf, trainer, data, SEGMENT, steps)
+    train_times = times[WARMUP:]
     rss_after_train = peak_rss_mb()
 
     # 2. evaluation: per-token NLL of the targets, memory carried, with the
     # library's evaluation step (the memory key/value cache carried).
     eval_jit = {"auto": "auto", "on": True, "off": False}[args.eval_jit]
     eval_jit = eval_jit_compile(model, eval_jit)
-    eval_step = make_eval_step(model, jit_compile=eval_jit)
-    eval_times = []
-    eval_first_s = None
-    cache = model.build_cache(batch_size=BATCH, segment_length=SEGMENT)
-    for k in range(steps):
-        x = tf.constant(data[:, k * SEGMENT:(k + 1) * SEGMENT])
-        y = tf.constant(data[:, k * SEGMENT + 1:(k + 1) * SEGMENT + 1])
-        t0 = time.perf_counter()
-        nll, cache = eval_step(x, y, cache)
-        nll.numpy()
-        dt = time.perf_counter() - t0
-        if k == 0:
-            eval_first_s = dt  # tracing (and XLA compilation) included
-        if k >= WARMUP:
-            eval_times.append(dt)
+    times = time_eval_steps(tf, model, data, SEGMENT, steps, eval_jit)
+    eval_first_s = times[0]  # tracing (and XLA compilation) included
+    eval_times = times[WARMUP:]
 
     peak_rss = peak_rss_mb()  # before the matmul peak's own tensors
     host = host_block(tf, peak=not args.no_peak)

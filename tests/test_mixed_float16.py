@@ -55,12 +55,17 @@ def default_strategy():
     return tf.distribute.get_strategy()
 
 
+def make_trainer(strategy=None, workdir=None, **changes):
+    """A quiet Trainer of the tiny model with `train_config(**changes)`, under the
+    default strategy unless one is given."""
+    return Trainer(model_config(), train_config(**changes), strategy or default_strategy(),
+                   workdir=workdir, verbose=False)
+
+
 def test_custom_loop_mixed_float16_trains_close_to_float32():
     tokens = corpus()
-    f32 = Trainer(model_config(), train_config(), default_strategy(),
-                  verbose=False).train(tokens)
-    trainer = Trainer(model_config(), train_config(precision="mixed_float16"),
-                      default_strategy(), verbose=False)
+    f32 = make_trainer().train(tokens)
+    trainer = make_trainer(precision="mixed_float16")
     assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert trainer.model.backbone.blocks[0].compute_dtype == "float16"
     f16 = trainer.train(tokens)
@@ -137,10 +142,8 @@ def test_huge_loss_scale_skips_updates_then_recovers(caplog):
     # update and halves the scale until it fits; those steps are not bad
     # steps (on_non_finite="stop" does not trip) and the weights do not move.
     tokens = corpus()
-    trainer = Trainer(model_config(),
-                      train_config(precision="mixed_float16", initial_loss_scale=2.0**100,
-                                   steps=1, warmup_steps=0),
-                      default_strategy(), verbose=False)
+    trainer = make_trainer(precision="mixed_float16", initial_loss_scale=2.0**100, steps=1,
+                           warmup_steps=0)
     before = [v.numpy() for v in trainer.model.trainable_variables]
     with caplog.at_level(logging.INFO, logger="keras_txl.training.loop"):
         losses = trainer.train(tokens, steps=1)
@@ -152,9 +155,8 @@ def test_huge_loss_scale_skips_updates_then_recovers(caplog):
         np.testing.assert_array_equal(a, b.numpy())
     assert "overflowed at loss scale 1.26765e+30" in caplog.text
     # It keeps halving until the gradients fit, then the updates go through.
-    more = train_config(precision="mixed_float16", initial_loss_scale=2.0**100, steps=120,
-                        warmup_steps=0)
-    trainer = Trainer(model_config(), more, default_strategy(), verbose=False)
+    trainer = make_trainer(precision="mixed_float16", initial_loss_scale=2.0**100, steps=120,
+                           warmup_steps=0)
     losses = trainer.train(tokens)
     assert np.isfinite(losses).all()
     skips = trainer.loss_scale_skips
@@ -168,9 +170,8 @@ def test_huge_loss_scale_skips_updates_then_recovers(caplog):
 
 
 def test_a_non_finite_loss_under_loss_scaling_is_still_a_bad_step(tmp_path):
-    trainer = Trainer(model_config(),
-                      train_config(precision="mixed_float16", steps=6, checkpoint_every=2),
-                      default_strategy(), workdir=str(tmp_path), verbose=False)
+    trainer = make_trainer(workdir=str(tmp_path), precision="mixed_float16", steps=6,
+                           checkpoint_every=2)
     trainer.train(corpus(), steps=2)
     scale = float(trainer.optimizer.dynamic_scale.numpy())
     counter = int(trainer.optimizer.step_counter.numpy())
@@ -189,20 +190,17 @@ def test_resume_with_mixed_float16_gives_the_same_losses(tmp_path):
     # gradients fit from 2**18): the resume must carry the scaler's halved
     # scale and its counter, or the steps after it differ.
     tokens = corpus()
-    cfg = train_config(steps=6, checkpoint_every=3, precision="mixed_float16",
-                       initial_loss_scale=2.0**20)
-    straight_trainer = Trainer(model_config(), cfg, default_strategy(),
-                               workdir=str(tmp_path / "a"), verbose=False)
+    cfg = dict(steps=6, checkpoint_every=3, precision="mixed_float16",
+               initial_loss_scale=2.0**20)
+    straight_trainer = make_trainer(workdir=str(tmp_path / "a"), **cfg)
     straight = straight_trainer.train(tokens)
-    first = Trainer(model_config(), cfg, default_strategy(),
-                    workdir=str(tmp_path / "b"), verbose=False)
+    first = make_trainer(workdir=str(tmp_path / "b"), **cfg)
     first.train(tokens, steps=3)
     assert 0 < first.loss_scale_skips < 3  # some skipped, some applied
     saved, _ = CheckpointManager.read(str(tmp_path / "b" / "checkpoints" / "ckpt-00000003"))
     assert float(saved["loss_scale/dynamic_scale"]) == float(
         first.optimizer.dynamic_scale.numpy())
-    second = Trainer(model_config(), cfg, default_strategy(),
-                     workdir=str(tmp_path / "b"), verbose=False)
+    second = make_trainer(workdir=str(tmp_path / "b"), **cfg)
     assert second.restore() == 3
     assert second.loss_scale_skips == first.loss_scale_skips
     resumed = second.train(tokens)
@@ -268,8 +266,7 @@ def test_jit_is_left_off_under_mirrored_on_cpu_with_the_warning(caplog):
     from testing import mirrored_strategy
 
     with caplog.at_level(logging.WARNING, logger="keras_txl.training.loop"):
-        trainer = Trainer(model_config(), train_config(jit_compile=True),
-                          mirrored_strategy(), verbose=False)
+        trainer = make_trainer(mirrored_strategy(), jit_compile=True)
     assert trainer.jit_scope == "none"
     assert "jit_compile is not used under MirroredStrategy on CPU" in caplog.text
 
@@ -281,10 +278,10 @@ def test_mirrored_mixed_float16_first_steps_equal_the_default_strategy():
     from testing import mirrored_strategy
 
     tokens = corpus()
-    cfg = train_config(steps=3, precision="mixed_float16", initial_loss_scale=2.0**19)
-    default = Trainer(model_config(), cfg, default_strategy(), verbose=False)
+    cfg = dict(steps=3, precision="mixed_float16", initial_loss_scale=2.0**19)
+    default = make_trainer(**cfg)
     one = default.train(tokens)
-    two = Trainer(model_config(), cfg, mirrored_strategy(), verbose=False)
+    two = make_trainer(mirrored_strategy(), **cfg)
     losses = two.train(tokens)
     np.testing.assert_allclose(losses, one, rtol=1e-5)
     assert two.loss_scale_skips == default.loss_scale_skips >= 1
@@ -293,9 +290,7 @@ def test_mirrored_mixed_float16_first_steps_equal_the_default_strategy():
 
 
 def test_skip_mode_bad_steps_leave_the_loss_scale_alone():
-    trainer = Trainer(model_config(),
-                      train_config(precision="mixed_float16", steps=4, on_non_finite="skip"),
-                      default_strategy(), verbose=False)
+    trainer = make_trainer(precision="mixed_float16", steps=4, on_non_finite="skip")
     trainer.train(corpus(), steps=2)
     before = [v.numpy() for v in trainer.optimizer.variables]
     kernel = trainer.model.backbone.blocks[0].output_dense.kernel
@@ -310,8 +305,7 @@ def test_skip_mode_bad_steps_leave_the_loss_scale_alone():
 
 
 def test_overflow_counts_as_a_bad_step_only_once_the_scale_is_at_most_one():
-    trainer = Trainer(model_config(), train_config(precision="mixed_float16"),
-                      default_strategy(), verbose=False)
+    trainer = make_trainer(precision="mixed_float16")
     inf, nan = float("inf"), float("nan")
     assert not trainer._is_bad_step(3.0, inf, (32768.0, 0))  # the scaler's business
     assert trainer._is_bad_step(3.0, inf, (1.0, 0))
@@ -358,8 +352,7 @@ def test_a_mixed_precision_model_evaluates_with_other_settings(precision):
     # did not, and their float32 output met float16 hidden states).
     from keras_txl.training.loop import evaluate
 
-    trainer = Trainer(model_config(), train_config(precision=precision, steps=2),
-                      default_strategy(), verbose=False)
+    trainer = make_trainer(precision=precision, steps=2)
     trainer.train(corpus())
     same = evaluate(trainer.model, corpus(200))
     shorter = evaluate(trainer.model, corpus(200), memory_length=4)

@@ -51,6 +51,10 @@ def test_chunks_concatenate_to_the_loaded_text(tmp_path, newline):
     corpus = load_corpus(folder)
     source = open_corpus_source(folder, chunk_bytes=100)
     for split in ("train", "valid", "test"):
+        # load_corpus joins the reader's chunks: check it against Python's own
+        # reading of the file (UTF-8, universal newlines).
+        assert corpus.split(split) == pathlib.Path(folder, f"{split}.txt").read_text(
+            encoding="utf-8")
         pieces = list(source.chunks(split))
         assert len(pieces) > 1 or split != "train"
         assert "".join(text for text, _ in pieces) == corpus.split(split)
@@ -68,7 +72,13 @@ def test_raw_file_chunks_keep_every_byte_and_long_lines_are_cut(tmp_path, monkey
     monkeypatch.setattr(corpora, "_MAX_LINE_BYTES", 64)
     source = open_corpus_source(str(path), chunk_bytes=50)
     corpus = load_corpus(str(path))
-    for split in ("train", "valid", "test"):
+    data = path.read_bytes()
+    train_size, valid_size, _ = corpora.standard_split_sizes(len(data))
+    cuts = (0, train_size, train_size + valid_size, len(data))
+    for i, split in enumerate(("train", "valid", "test")):
+        # The standard byte cuts, every byte kept (no newline translation).
+        assert corpus.split(split) == data[cuts[i]:cuts[i + 1]].decode(
+            "utf-8", "surrogateescape")
         pieces = [text for text, _ in source.chunks(split)]
         assert "".join(pieces) == corpus.split(split)
     assert max(len(t.encode("utf-8", "surrogateescape")) for t, _ in source.chunks("train")) <= 114
@@ -409,6 +419,14 @@ def test_the_lm1b_folder_follows_the_reference_protocol(tmp_path, capsys):
     # Files in sorted order, every sentence <S> words <S>; held-out shard 0.
     assert data["train"] == [0, 3, 4, 2, 0, 0, 5, 3, 2, 0, 0, 4, 5, 2, 0]
     assert data["valid"] == data["test"] == [0, 3, 1, 2, 0]
+    # load_corpus reads the same layout through the same reader: train files in
+    # sorted order, held-out shard 0 for valid and test, the reference's options.
+    corpus = load_corpus(root)
+    assert corpus.layout == "lm1b"
+    assert corpus.train == "a b .\nc a .\nb c .\n"
+    assert corpus.valid == corpus.test == "a z .\n"
+    assert corpus.tokenizer_options == {"double_eos": True,
+                                        "vocabulary_file": str(root / "1b_word_vocab.txt")}
 
 
 def train_losses(workdir):

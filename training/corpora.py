@@ -12,6 +12,9 @@
     looking at the start of `train.txt`; force it with `char_symbols`;
   - the raw `enwik8` or `text8` file (or `enwik8.zip` / `text8.zip`),
     split the standard way (see `standard_split_sizes`);
+- the official LM1B folder (`training-monolingual.tokenized.shuffled/`,
+  `heldout-monolingual.tokenized.shuffled/`): train on every `news.en-*`
+  file in sorted order, valid and test on held-out shard 0;
 - a single text file, split like a raw enwik8/text8 file;
 - TFDS, as `"tfds:NAME"` or `"tfds:NAME:CONFIG"` (e.g. `"tfds:lm1b"`,
   `"tfds:wiki40b:en"`), read in stored order;
@@ -231,69 +234,7 @@ def standard_split_sizes(total: int) -> tuple[int, int, int]:
     return total - 2 * held_out, held_out, held_out
 
 
-def _read_raw(path: pathlib.Path) -> bytes:
-    if path.suffix == ".zip":
-        member = path.stem
-        try:
-            with zipfile.ZipFile(path) as archive:
-                names = archive.namelist()
-                if member not in names:
-                    raise ValueError(
-                        f"{path} must contain a file named {member!r}; it "
-                        f"holds {names[:5]}."
-                    )
-                return archive.read(member)
-        except zipfile.BadZipFile:
-            raise ValueError(f"{path} is not a valid zip file.") from None
-    return path.read_bytes()
-
-
-def _load_raw(path: pathlib.Path, layout: str) -> Corpus:
-    data = _read_raw(path)
-    if not data.strip():
-        raise ValueError(f"corpus file {path} is empty.")
-    train_size, valid_size, _ = standard_split_sizes(len(data))
-    cuts = (0, train_size, train_size + valid_size, len(data))
-    # Cuts are at byte positions (as in the prep scripts) and may fall
-    # inside a UTF-8 character: surrogateescape keeps such bytes, and the
-    # byte tokenizer encodes them back exactly.
-    texts = [
-        data[cuts[i] : cuts[i + 1]].decode("utf-8", "surrogateescape")
-        for i in range(3)
-    ]
-    if layout == "enwik8":
-        kind, vocabulary = "byte", SPLITS
-    else:  # text8 and other single files: characters
-        kind, vocabulary = "char", SPLITS if layout == "text8" else ("train",)
-    logger.info(
-        "%s: %d bytes split %d/%d/%d",
-        path,
-        len(data),
-        *(len(data[cuts[i] : cuts[i + 1]]) for i in range(3)),
-    )
-    corpus = Corpus(
-        *texts,
-        name=path.stem if path.suffix == ".zip" else path.name,
-        layout=layout,
-        source=str(path),
-        tokenizer_kind=kind,
-        vocabulary_splits=vocabulary,
-    )
-    where = {split: f"{path} ({split} part)" for split in SPLITS}
-    return _check_splits(corpus, where)
-
-
 # === Folders ===
-
-
-def _read_text(path: pathlib.Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{path} is not valid UTF-8 text ({error}). Raw byte corpora "
-            "such as enwik8 are read from the unsplit `enwik8` file."
-        ) from None
 
 
 def _looks_like_symbols(path: pathlib.Path) -> bool:
@@ -344,59 +285,6 @@ def _wikitext_layout(folder: pathlib.Path, char_symbols):
                 )
             return paths, layout, kind
     return None
-
-
-def _load_folder(folder: pathlib.Path, char_symbols) -> Corpus:
-    found = _wikitext_layout(folder, char_symbols)
-    if found is not None:
-        paths, layout, kind = found
-        corpus = Corpus(
-            *(_read_text(paths[split]) for split in SPLITS),
-            name=folder.name,
-            layout=layout,
-            source=str(folder),
-            tokenizer_kind=kind,
-        )
-        return _check_splits(corpus, paths)
-
-    paths = _complete_layout(folder, _TEXT_FILES)
-    if paths is not None:
-        if char_symbols is None:
-            char_symbols = _looks_like_symbols(paths["train"])
-        texts = [_read_text(paths[split]) for split in SPLITS]
-        if char_symbols:
-            corpus = Corpus(
-                *texts,
-                name=folder.name,
-                layout="char-symbols",
-                source=str(folder),
-                char_symbols=True,
-                tokenizer_kind="word",
-                tokenizer_options={"add_eos": False},
-                vocabulary_splits=SPLITS,
-            )
-        else:
-            corpus = Corpus(
-                *texts, name=folder.name, layout="splits", source=str(folder)
-            )
-        return _check_splits(corpus, paths)
-
-    for name in _RAW_NAMES:
-        for candidate in (folder / name, folder / f"{name}.zip"):
-            if candidate.is_file():
-                if char_symbols:
-                    raise ValueError(
-                        "char_symbols=True applies to train.txt/valid.txt/"
-                        f"test.txt folders, but {folder} holds the raw "
-                        f"{candidate.name}."
-                    )
-                return _load_raw(candidate, name)
-
-    raise ValueError(
-        f"corpus folder {folder} has no known layout. Expected train.txt, "
-        "valid.txt and test.txt; or wiki.{train,valid,test}.tokens "
-        "(WikiText); or a raw enwik8 / text8 file (or .zip)."
-    )
 
 
 def load_corpus(
@@ -459,27 +347,20 @@ def load_corpus(
             split_names=split_names,
             max_examples=max_examples,
         )
-    if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(
-            "`source` must be a folder, a file or 'tfds:NAME'. Received "
-            f"type {type(source).__name__}."
-        )
-    path = pathlib.Path(source).expanduser()
-    if path.is_dir():
-        return _load_folder(path, char_symbols)
-    if path.is_file():
-        if char_symbols:
-            raise ValueError(
-                "char_symbols=True applies to train.txt/valid.txt/test.txt "
-                f"folders, but {path} is a single file."
-            )
-        stem = path.stem if path.suffix == ".zip" else path.name
-        layout = stem if stem in _RAW_NAMES else "raw-file"
-        return _load_raw(path, layout)
-    raise ValueError(
-        f"corpus path {path} does not exist (expected a folder, a file or "
-        "'tfds:NAME')."
+    # The layouts are decided once, by the streaming reader: this reads its
+    # chunks whole (every file as UTF-8 with universal newlines, raw files
+    # byte for byte), so both give the same text by construction.
+    stream = open_corpus_source(source, char_symbols=char_symbols)
+    texts = {split: "".join(text for text, _ in stream.chunks(split)) for split in SPLITS}
+    logger.info("%s: %s layout, splits of %d/%d/%d characters", stream.source,
+                stream.layout, *(len(texts[split]) for split in SPLITS))
+    corpus = Corpus(
+        **texts, name=stream.name, layout=stream.layout, source=stream.source,
+        char_symbols=stream.char_symbols, tokenizer_kind=stream.tokenizer_kind,
+        tokenizer_options=stream.tokenizer_options,
+        vocabulary_splits=stream.vocabulary_splits,
     )
+    return _check_splits(corpus, stream.split_origins())
 
 
 # === TFDS ===
@@ -1026,6 +907,21 @@ class CorpusSource:
                 os.path.join(d, n) for d, _, names in os.walk(root) for n in names
             )
         return sorted({part.path for parts in self._parts.values() for part in parts})
+
+    def split_origins(self) -> dict:
+        """{split: where its text comes from}, for messages: the file, or the
+        file and the part of it (a raw file cut into three), or the TFDS split."""
+        if self._tfds is not None:
+            return {split: f"{self.source} split {self._tfds['splits'][split]!r}"
+                    for split in SPLITS}
+        out = {}
+        for split in SPLITS:
+            names = []
+            for part in self._parts[split]:
+                whole = part.start == 0 and part.stop is None
+                names.append(part.path if whole else f"{part.path} ({split} part)")
+            out[split] = ", ".join(names)
+        return out
 
     def stat_key(self) -> list:
         """`[[path, size, mtime_ns], ...]` of `files()`: a cheap check that

@@ -136,10 +136,11 @@ def import_rss_mb(python, probe, env=None):
 
 ISA_CAPS = {
     # --isa -> the environment of every child process (None: the variable is removed).
-    "native": {"ONEDNN_MAX_CPU_ISA": None, "ATEN_CPU_CAPABILITY": None,
-               "MKL_ENABLE_INSTRUCTIONS": None},
-    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
-             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    # DNNL_MAX_CPU_ISA is oneDNN's older name for ONEDNN_MAX_CPU_ISA: never inherited.
+    "native": {"ONEDNN_MAX_CPU_ISA": None, "DNNL_MAX_CPU_ISA": None,
+               "ATEN_CPU_CAPABILITY": None, "MKL_ENABLE_INSTRUCTIONS": None},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": None,
+             "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
 PEERS = {"eager": "reference (eager)", "compiled": "reference (torch.compile)"}
 # Per metric, which peer is the strongest: the largest throughput, the smallest memory.

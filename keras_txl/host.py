@@ -33,19 +33,25 @@ FLAGS = {
     "amx_tile": "AMX_TILE",
 }
 
+# oneDNN's `ONEDNN_MAX_CPU_ISA` values -> the highest level each allows.
+ONEDNN_LEVELS = {
+    "SSE41": "baseline", "AVX": "AVX", "AVX2": "AVX2", "AVX2_VNNI": "AVX2",
+    "AVX2_VNNI_2": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_VNNI": "AVX512",
+    "AVX512_CORE_BF16": "AVX512_BF16", "AVX512_CORE_FP16": "AVX512_BF16",
+    "AVX10_1_512": "AVX512_BF16", "AVX512_CORE_AMX": "AMX",
+    "AVX512_CORE_AMX_FP16": "AMX", "AVX10_1_512_AMX": "AMX",
+    "AVX10_1_512_AMX_FP16": "AMX",
+}
+
 # Environment variable -> {value (upper case) -> the highest level it allows}.
 # A value that is not listed (e.g. "ALL", "DEFAULT", a level this table does not know)
 # is reported but does not cap anything.
 CAPS = {
     # oneDNN's dispatcher (TensorFlow's oneDNN kernels; PyTorch's mkldnn kernels).
-    "ONEDNN_MAX_CPU_ISA": {
-        "SSE41": "baseline", "AVX": "AVX", "AVX2": "AVX2", "AVX2_VNNI": "AVX2",
-        "AVX2_VNNI_2": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_VNNI": "AVX512",
-        "AVX512_CORE_BF16": "AVX512_BF16", "AVX512_CORE_FP16": "AVX512_BF16",
-        "AVX10_1_512": "AVX512_BF16", "AVX512_CORE_AMX": "AMX",
-        "AVX512_CORE_AMX_FP16": "AMX", "AVX10_1_512_AMX": "AMX",
-        "AVX10_1_512_AMX_FP16": "AMX",
-    },
+    "ONEDNN_MAX_CPU_ISA": ONEDNN_LEVELS,
+    # oneDNN's older name for it, read where ONEDNN_MAX_CPU_ISA is not set (`isa_caps`
+    # drops it when both are).
+    "DNNL_MAX_CPU_ISA": ONEDNN_LEVELS,
     # PyTorch's ATen kernels. "avx512" is ATen's top level: it does not keep PyTorch's
     # bf16 matmuls (MKL / oneDNN) off AVX512_BF16 or AMX, so it caps nothing here.
     "ATEN_CPU_CAPABILITY": {"DEFAULT": "baseline", "AVX2": "AVX2"},
@@ -56,8 +62,9 @@ CAPS = {
 
 # Which caps act on which framework's kernels.
 FRAMEWORK_CAPS = {
-    "tensorflow": ("ONEDNN_MAX_CPU_ISA",),
-    "torch": ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"),
+    "tensorflow": ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"),
+    "torch": ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+              "DNNL_MAX_CPU_ISA"),
 }
 
 # Where `auto_precision` picks mixed_bfloat16 on any CPU: AMX (see its docstring for why
@@ -130,6 +137,8 @@ def isa_caps(environ=None):
         value = environ.get(name)
         if value:
             caps[name] = {"value": value, "level": table.get(value.strip().upper())}
+    if "ONEDNN_MAX_CPU_ISA" in caps:
+        caps.pop("DNNL_MAX_CPU_ISA", None)  # oneDNN reads the new name first
     return caps
 
 
@@ -262,9 +271,11 @@ def bfloat16_cap_conflict(info=None):
         return None
     if LEVELS.index(level) >= LEVELS.index("AVX512"):
         return None
-    value = info.get("caps", {}).get("ONEDNN_MAX_CPU_ISA", {}).get("value")
+    caps = info.get("caps") or {}
+    name = "ONEDNN_MAX_CPU_ISA" if "ONEDNN_MAX_CPU_ISA" in caps else "DNNL_MAX_CPU_ISA"
+    value = caps.get(name, {}).get("value")
     return (
-        f"ONEDNN_MAX_CPU_ISA={value} caps oneDNN below AVX512_CORE on a CPU with "
+        f"{name}={value} caps oneDNN below AVX512_CORE on a CPU with "
         f"AVX-512 ({info.get('cpu')}): TensorFlow still sends bfloat16 matmuls to "
         f"oneDNN here, which has none at that level, and the process would crash "
         f"(segmentation fault) at the first one")
@@ -280,7 +291,7 @@ def check_bfloat16(precision, info=None):
         raise ValueError(
             f"precision={precision!r} cannot run here: {conflict}. Use "
             f"precision='float32' (or 'auto', which picks it under this cap), or "
-            f"unset ONEDNN_MAX_CPU_ISA or set it to AVX512_CORE or higher.")
+            f"unset the variable or set it to AVX512_CORE or higher.")
 
 
 def gpu_auto_precision(compute_capability):

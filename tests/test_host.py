@@ -181,6 +181,17 @@ def test_bfloat16_under_a_cap_below_avx512_is_refused_on_avx512_cpus():
             info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
             assert host.bfloat16_cap_conflict(info) is None
             host.check_bfloat16("mixed_bfloat16", info)
+    # oneDNN's older name for the cap acts the same, unless the new name is set too
+    # (oneDNN then reads the new one).
+    info = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"DNNL_MAX_CPU_ISA": "AVX2"})
+    assert info["effective_isa_by_framework"]["tensorflow"] == "AVX2"
+    assert host.auto_precision(info) == "float32"
+    with pytest.raises(ValueError, match="DNNL_MAX_CPU_ISA=AVX2 caps oneDNN below"):
+        host.check_bfloat16("mixed_bfloat16", info)
+    both = {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
+    info = host.cpu_info(cpuinfo_text=SPR_AMX, environ=both)
+    assert list(info["caps"]) == ["ONEDNN_MAX_CPU_ISA"]
+    assert info["effective_isa"] == "AMX" and host.bfloat16_cap_conflict(info) is None
     # Without AVX-512 TensorFlow keeps bf16 on its own kernels (slow, but they run);
     # without a cap, or with PyTorch's caps only, there is nothing to conflict with.
     for text, env in ((EPYC_AVX2, {"ONEDNN_MAX_CPU_ISA": "AVX2"}), (SPR_AMX, {}),

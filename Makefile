@@ -48,7 +48,7 @@ $(PEER_VENV)/.installed:
 # Ours (fp32, bf16) against the reference eager and under torch.compile, 5 alternating
 # rounds; `bench-avx2` the same with both frameworks capped at AVX2, ours in fp32 only
 # (what "auto" picks there; bf16 under that cap crashes TensorFlow on an AVX-512 CPU,
-# keras_txl.host.check_bfloat16). docs/benchmarks.md, "How to reproduce on both ISA
+# keras_txl.host.check_cpu_precision). docs/benchmarks.md, "How to reproduce on both ISA
 # levels". Inductor needs gcc/g++ on the PATH.
 BENCH_ARGS := --peer-python $(PEER_VENV)/bin/python --rounds 5 \
 	--ours "" --ours "--precision mixed_bfloat16"

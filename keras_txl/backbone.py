@@ -14,7 +14,7 @@ from keras_hub.models import Backbone
 from keras_txl.adaptive import AdaptiveEmbedding
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoder_block import TransformerXLBlock
-from keras_txl.host import check_bfloat16
+from keras_txl.host import check_cpu_precision
 from keras_txl.memory import attention_mask
 from keras_txl.memory import memory_attention_mask
 from keras_txl.memory import update_memory
@@ -25,17 +25,18 @@ from keras_txl.position_encoding import relative_position_embedding
 
 
 def _check_cpu_dtype(policy):
-    """A bfloat16 policy on a CPU whose oneDNN is capped below AVX-512 would
-    crash TensorFlow at the first matmul (`keras_txl.host.check_bfloat16`):
-    raise a clear error at construction instead. Where a GPU or TPU is
-    visible the matmuls run there and nothing is checked."""
-    if "bfloat16" not in policy.compute_dtype:
+    """A bfloat16 (float16) policy on a CPU whose oneDNN is capped below the level
+    that has those matmuls would crash TensorFlow at the first one
+    (`keras_txl.host.check_cpu_precision`): raise a clear error at construction
+    instead. Where a GPU or TPU is visible the matmuls run there and nothing is
+    checked."""
+    if policy.compute_dtype not in ("bfloat16", "float16"):
         return
     import tensorflow as tf  # the only backend keras-txl runs on
 
     if tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"):
         return
-    check_bfloat16(policy.name)
+    check_cpu_precision(policy.name)
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")

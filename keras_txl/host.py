@@ -29,6 +29,7 @@ FLAGS = {
     "avx2": "AVX2",
     "avx512f": "AVX512F",
     "avx512_bf16": "AVX512_BF16",
+    "avx512_fp16": "AVX512_FP16",
     "amx_bf16": "AMX_BF16",
     "amx_tile": "AMX_TILE",
 }
@@ -169,7 +170,7 @@ def cpu_info(cpuinfo_text=None, environ=None):
     Keys: `cpu` (model name), `vendor` and `cpu_family` (`vendor_id`, `cpu family`; None
     where unknown), `machine`, `cores` (logical cores this process may run on,
     `os.sched_getaffinity`), `cpu_quota` (cgroup v2 limit or None), `isa` (which of AVX2,
-    AVX512F, AVX512_BF16, AMX_BF16, AMX_TILE the CPU has; None where unknown: not x86
+    AVX512F, AVX512_BF16, AVX512_FP16, AMX_BF16, AMX_TILE the CPU has; None where unknown: not x86
     Linux), `cpu_isa` (the highest of `LEVELS`), `caps` (`isa_caps()`), `effective_isa`
     (the CPU's level lowered by every cap set) and `effective_isa_by_framework` (lowered
     by the caps that act on "tensorflow" / "torch" only).
@@ -249,49 +250,67 @@ def auto_precision(info=None):
     return "float32"
 
 
-def bfloat16_cap_conflict(info=None):
-    """Why TensorFlow's bfloat16 matmuls would crash this process, or None.
+# oneDNN's ISA names in its own order, lowest first (aliases share a rank): which cap
+# leaves which half-precision matmuls to oneDNN.
+ONEDNN_ISA_RANK = {
+    "SSE41": 0, "AVX": 1, "AVX2": 2, "AVX2_VNNI": 3, "AVX2_VNNI_2": 4, "AVX512_CORE": 5,
+    "AVX512_CORE_VNNI": 6, "AVX512_CORE_BF16": 7, "AVX512_CORE_FP16": 8,
+    "AVX10_1_512": 8, "AVX512_CORE_AMX": 9, "AVX512_CORE_AMX_FP16": 10,
+    "AVX10_1_512_AMX": 10, "AVX10_1_512_AMX_FP16": 11,
+}
+# Half-precision dtype -> (the CPU extension that makes TensorFlow send its matmuls to
+# oneDNN, the lowest oneDNN level that has them). Measured with TensorFlow 2.21 on an AMX
+# Xeon: bf16 matmuls crashed under every cap from SSE41 to AVX2_VNNI_2 and ran from
+# AVX512_CORE; fp16 ones crashed up to AVX512_CORE_BF16 and ran from AVX512_CORE_FP16.
+HALF_PRECISION_NEEDS = {
+    "bfloat16": ("AVX512F", "AVX512_CORE"),
+    "float16": ("AVX512_FP16", "AVX512_CORE_FP16"),
+}
 
-    TensorFlow 2.21 sends bfloat16 matmuls to oneDNN when the CPU itself has
-    AVX-512 (it reads CPUID, not oneDNN's cap), and oneDNN capped below
-    AVX512_CORE by `ONEDNN_MAX_CPU_ISA` has no bfloat16 matmul to give it: the
-    process ends with a segmentation fault at the first bfloat16 matmul
-    (measured on an AMX Xeon with every cap from SSE41 to AVX2_VNNI_2;
-    AVX512_CORE and above run). A CPU without AVX-512 takes TensorFlow's own
-    (Eigen) bfloat16 kernels instead, so there is no conflict. `info`: a
-    `cpu_info()` dict (default: this host's).
+
+def precision_cap_conflict(precision, info=None):
+    """Why TensorFlow's half-precision matmuls of `precision` (a Keras dtype policy
+    name) would crash this process, or None.
+
+    TensorFlow 2.21 sends bfloat16 matmuls to oneDNN when the CPU itself has AVX-512
+    (and float16 ones when it has AVX512_FP16): it reads CPUID, not oneDNN's cap. Capped
+    below the level that has them (`ONEDNN_MAX_CPU_ISA`, or its older name
+    `DNNL_MAX_CPU_ISA`), oneDNN has no such matmul to give it and the process ends with a
+    segmentation fault at the first one (`HALF_PRECISION_NEEDS`). A CPU without the
+    extension takes TensorFlow's own (Eigen) kernels instead: slow, but no conflict.
+    `info`: a `cpu_info()` dict (default: this host's).
     """
+    half = next((d for d in HALF_PRECISION_NEEDS if d in str(precision)), None)
+    if half is None:
+        return None
     info = cpu_info() if info is None else info
-    cpu_level = info.get("cpu_isa")
-    level = (info.get("effective_isa_by_framework") or {}).get(
-        "tensorflow", info.get("effective_isa"))
-    if cpu_level is None or level is None:
-        return None
-    if LEVELS.index(cpu_level) < LEVELS.index("AVX512"):
-        return None
-    if LEVELS.index(level) >= LEVELS.index("AVX512"):
+    extension, needed = HALF_PRECISION_NEEDS[half]
+    if extension not in (info.get("isa") or ()):
         return None
     caps = info.get("caps") or {}
-    name = "ONEDNN_MAX_CPU_ISA" if "ONEDNN_MAX_CPU_ISA" in caps else "DNNL_MAX_CPU_ISA"
-    value = caps.get(name, {}).get("value")
+    name = next((n for n in FRAMEWORK_CAPS["tensorflow"] if n in caps), None)
+    if name is None:
+        return None
+    value = caps[name]["value"]
+    rank = ONEDNN_ISA_RANK.get(value.strip().upper())
+    if rank is None or rank >= ONEDNN_ISA_RANK[needed]:
+        return None  # "ALL", an unknown value, or a level that has the matmuls
     return (
-        f"{name}={value} caps oneDNN below AVX512_CORE on a CPU with "
-        f"AVX-512 ({info.get('cpu')}): TensorFlow still sends bfloat16 matmuls to "
-        f"oneDNN here, which has none at that level, and the process would crash "
-        f"(segmentation fault) at the first one")
+        f"{name}={value} caps oneDNN below {needed} on a CPU with {extension} "
+        f"({info.get('cpu')}): TensorFlow still sends {half} matmuls to oneDNN here, "
+        f"which has none at that level, and the process would crash (segmentation "
+        f"fault) at the first one")
 
 
-def check_bfloat16(precision, info=None):
+def check_cpu_precision(precision, info=None):
     """Raises ValueError where `precision` (a Keras dtype policy name) would crash
-    TensorFlow's CPU kernels on this host (`bfloat16_cap_conflict`)."""
-    if "bfloat16" not in str(precision):
-        return
-    conflict = bfloat16_cap_conflict(info)
+    TensorFlow's CPU kernels on this host (`precision_cap_conflict`)."""
+    conflict = precision_cap_conflict(precision, info)
     if conflict:
         raise ValueError(
             f"precision={precision!r} cannot run here: {conflict}. Use "
             f"precision='float32' (or 'auto', which picks it under this cap), or "
-            f"unset the variable or set it to AVX512_CORE or higher.")
+            f"unset the variable or raise it to that level.")
 
 
 def gpu_auto_precision(compute_capability):

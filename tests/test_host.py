@@ -53,14 +53,15 @@ ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull
      "AVX512", "float32"),
     # AVX512_BF16 alone: bf16 measured slower than fp32 on Intel Xeons, faster on Zen 4;
     # an unmeasured family stays fp32.
-    (XEON_BF16, "Intel(R) Xeon(R) Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
-     "AVX512_BF16", "float32"),
+    (XEON_BF16, "Intel(R) Xeon(R) Processor",
+     ["AVX2", "AVX512F", "AVX512_BF16", "AVX512_FP16"], "AVX512_BF16", "float32"),
     (EPYC_GENOA, "AMD EPYC 9654 96-Core Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
      "AVX512_BF16", "mixed_bfloat16"),
     (EPYC_TURIN, "AMD EPYC 9755 128-Core Processor", ["AVX2", "AVX512F", "AVX512_BF16"],
      "AVX512_BF16", "float32"),
     (SPR_AMX, "Intel(R) Xeon(R) Platinum 8480+",
-     ["AVX2", "AVX512F", "AVX512_BF16", "AMX_BF16", "AMX_TILE"], "AMX", "mixed_bfloat16"),
+     ["AVX2", "AVX512F", "AVX512_BF16", "AVX512_FP16", "AMX_BF16", "AMX_TILE"], "AMX",
+     "mixed_bfloat16"),
 ])
 def test_cpuinfo_levels_and_auto_precision_without_caps(text, model, isa, level, precision):
     info = host.cpu_info(cpuinfo_text=text, environ={})
@@ -162,48 +163,65 @@ def test_importing_it_does_not_import_tensorflow():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_bfloat16_under_a_cap_below_avx512_is_refused_on_avx512_cpus():
-    # TensorFlow 2.21 sends bf16 matmuls to oneDNN on any AVX-512 CPU; capped below
-    # AVX512_CORE, oneDNN has none and the process segfaults (measured on an AMX Xeon).
+def test_half_precision_under_a_cap_without_its_matmuls_is_refused():
+    # TensorFlow 2.21 sends bf16 matmuls to oneDNN on any AVX-512 CPU (fp16 ones on any
+    # AVX512_FP16 CPU); capped below AVX512_CORE (AVX512_CORE_FP16), oneDNN has none and
+    # the process segfaults (measured on an AMX Xeon).
     for text in (XEON_AVX512, XEON_BF16, SPR_AMX, EPYC_GENOA):
         for cap in ("AVX2", "avx2_vnni", "AVX", "SSE41"):
             info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
-            conflict = host.bfloat16_cap_conflict(info)
-            assert f"ONEDNN_MAX_CPU_ISA={cap}" in conflict and "AVX512_CORE" in conflict
+            conflict = host.precision_cap_conflict("mixed_bfloat16", info)
+            assert f"ONEDNN_MAX_CPU_ISA={cap} caps oneDNN below AVX512_CORE" in conflict
             for precision in ("mixed_bfloat16", "bfloat16"):
                 with pytest.raises(ValueError, match=f"precision='{precision}' cannot run "
                                                      f"here: ONEDNN_MAX_CPU_ISA={cap}"):
-                    host.check_bfloat16(precision, info)
-            host.check_bfloat16("float32", info)  # float32 is fine under any cap
+                    host.check_cpu_precision(precision, info)
+            host.check_cpu_precision("float32", info)  # float32 is fine under any cap
             assert host.auto_precision(info) == "float32"
-        # At AVX512_CORE and above oneDNN has bf16 matmuls: nothing to refuse.
+        # From AVX512_CORE oneDNN has bf16 matmuls: nothing to refuse.
         for cap in ("AVX512_CORE", "AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL"):
             info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
-            assert host.bfloat16_cap_conflict(info) is None
-            host.check_bfloat16("mixed_bfloat16", info)
+            assert host.precision_cap_conflict("mixed_bfloat16", info) is None
+            host.check_cpu_precision("mixed_bfloat16", info)
+    # float16: only on CPUs with AVX512_FP16 (the bf16 Xeon and the AMX one here), and
+    # up to AVX512_CORE_BF16.
+    for text in (XEON_BF16, SPR_AMX):
+        for cap in ("AVX2", "AVX512_CORE", "AVX512_CORE_BF16"):
+            info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
+            with pytest.raises(ValueError, match=f"precision='mixed_float16' cannot run "
+                                                 f"here: ONEDNN_MAX_CPU_ISA={cap} caps "
+                                                 f"oneDNN below AVX512_CORE_FP16"):
+                host.check_cpu_precision("mixed_float16", info)
+        for cap in ("AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX"):
+            info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": cap})
+            assert host.precision_cap_conflict("mixed_float16", info) is None
+    for text in (XEON_AVX512, EPYC_GENOA, EPYC_AVX2):  # no AVX512_FP16: Eigen's kernels
+        info = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+        assert host.precision_cap_conflict("mixed_float16", info) is None
     # oneDNN's older name for the cap acts the same, unless the new name is set too
     # (oneDNN then reads the new one).
     info = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"DNNL_MAX_CPU_ISA": "AVX2"})
     assert info["effective_isa_by_framework"]["tensorflow"] == "AVX2"
     assert host.auto_precision(info) == "float32"
     with pytest.raises(ValueError, match="DNNL_MAX_CPU_ISA=AVX2 caps oneDNN below"):
-        host.check_bfloat16("mixed_bfloat16", info)
+        host.check_cpu_precision("mixed_bfloat16", info)
     both = {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}
     info = host.cpu_info(cpuinfo_text=SPR_AMX, environ=both)
     assert list(info["caps"]) == ["ONEDNN_MAX_CPU_ISA"]
-    assert info["effective_isa"] == "AMX" and host.bfloat16_cap_conflict(info) is None
+    assert info["effective_isa"] == "AMX"
+    assert host.precision_cap_conflict("mixed_bfloat16", info) is None
     # Without AVX-512 TensorFlow keeps bf16 on its own kernels (slow, but they run);
     # without a cap, or with PyTorch's caps only, there is nothing to conflict with.
     for text, env in ((EPYC_AVX2, {"ONEDNN_MAX_CPU_ISA": "AVX2"}), (SPR_AMX, {}),
                       (SPR_AMX, {"ATEN_CPU_CAPABILITY": "avx2"}), (ARM, {}),
                       ("", {"ONEDNN_MAX_CPU_ISA": "AVX2"})):
         info = host.cpu_info(cpuinfo_text=text, environ=env)
-        assert host.bfloat16_cap_conflict(info) is None
-        host.check_bfloat16("mixed_bfloat16", info)
+        for precision in ("mixed_bfloat16", "mixed_float16"):
+            assert host.precision_cap_conflict(precision, info) is None
 
 
-def test_a_bfloat16_model_is_refused_at_construction_under_such_a_cap(monkeypatch):
-    # The check acts where every bf16 model is made (the backbone), so training,
+def test_a_half_precision_model_is_refused_at_construction_under_such_a_cap(monkeypatch):
+    # The check acts where every model is made (the backbone), so training,
     # evaluation, generation and a user's own `set_dtype_policy` all get the error
     # instead of a segfault at the first matmul. cpu_info is replaced: setting the
     # variable in this process could cap oneDNN for the tests after this one.
@@ -216,7 +234,8 @@ def test_a_bfloat16_model_is_refused_at_construction_under_such_a_cap(monkeypatc
         pytest.skip("with a GPU the matmuls run there and nothing is checked")
     capped = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
     monkeypatch.setattr(host, "cpu_info", lambda *args, **kwargs: capped)
-    with pytest.raises(ValueError, match="precision='mixed_bfloat16' cannot run here: "
-                                         "ONEDNN_MAX_CPU_ISA=AVX2"):
-        keras_txl.TransformerXLCausalLM(tiny_config(), dtype="mixed_bfloat16")
+    for precision in ("mixed_bfloat16", "mixed_float16"):
+        with pytest.raises(ValueError, match=f"precision='{precision}' cannot run here: "
+                                             "ONEDNN_MAX_CPU_ISA=AVX2"):
+            keras_txl.TransformerXLCausalLM(tiny_config(), dtype=precision)
     keras_txl.TransformerXLCausalLM(tiny_config())  # float32 builds under the same cap

@@ -173,7 +173,8 @@ def cpu_info(cpuinfo_text=None, environ=None):
     AVX512F, AVX512_BF16, AVX512_FP16, AMX_BF16, AMX_TILE the CPU has; None where unknown: not x86
     Linux), `cpu_isa` (the highest of `LEVELS`), `caps` (`isa_caps()`), `effective_isa`
     (the CPU's level lowered by every cap set) and `effective_isa_by_framework` (lowered
-    by the caps that act on "tensorflow" / "torch" only).
+    by the caps that act on "tensorflow" / "torch" only) and `tensorflow_onednn`
+    (`tensorflow_uses_onednn`).
 
     `cpuinfo_text` and `environ` replace /proc/cpuinfo and os.environ (for tests).
     """
@@ -209,7 +210,17 @@ def cpu_info(cpuinfo_text=None, environ=None):
         "caps": caps,
         "effective_isa": effective,
         "effective_isa_by_framework": by_framework,
+        "tensorflow_onednn": tensorflow_uses_onednn(environ),
     }
+
+
+def tensorflow_uses_onednn(environ=None):
+    """False where `TF_ENABLE_ONEDNN_OPTS` turns TensorFlow's oneDNN kernels off ("0" or
+    "false"); then its CPU ops are Eigen's, no oneDNN cap applies to them, and bf16 is
+    far slower than fp32 (eighth session, AMX Xeon: 855 against 2,181 training tokens/s,
+    6,884 against 9,245 in evaluation)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
 
 
 def auto_precision(info=None):
@@ -234,12 +245,16 @@ def auto_precision(info=None):
       back): slower than fp32 (an AVX2-only AMD EPYC: 1,035 training tokens/s in
       mixed_bfloat16 against ~1,400 in float32). float32.
     - Unknown CPUs (no /proc/cpuinfo flags, e.g. not Linux or not x86): float32.
+    - TensorFlow's oneDNN kernels turned off (`TF_ENABLE_ONEDNN_OPTS=0`): float32 on any
+      CPU. Eigen's bf16 kernels ran at 0.39x fp32 in training on the AMX Xeon.
 
     A user who measured otherwise on their host passes the precision explicitly. This is
     about CPUs; on a GPU see `gpu_auto_precision`. `info`: a `cpu_info()` dict (default:
     this host's).
     """
     info = cpu_info() if info is None else info
+    if info.get("tensorflow_onednn") is False:
+        return "float32"  # Eigen's bf16 kernels: 0.39x fp32 in training
     level = (info.get("effective_isa_by_framework") or {}).get(
         "tensorflow", info.get("effective_isa"))
     if level in AUTO_BF16_LEVELS:
@@ -277,13 +292,16 @@ def precision_cap_conflict(precision, info=None):
     below the level that has them (`ONEDNN_MAX_CPU_ISA`, or its older name
     `DNNL_MAX_CPU_ISA`), oneDNN has no such matmul to give it and the process ends with a
     segmentation fault at the first one (`HALF_PRECISION_NEEDS`). A CPU without the
-    extension takes TensorFlow's own (Eigen) kernels instead: slow, but no conflict.
+    extension takes TensorFlow's own (Eigen) kernels instead, as every CPU does with
+    `TF_ENABLE_ONEDNN_OPTS=0`: slow, but no conflict.
     `info`: a `cpu_info()` dict (default: this host's).
     """
     half = next((d for d in HALF_PRECISION_NEEDS if d in str(precision)), None)
     if half is None:
         return None
     info = cpu_info() if info is None else info
+    if info.get("tensorflow_onednn") is False:
+        return None  # Eigen's kernels: no oneDNN, no cap (measured: they run)
     extension, needed = HALF_PRECISION_NEEDS[half]
     if extension not in (info.get("isa") or ()):
         return None
@@ -349,4 +367,6 @@ def describe(info=None):
     if info.get("caps"):
         caps = ", ".join(f"{k}={v['value']}" for k, v in info["caps"].items())
         line += f"; capped by {caps} -> effective {info.get('effective_isa')}"
+    if info.get("tensorflow_onednn") is False:
+        line += "; TensorFlow's oneDNN kernels off (TF_ENABLE_ONEDNN_OPTS)"
     return line

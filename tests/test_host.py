@@ -135,6 +135,26 @@ def test_torch_caps_act_on_torch_only():
     assert host.auto_precision(info) == "float32"
 
 
+def test_tensorflow_without_onednn_gets_float32_and_no_cap_conflict():
+    # TF_ENABLE_ONEDNN_OPTS=0: Eigen's kernels, bf16 0.39x fp32 on the AMX Xeon, and
+    # bf16 / fp16 matmuls ran under ONEDNN_MAX_CPU_ISA=AVX2 (no oneDNN to cap).
+    for value in ("0", "false", " False "):
+        env = {"TF_ENABLE_ONEDNN_OPTS": value, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+        info = host.cpu_info(cpuinfo_text=SPR_AMX, environ=env)
+        assert info["tensorflow_onednn"] is False
+        assert host.auto_precision(info) == "float32"
+        assert host.precision_cap_conflict("mixed_bfloat16", info) is None
+        assert host.precision_cap_conflict("mixed_float16", info) is None
+        assert "oneDNN kernels off" in host.describe(info)
+        no_cap = host.cpu_info(cpuinfo_text=EPYC_GENOA, environ={"TF_ENABLE_ONEDNN_OPTS": value})
+        assert host.auto_precision(no_cap) == "float32"
+    for env in ({}, {"TF_ENABLE_ONEDNN_OPTS": "1"}, {"TF_ENABLE_ONEDNN_OPTS": "true"}):
+        info = host.cpu_info(cpuinfo_text=SPR_AMX, environ=env)
+        assert info["tensorflow_onednn"] is True
+        assert host.auto_precision(info) == "mixed_bfloat16"
+        assert "oneDNN" not in host.describe(info)
+
+
 def test_unknown_cpus_get_float32():
     info = host.cpu_info(cpuinfo_text=ARM, environ={})
     assert info["isa"] is None and info["cpu_isa"] is None and info["effective_isa"] is None

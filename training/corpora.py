@@ -1111,6 +1111,9 @@ def _raw_source(path: pathlib.Path, layout: str, **common) -> CorpusSource:
         raise ValueError(f"corpus file {path} is empty.")
     train, valid, _ = standard_split_sizes(total)
     cuts = (0, train, train + valid, total)
+    # Cuts are at byte positions (as in the prep scripts) and may fall inside a UTF-8
+    # character: surrogateescape keeps such bytes, and the byte tokenizer encodes them
+    # back exactly.
     parts = {split: [_FilePart(str(path), cuts[i], cuts[i + 1])]
              for i, split in enumerate(SPLITS)}
     if layout == "enwik8":

@@ -296,6 +296,7 @@ def precision_cap_conflict(precision, info=None):
     `TF_ENABLE_ONEDNN_OPTS=0`: slow, but no conflict.
     `info`: a `cpu_info()` dict (default: this host's).
     """
+    # "bfloat16" is tried first ("mixed_bfloat16" also contains "float16").
     half = next((d for d in HALF_PRECISION_NEEDS if d in str(precision)), None)
     if half is None:
         return None

@@ -34,15 +34,19 @@ FLAGS = {
     "amx_tile": "AMX_TILE",
 }
 
-# oneDNN's `ONEDNN_MAX_CPU_ISA` values -> the highest level each allows.
-ONEDNN_LEVELS = {
-    "SSE41": "baseline", "AVX": "AVX", "AVX2": "AVX2", "AVX2_VNNI": "AVX2",
-    "AVX2_VNNI_2": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_VNNI": "AVX512",
-    "AVX512_CORE_BF16": "AVX512_BF16", "AVX512_CORE_FP16": "AVX512_BF16",
-    "AVX10_1_512": "AVX512_BF16", "AVX512_CORE_AMX": "AMX",
-    "AVX512_CORE_AMX_FP16": "AMX", "AVX10_1_512_AMX": "AMX",
-    "AVX10_1_512_AMX_FP16": "AMX",
+# oneDNN's `ONEDNN_MAX_CPU_ISA` values, lowest first (aliases share a rank) -> (rank in
+# oneDNN's own order, the highest of `LEVELS` it allows). The rank tells which cap leaves
+# which half-precision matmuls to oneDNN (`precision_cap_conflict`); the level is what
+# `cpu_info` reports.
+ONEDNN_ISA = {
+    "SSE41": (0, "baseline"), "AVX": (1, "AVX"), "AVX2": (2, "AVX2"),
+    "AVX2_VNNI": (3, "AVX2"), "AVX2_VNNI_2": (4, "AVX2"), "AVX512_CORE": (5, "AVX512"),
+    "AVX512_CORE_VNNI": (6, "AVX512"), "AVX512_CORE_BF16": (7, "AVX512_BF16"),
+    "AVX512_CORE_FP16": (8, "AVX512_BF16"), "AVX10_1_512": (8, "AVX512_BF16"),
+    "AVX512_CORE_AMX": (9, "AMX"), "AVX512_CORE_AMX_FP16": (10, "AMX"),
+    "AVX10_1_512_AMX": (10, "AMX"), "AVX10_1_512_AMX_FP16": (11, "AMX"),
 }
+ONEDNN_LEVELS = {name: level for name, (_, level) in ONEDNN_ISA.items()}
 
 # Environment variable -> {value (upper case) -> the highest level it allows}.
 # A value that is not listed (e.g. "ALL", "DEFAULT", a level this table does not know)
@@ -265,14 +269,6 @@ def auto_precision(info=None):
     return "float32"
 
 
-# oneDNN's ISA names in its own order, lowest first (aliases share a rank): which cap
-# leaves which half-precision matmuls to oneDNN.
-ONEDNN_ISA_RANK = {
-    "SSE41": 0, "AVX": 1, "AVX2": 2, "AVX2_VNNI": 3, "AVX2_VNNI_2": 4, "AVX512_CORE": 5,
-    "AVX512_CORE_VNNI": 6, "AVX512_CORE_BF16": 7, "AVX512_CORE_FP16": 8,
-    "AVX10_1_512": 8, "AVX512_CORE_AMX": 9, "AVX512_CORE_AMX_FP16": 10,
-    "AVX10_1_512_AMX": 10, "AVX10_1_512_AMX_FP16": 11,
-}
 # Half-precision dtype -> (the CPU extension that makes TensorFlow send its matmuls to
 # oneDNN, the lowest oneDNN level that has them). Measured with TensorFlow 2.21 on an AMX
 # Xeon: bf16 matmuls crashed under every cap from SSE41 to AVX2_VNNI_2 and ran from
@@ -281,6 +277,16 @@ HALF_PRECISION_NEEDS = {
     "bfloat16": ("AVX512F", "AVX512_CORE"),
     "float16": ("AVX512_FP16", "AVX512_CORE_FP16"),
 }
+
+
+def _policy_name(precision):
+    """The name of a Keras dtype policy given as a string or a policy object."""
+    name = getattr(precision, "name", precision)
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            "`precision` must be a Keras dtype policy or its name (e.g. 'float32', "
+            f"'mixed_bfloat16', 'mixed_float16'). Received: precision={precision!r}.")
+    return name
 
 
 def precision_cap_conflict(precision, info=None):
@@ -296,11 +302,15 @@ def precision_cap_conflict(precision, info=None):
     `TF_ENABLE_ONEDNN_OPTS=0`: slow, but no conflict.
     `info`: a `cpu_info()` dict (default: this host's).
     """
+    precision = _policy_name(precision)
     # "bfloat16" is tried first ("mixed_bfloat16" also contains "float16").
-    half = next((d for d in HALF_PRECISION_NEEDS if d in str(precision)), None)
+    half = next((d for d in HALF_PRECISION_NEEDS if d in precision), None)
     if half is None:
         return None
     info = cpu_info() if info is None else info
+    if not isinstance(info, dict):
+        raise ValueError(f"`info` must be a cpu_info() dict or None. Received type "
+                         f"{type(info).__name__}.")
     if info.get("tensorflow_onednn") is False:
         return None  # Eigen's kernels: no oneDNN, no cap (measured: they run)
     extension, needed = HALF_PRECISION_NEEDS[half]
@@ -311,8 +321,8 @@ def precision_cap_conflict(precision, info=None):
     if name is None:
         return None
     value = caps[name]["value"]
-    rank = ONEDNN_ISA_RANK.get(value.strip().upper())
-    if rank is None or rank >= ONEDNN_ISA_RANK[needed]:
+    rank = ONEDNN_ISA.get(value.strip().upper(), (None,))[0]
+    if rank is None or rank >= ONEDNN_ISA[needed][0]:
         return None  # "ALL", an unknown value, or a level that has the matmuls
     return (
         f"{name}={value} caps oneDNN below {needed} on a CPU with {extension} "
@@ -327,7 +337,7 @@ def check_cpu_precision(precision, info=None):
     conflict = precision_cap_conflict(precision, info)
     if conflict:
         raise ValueError(
-            f"precision={precision!r} cannot run here: {conflict}. Use "
+            f"precision={_policy_name(precision)!r} cannot run here: {conflict}. Use "
             f"precision='float32' (or 'auto', which picks it under this cap), or "
             f"unset the variable or raise it to that level.")
 

@@ -240,6 +240,22 @@ def test_half_precision_under_a_cap_without_its_matmuls_is_refused():
             assert host.precision_cap_conflict(precision, info) is None
 
 
+def test_the_precision_check_takes_a_policy_or_its_name_and_rejects_anything_else():
+    import keras
+
+    capped = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    policy = keras.dtype_policies.DTypePolicy("mixed_bfloat16")
+    with pytest.raises(ValueError, match="precision='mixed_bfloat16' cannot run here"):
+        host.check_cpu_precision(policy, capped)
+    for bad in (None, 3, "", ["mixed_bfloat16"]):
+        with pytest.raises(ValueError, match=r"`precision` must be a Keras dtype policy "
+                                             r"or its name .* Received: precision="):
+            host.precision_cap_conflict(bad, capped)
+    with pytest.raises(ValueError, match="`info` must be a cpu_info\\(\\) dict or None. "
+                                         "Received type str"):
+        host.check_cpu_precision("mixed_bfloat16", "AVX2")
+
+
 def test_a_half_precision_model_is_refused_at_construction_under_such_a_cap(monkeypatch):
     # The check acts where every model is made (the backbone), so training,
     # evaluation, generation and a user's own `set_dtype_policy` all get the error

@@ -370,16 +370,6 @@ class TransformerXLBackbone(Backbone):
                 memory_length + segment_length
             )
 
-        def slide(window, axis):
-            # The last M of the M + T positions on `axis`, as `update_memory`.
-            length = ops.shape(window)[axis]
-            start = [0] * len(window.shape)
-            start[axis] = length - memory_length
-            size = list(ops.shape(window))
-            size[axis] = memory_length
-            # A `slice` (contiguous copies) rather than a strided slice.
-            return ops.slice(window, start, size)
-
         new_memory, new_keys, new_values = [], [], []
         for layer, block in enumerate(self.blocks):
             new_memory.append(
@@ -390,10 +380,10 @@ class TransformerXLBackbone(Backbone):
                 x, cache["keys"][layer], cache["values"][layer],
                 position_projection=None if positions is None else positions[layer],
                 content_bias=content_bias, position_bias=position_bias,
-                attention_mask=mask,
-            )  # keys (B, N, H, M + T), values (B, N, M + T, H)
-            new_keys.append(slide(keys, 3))
-            new_values.append(slide(values, 2))
+                attention_mask=mask, memory_length=memory_length,
+            )  # the next cache: keys (B, N, H, M), values (B, N, M, H)
+            new_keys.append(keys)
+            new_values.append(values)
         new_cache = {
             "memory": tuple(ops.cast(m, "float32") for m in new_memory),
             "keys": tuple(new_keys),

@@ -264,6 +264,7 @@ class TransformerXLBlock(keras.layers.Layer):
         content_bias=None,
         position_bias=None,
         attention_mask=None,
+        memory_length=None,
     ):
         """Inference with the projected memory (see `project_memory`).
 
@@ -272,8 +273,9 @@ class TransformerXLBlock(keras.layers.Layer):
         `position_projection = attention.project_positions(R)`.
 
         Returns:
-            `(hidden (B, T, D), keys (B, N, H, K), values (B, N, K, H))`,
-            the keys and values of `[memory ; segment]`.
+            `(hidden (B, T, D), keys, values)`: the keys (B, N, H, K) and
+            values (B, N, K, H) of `[memory ; segment]`, or with
+            `memory_length` M their last M positions (the next cache).
         """
         hidden = ops.cast(hidden, self.compute_dtype)
         query = self._attention_input(hidden)
@@ -281,7 +283,7 @@ class TransformerXLBlock(keras.layers.Layer):
             query, key_cache, value_cache,
             position_projection=position_projection,
             content_bias=content_bias, position_bias=position_bias,
-            attention_mask=attention_mask,
+            attention_mask=attention_mask, memory_length=memory_length,
         )
         hidden = self._residual_and_feedforward(hidden, attended, False)
         return hidden, keys, values

@@ -57,19 +57,49 @@ def update_memory(previous_memory, layer_input, memory_length):
     if memory_length == 0:
         return previous_memory[:, :0, :]  # (B, 0, D)
     layer_input = ops.cast(layer_input, previous_memory.dtype)
-    joined = ops.concatenate([previous_memory, layer_input], axis=1)
-    return ops.stop_gradient(last_positions(joined, memory_length))  # (B, M, D)
+    return ops.stop_gradient(
+        last_of_joined(previous_memory, layer_input, memory_length)
+    )  # (B, M, D)
 
 
-def last_positions(window, length):
-    """`window[:, -length:]` for (B, K, ...) tensors, `length` > 0.
+def last_of_joined(old, new, length, axis=1, joined=None):
+    """The last `length` positions of `concatenate([old, new], axis)`,
+    without copying what is dropped.
+
+    With the new part's length T known when tracing, T >= length takes
+    them from `new` alone (`new` itself when T == length: no copy at all).
+    Otherwise they are cut from `joined`, the join when the caller has it
+    already; else T < length joins only the kept tail of `old`, and with T
+    unknown the join is made and cut. `old` and `new` together must hold
+    at least `length` positions.
+    """
+    new_length = new.shape[axis]
+    if new_length is not None and new_length >= length:
+        if new_length == length:
+            return new
+        return last_positions(new, length, axis)
+    if joined is not None:
+        return last_positions(joined, length, axis)
+    if new_length is not None:
+        if old.shape[axis] != length - new_length:
+            old = last_positions(old, length - new_length, axis)
+        return ops.concatenate([old, new], axis=axis)
+    return last_positions(ops.concatenate([old, new], axis=axis), length, axis)
+
+
+def last_positions(window, length, axis=1):
+    """The last `length` > 0 positions of `window` on `axis` (by default
+    `window[:, -length:]` for (B, K, ...) tensors).
 
     A `slice` (a contiguous copy per row) rather than a strided slice,
     which is markedly slower on CPU for the same bytes.
     """
     shape = ops.shape(window)
-    start = [0, shape[1] - length] + [0] * (len(window.shape) - 2)
-    return ops.slice(window, start, (shape[0], length, *shape[2:]))
+    start = [0] * len(window.shape)
+    start[axis] = shape[axis] - length
+    size = list(shape)
+    size[axis] = length
+    return ops.slice(window, start, size)
 
 
 def zero_memory(batch_size, num_layers, memory_length, hidden_dim):

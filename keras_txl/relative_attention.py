@@ -7,6 +7,8 @@ N heads, H head_dim, D hidden_dim.
 import keras
 from keras import ops
 
+from keras_txl.memory import last_of_joined
+
 
 def relative_shift(scores):
     """Aligns raw position scores with relative distances, in O(K) memory.
@@ -449,6 +451,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         content_bias=None,
         position_bias=None,
         attention_mask=None,
+        memory_length=None,
     ):
         """Inference over `[memory ; segment]` with the memory pre-projected.
 
@@ -464,11 +467,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             position_projection: (N, H, K+1) `[0 ; W_R R]` (relative mode,
                 `project_positions`).
             content_bias, position_bias, attention_mask: as in `call`.
+            memory_length: None, or the next cache's length M.
 
         Returns:
-            `(output (B, T, D), keys (B, N, H, K), values (B, N, K, H))`:
-            the keys and values of `[memory ; segment]`, whose last M
-            positions are the next cache.
+            `(output (B, T, D), keys, values)`: with `memory_length` None,
+            the keys (B, N, H, K) and values (B, N, K, H) of
+            `[memory ; segment]`; otherwise their last M positions, the next
+            cache (taken from the segment's own keys and values alone when
+            T >= M: no copy when T == M).
         """
         dtype = self.compute_dtype
         q, new_keys, new_values = self.project_new_positions(query)
@@ -478,7 +484,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             q, k, v, position_projection, content_bias, position_bias,
             attention_mask, False, False,
         )  # (B, T, D)
-        return output, k, v  # (B, N, H, K), (B, N, K, H)
+        if memory_length is None:
+            return output, k, v  # (B, N, H, K), (B, N, K, H)
+        return (
+            output,
+            last_of_joined(key_cache, new_keys, memory_length, 3, k),  # (B, N, H, M)
+            last_of_joined(value_cache, new_values, memory_length, 2, v),  # (B, N, M, H)
+        )
 
     def get_config(self):
         config = super().get_config()

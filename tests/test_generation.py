@@ -75,9 +75,14 @@ def test_cache_equals_uncached_at_every_step(variant):
             np.testing.assert_allclose(slid.numpy(), fresh.numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["post_ln", "pre_ln_same_length_pt_memory_1"])
-def test_cache_with_whole_segments_equals_call_with_memory(variant):
-    model = TransformerXLCausalLM(tiny(**CACHE_VARIANTS[variant]))
+@pytest.mark.parametrize("variant,memory_length", [
+    ("post_ln", M), ("pre_ln_same_length_pt_memory_1", 1),
+    # M == T (the next cache is the segment's own keys) and M > T.
+    ("post_ln", T), ("pre_ln", T + 3),
+])
+def test_cache_with_whole_segments_equals_call_with_memory(variant, memory_length):
+    model = TransformerXLCausalLM(tiny(**{**CACHE_VARIANTS[variant],
+                                         "memory_length": memory_length}))
     lengths = [T, T, 3, T]  # 3: positions re-projected
     tokens = np.concatenate([random_ids((B, n), seed=s) for s, n in enumerate(lengths)], 1)
     plain = chain_segments(model, tokens, lengths, memory=model.initial_memory(B))

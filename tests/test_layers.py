@@ -4,6 +4,7 @@ from functools import partial
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from keras import ops
 from testing import tiny_config
 
@@ -74,6 +75,24 @@ def test_update_memory_keeps_last_positions():
     out = ops.convert_to_numpy(update_memory(old, new, 1))
     np.testing.assert_array_equal(out[1, :, 0], [103])
     assert ops.convert_to_numpy(update_memory(old[:, :0], new, 0)).shape == (2, 0, 1)
+
+
+@pytest.mark.parametrize("old_length,new_length,memory_length", [
+    (3, 2, 3), (3, 2, 2), (3, 2, 1), (3, 5, 4), (4, 2, 5), (6, 2, 3), (0, 3, 3)])
+def test_update_memory_equals_the_last_positions_of_the_join(
+        old_length, new_length, memory_length):
+    # Whatever path it takes (the segment alone when T >= M, a kept tail of
+    # the old memory otherwise, or the join when T is unknown at tracing).
+    rng = np.random.default_rng(old_length * 10 + new_length)
+    old = rng.normal(size=(2, old_length, 3)).astype("float32")
+    new = rng.normal(size=(2, new_length, 3)).astype("float32")
+    expected = np.concatenate([old, new], 1)[:, -memory_length:]
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(update_memory(old, new, memory_length)), expected)
+    unknown_length = tf.function(
+        lambda a, b: update_memory(a, b, memory_length),
+        input_signature=[tf.TensorSpec((None, None, 3)), tf.TensorSpec((None, None, 3))])
+    np.testing.assert_array_equal(unknown_length(old, new).numpy(), expected)
 
 
 def test_position_embedding_is_sin_then_cos_with_clamp():
@@ -367,3 +386,4 @@ def test_layer_norm_equals_keras_values_and_gradients():
     layer = LayerNorm(name="norm")
     layer.build((None, 16))
     assert [w.path for w in layer.weights] == ["norm/gamma", "norm/beta"]
+

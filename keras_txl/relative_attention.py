@@ -248,23 +248,51 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         multiplies). `bias` is the additive mask from `masking_bias`
         ((1, 1, T, K) or (B, 1, T, K)) or None.
         """
-        position = None
-        if self.relative:
-            scale = self._scale()
-            # (a) + (c): content terms with the global content bias u.
-            content = ops.matmul(
-                q + ops.expand_dims(u * scale, 1), k
-            )  # (B, N, T, K)
-            # (b) + (d): position terms with the global position bias v.
-            position = shift_padded(ops.matmul(
-                q + ops.expand_dims(w * scale, 1), r[None]
-            ))  # (B, N, T, K+1) -> (B, N, T, K)
-            scores = ops.cast(content + position, "float32")
-        else:
-            scores = ops.cast(ops.matmul(q, k), "float32")  # (B, N, T, K)
+        scores, position = self._scores_in_compute_dtype(q, k, r, u, w)
+        scores = ops.cast(scores, "float32")
         if bias is not None:
             scores = scores + bias
         return scores, position
+
+    def _scores_in_compute_dtype(self, q, k, r, u, w):
+        """Unmasked (B, N, T, K) scores in the compute dtype, and the
+        (b)+(d) terms (None in vanilla mode)."""
+        if not self.relative:
+            return ops.matmul(q, k), None  # (B, N, T, K)
+        scale = self._scale()
+        # (a) + (c): content terms with the global content bias u.
+        content = ops.matmul(
+            q + ops.expand_dims(u * scale, 1), k
+        )  # (B, N, T, K)
+        # (b) + (d): position terms with the global position bias v.
+        position = shift_padded(ops.matmul(
+            q + ops.expand_dims(w * scale, 1), r[None]
+        ))  # (B, N, T, K+1) -> (B, N, T, K)
+        return content + position, position
+
+    def _bfloat16_inference_probabilities(self, q, k, r, u, w, attention_mask):
+        """Softmax of the masked scores kept in bfloat16 (inference only).
+
+        The float32 path casts the (B, N, T, K) scores up and the
+        probabilities back down for the mixing matmul: two passes of about
+        0.4 ms each per layer on the benchmark's config. Here a select
+        masks in bfloat16 and oneDNN's bfloat16 softmax (which accumulates
+        in float32) writes the bfloat16 probabilities the matmul reads. The
+        scores were already rounded to bfloat16 by their sum, and the
+        probabilities are rounded to bfloat16 either way: the evaluation's
+        per-token NLL came out bit-identical (docs/benchmarks.md). Training
+        keeps the float32 softmax, whose gradient needs it.
+        """
+        scores, _ = self._scores_in_compute_dtype(q, k, r, u, w)
+        if attention_mask is not None:
+            if len(attention_mask.shape) == 2:
+                mask = attention_mask[None, None]  # (1, 1, T, K)
+            else:
+                mask = attention_mask[:, None]  # (B, 1, T, K)
+            # The lowest finite bfloat16, as `masking_bias` uses float32's.
+            lowest = ops.cast(-3.3895313892515355e38, scores.dtype)
+            scores = ops.where(mask, scores, lowest)
+        return ops.softmax(scores, axis=-1)  # (B, N, T, K) bfloat16
 
     def _mix(self, probabilities, v):
         """(B, N, T, K) probabilities x (B, N, K, H) values -> (B, T, N*H)."""
@@ -327,6 +355,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if self.relative:
             u = ops.cast(content_bias, dtype)
             w = ops.cast(position_bias, dtype)
+        if dtype == "bfloat16" and not training and not return_scores:
+            probabilities = self._bfloat16_inference_probabilities(
+                q, k, r, u, w, attention_mask)
+            return self._output(self._mix(probabilities, v), training)
         bias = None
         if attention_mask is not None:
             bias = masking_bias(attention_mask)  # (1 or B, 1, T, K) float32
@@ -366,7 +398,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 ops.einsum("bnth,nhk->bntk", q, r)))
             details["term_d"] = as_float(relative_shift(
                 ops.einsum("nh,nhk->nk", w, r)[None, :, None, :]
-                + ops.zeros_like(details["position"]))) * scale
+                + ops.zeros_like(position))) * scale
             # (a) + (c): the content terms with the global content bias u.
             details["content"] = as_float(ops.einsum(
                 "bnth,bnhk->bntk", q + ops.expand_dims(u * scale, 1), k))

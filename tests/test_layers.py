@@ -387,3 +387,44 @@ def test_layer_norm_equals_keras_values_and_gradients():
     layer.build((None, 16))
     assert [w.path for w in layer.weights] == ["norm/gamma", "norm/beta"]
 
+
+@pytest.mark.parametrize("relative,mask_kind", [
+    (True, "causal"), (True, "per_row"), (True, "none"), (False, "causal")])
+def test_bfloat16_inference_softmax_equals_the_float32_path(relative, mask_kind):
+    # At inference in bfloat16 the scores are masked by a select and go
+    # through a bfloat16 softmax; `return_scores` keeps the float32 path
+    # (cast up, additive mask, float32 softmax, cast down). Same output,
+    # to the bit, a row whose keys are all blocked included (uniform).
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    B, T, M, D, N, H = 2, 5, 4, 8, 2, 4
+    layer = RelativeMultiHeadAttention(N, H, relative=relative, dtype="mixed_bfloat16")
+    layer.build((B, T, D))
+    for w in layer.weights:
+        w.assign(rng.normal(size=w.shape).astype("float32") * 0.7)
+    assert layer.compute_dtype == "bfloat16"
+    mask = None
+    if mask_kind == "causal":
+        mask = attention_mask(T, M)
+    elif mask_kind == "per_row":
+        mask = np.broadcast_to(ops.convert_to_numpy(attention_mask(T, M)), (B, T, M + T)).copy()
+        mask[1, 2, :] = False  # a fully blocked row
+    kwargs = dict(attention_mask=mask)
+    if relative:
+        kwargs.update(position_embedding=relative_position_embedding(M + T, D),
+                      content_bias=tf.constant(rng.normal(size=(N, H)), "float32"),
+                      position_bias=tf.constant(rng.normal(size=(N, H)), "float32"))
+    query = tf.constant(rng.normal(size=(B, T, D)) * 2, "float32")
+    memory = tf.constant(rng.normal(size=(B, M, D)) * 2, "float32")
+    fast = layer(query, memory, **kwargs)
+    reference, details = layer(query, memory, return_scores=True, **kwargs)
+    assert fast.dtype == reference.dtype == "bfloat16"
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(ops.cast(fast, "float32")),
+        ops.convert_to_numpy(ops.cast(reference, "float32")))
+    if mask_kind == "per_row":
+        probabilities = ops.convert_to_numpy(details["probabilities"])
+        np.testing.assert_allclose(probabilities[1, :, 2], 1.0 / (M + T), rtol=1e-6)
+    assert keras.config.dtype_policy().name == "float32"

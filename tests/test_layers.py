@@ -388,6 +388,58 @@ def test_layer_norm_equals_keras_values_and_gradients():
     assert [w.path for w in layer.weights] == ["norm/gamma", "norm/beta"]
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_fused_layer_norms_equal_the_graph_ones(policy):
+    # Under `fused_layer_norms`, inference norms (and the residual sums in
+    # front of them) are one XLA-compiled call; training ignores it.
+    import tensorflow as tf
+
+    from keras_txl.decoder_block import LayerNorm
+    from keras_txl.decoder_block import fused_layer_norms
+
+    rng = np.random.default_rng(9)
+    layer = LayerNorm(epsilon=1e-5, dtype=policy)
+    layer.build((2, 5, 16))
+    layer.gamma.assign(rng.normal(size=16).astype("float32"))
+    layer.beta.assign(rng.normal(size=16).astype("float32"))
+    x = tf.constant(rng.normal(2.0, 3.0, size=(2, 5, 16)), layer.compute_dtype)
+    residual = tf.constant(rng.normal(size=(2, 5, 16)), layer.compute_dtype)
+    as_float = lambda t: ops.convert_to_numpy(ops.cast(t, "float32"))  # noqa: E731
+
+    def traced(fused, training):
+        def run(a, b):
+            with fused_layer_norms(fused):
+                return layer(a, training=training), layer.normalize_sum(a, b, training)
+        function = tf.function(run)
+        graph = function.get_concrete_function(x, residual).graph
+        compiled = [op for op in graph.get_operations()
+                    if op.type in ("StatefulPartitionedCall", "PartitionedCall")
+                    and op.get_attr("_XlaMustCompile")] if fused else []
+        return [as_float(t) for t in function(x, residual)], len(compiled)
+
+    (plain, plain_sum), _ = traced(False, False)
+    (fused, fused_sum), n_compiled = traced(True, False)
+    (_, _), n_compiled_training = traced(True, True)
+    assert n_compiled == 2 and n_compiled_training == 0
+    # float32: the same up to the order of the reductions. bfloat16: the
+    # fused sum is not rounded to bfloat16 before the norm, so it is the
+    # float32 norm of the exact sum rounded once.
+    np.testing.assert_allclose(fused, plain, atol=1e-5 if policy == "float32" else 0.04)
+    exact = as_float(x) + as_float(residual)
+    exact = (exact - exact.mean(-1, keepdims=True)) / np.sqrt(exact.var(-1, keepdims=True) + 1e-5)
+    exact = exact * layer.gamma.numpy() + layer.beta.numpy()
+    step = 1e-5 if policy == "float32" else np.abs(exact) * 2.0 ** -8 + 1e-6
+    assert (np.abs(fused_sum - exact) <= step).all()
+    np.testing.assert_allclose(plain_sum, exact, atol=1e-5 if policy == "float32" else 0.1)
+    assert keras_dtype_policy_is_float32()
+
+
+def keras_dtype_policy_is_float32():
+    import keras
+
+    return keras.config.dtype_policy().name == "float32"
+
+
 @pytest.mark.parametrize("relative,mask_kind", [
     (True, "causal"), (True, "per_row"), (True, "none"), (False, "causal")])
 def test_bfloat16_inference_softmax_equals_the_float32_path(relative, mask_kind):

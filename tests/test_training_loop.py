@@ -234,6 +234,40 @@ def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_k
         evaluate(model, tokens, jit_compile="yes")
 
 
+def _xla_compiled_calls(graph):
+    return [op for op in graph.get_operations()
+            if op.type in ("StatefulPartitionedCall", "PartitionedCall")
+            and op.get_attr("_XlaMustCompile")]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_the_evaluation_step_fuses_its_layer_norms_and_nothing_else_does(pre_ln):
+    # Graph-mode evaluation: each layer norm (with the residual sum in front
+    # of it) is one XLA-compiled call, two per layer, and the result is the
+    # plain path's; the whole step under XLA has no nested ones, and the
+    # model traced outside the evaluation step (as exports trace it) none.
+    from keras_txl.training.loop import make_eval_step
+
+    model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0, pre_layer_norm=pre_ln))
+    cfg = model.txl_config
+    tokens = corpus(2 * 8 + 1, seed=3)
+    x, y = tf.constant(tokens[None, :16].reshape(2, 8)), tf.constant(tokens[None, 1:17].reshape(2, 8))
+    cache = model.build_cache(batch_size=2, segment_length=8)
+    step = make_eval_step(model, jit_compile=False)
+    graph = step.get_concrete_function(x, y, cache).graph
+    # Two norms per layer (pre-LN: the segment's and the feed-forward's; the
+    # memory's keys are cached).
+    assert len(_xla_compiled_calls(graph)) == 2 * cfg.num_layers
+    nll, _ = step(x, y, cache)
+    expected = model.call_with_cache(x, cache)["log_probs"].numpy()
+    expected = -np.take_along_axis(expected, y.numpy()[..., None], -1)[..., 0]
+    np.testing.assert_allclose(nll.numpy(), expected, atol=1e-5)
+    whole = make_eval_step(model, jit_compile=True)
+    assert not _xla_compiled_calls(whole.get_concrete_function(x, y, cache).graph)
+    plain = tf.function(model.call_with_cache).get_concrete_function(x, cache)
+    assert not _xla_compiled_calls(plain.graph)
+
+
 @pytest.mark.parametrize("use_mirrored", [False, True])
 def test_periodic_evaluation_reuses_one_compiled_step(use_mirrored):
     # Three evaluations during training: the evaluation step is traced once

@@ -32,6 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_txl.decoder_block import fused_layer_norms
 from keras_txl.host_memory import CompiledFunction
 from keras_txl.io import save_preset
 from keras_txl.training.checkpoint import CheckpointManager
@@ -723,11 +724,16 @@ def make_eval_step(model, jit_compile="auto"):
     `jit_compile`: see `eval_jit_compile` ("auto": XLA for long memories).
     """
 
+    jit = eval_jit_compile(model, jit_compile)
+
     def step(x, y, cache):
-        out = model.call_with_cache(x, cache)
+        # Without XLA for the whole step, its layer norms alone are
+        # XLA-compiled (`fused_layer_norms`); with it they are fused anyway.
+        with fused_layer_norms(not jit):
+            out = model.call_with_cache(x, cache)
         return token_nll(out["log_probs"], y), out["cache"]
 
-    return CompiledFunction(step, jit_compile=eval_jit_compile(model, jit_compile))
+    return CompiledFunction(step, jit_compile=jit)
 
 
 def _checked_ids(tokens, V):

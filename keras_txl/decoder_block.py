@@ -3,62 +3,11 @@
 Shape legend: B batch, T segment, M memory, K = M + T, D hidden_dim.
 """
 
-import contextlib
-import contextvars
-
 import keras
 from keras import ops
 
+from keras_txl import fusion
 from keras_txl.relative_attention import RelativeMultiHeadAttention
-
-_FUSED_NORMS = contextvars.ContextVar("keras_txl_fused_norms", default=False)
-
-
-@contextlib.contextmanager
-def fused_layer_norms(enabled=True):
-    """While tracing inside this context, inference-time layer norms (and
-    the residual additions in front of them) are XLA-compiled, each into
-    one fused kernel, while everything else stays in the graph as it is.
-
-    Graph-mode TensorFlow runs a layer norm as about ten element-wise and
-    reduction ops over the (B, T, D) activations, each a separate pass
-    (casts, mean, subtraction, square, mean, three multiplies and adds):
-    about 0.8 ms per norm on 2 CPU cores at the benchmark's config, twelve
-    per step. Compiling the whole step with XLA would fuse them too, but
-    XLA's CPU matmuls do not reach oneDNN's (AMX, bf16): this compiles the
-    norms alone. The evaluation step (`make_eval_step`) traces under it;
-    exports do not (their graphs stay free of XLA-compiled calls).
-    """
-    token = _FUSED_NORMS.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _FUSED_NORMS.reset(token)
-
-
-def _xla_norm_function():
-    # Made once, on first use: a `tf.function` at import time would import
-    # TensorFlow with the package.
-    global _XLA_NORM
-    if _XLA_NORM is None:
-        import tensorflow as tf
-
-        def normalize(x, residual, gamma, beta, epsilon):
-            dtype = x.dtype
-            x = tf.cast(x, tf.float32)
-            if residual is not None:
-                x = x + tf.cast(residual, tf.float32)
-            mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-            centered = x - mean
-            variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-            y = centered * tf.math.rsqrt(variance + epsilon) * gamma + beta
-            return tf.cast(y, dtype)
-
-        _XLA_NORM = tf.function(normalize, jit_compile=True)
-    return _XLA_NORM
-
-
-_XLA_NORM = None
 
 
 def relu_dropout(x, rate, seed):
@@ -112,24 +61,24 @@ class LayerNorm(keras.layers.LayerNormalization):
     """
 
     def _fusable(self, inputs):
-        return (_FUSED_NORMS.get() and not self.rms_scaling
+        return (fusion.enabled() and not self.rms_scaling
                 and self.axis in (-1, [-1], [len(inputs.shape) - 1]))
 
     def _fused(self, inputs, residual):
         """The XLA-compiled norm of `inputs (+ residual)`, the sum taken in
-        float32 (`fused_layer_norms`)."""
+        float32 (`keras_txl.fusion.layer_norm`)."""
         dtype = self.compute_dtype
-        return _xla_norm_function()(
+        return fusion.layer_norm(
             ops.cast(inputs, dtype),
             None if residual is None else ops.cast(residual, dtype),
             ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"),
-            float(self.epsilon),
+            self.epsilon,
         )
 
     def normalize_sum(self, inputs, residual, training=False):
         """`self(inputs + residual)`; one fused kernel at inference under
-        `fused_layer_norms`, where the sum is taken in float32 (not
-        rounded to the compute dtype first)."""
+        `keras_txl.fusion.fused_kernels`, where the sum is taken in float32
+        (not rounded to the compute dtype first)."""
         if not training and self._fusable(inputs):
             return self._fused(inputs, residual)
         return self(inputs + residual, training=training)

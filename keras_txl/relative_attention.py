@@ -7,6 +7,7 @@ N heads, H head_dim, D hidden_dim.
 import keras
 from keras import ops
 
+from keras_txl import fusion
 from keras_txl.memory import last_of_joined
 
 
@@ -259,40 +260,60 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         (b)+(d) terms (None in vanilla mode)."""
         if not self.relative:
             return ops.matmul(q, k), None  # (B, N, T, K)
-        scale = self._scale()
-        # (a) + (c): content terms with the global content bias u.
-        content = ops.matmul(
-            q + ops.expand_dims(u * scale, 1), k
-        )  # (B, N, T, K)
-        # (b) + (d): position terms with the global position bias v.
-        position = shift_padded(ops.matmul(
-            q + ops.expand_dims(w * scale, 1), r[None]
-        ))  # (B, N, T, K+1) -> (B, N, T, K)
+        content, padded_position = self._score_products(q, k, r, u, w)
+        position = shift_padded(padded_position)  # (B, N, T, K)
         return content + position, position
 
-    def _bfloat16_inference_probabilities(self, q, k, r, u, w, attention_mask):
-        """Softmax of the masked scores kept in bfloat16 (inference only).
+    def _score_products(self, q, k, r, u, w):
+        """The two matmuls of the relative scores: (a)+(c) (B, N, T, K) and
+        the unshifted (b)+(d) with the shift's zero column (B, N, T, K+1)."""
+        scale = self._scale()
+        # (a) + (c): content terms with the global content bias u.
+        content = ops.matmul(q + ops.expand_dims(u * scale, 1), k)
+        # (b) + (d): position terms with the global position bias v.
+        padded_position = ops.matmul(q + ops.expand_dims(w * scale, 1), r[None])
+        return content, padded_position
 
-        The float32 path casts the (B, N, T, K) scores up and the
-        probabilities back down for the mixing matmul: two passes of about
-        0.4 ms each per layer on the benchmark's config. Here a select
-        masks in bfloat16 and oneDNN's bfloat16 softmax (which accumulates
-        in float32) writes the bfloat16 probabilities the matmul reads. The
-        scores were already rounded to bfloat16 by their sum, and the
-        probabilities are rounded to bfloat16 either way: the evaluation's
-        per-token NLL came out bit-identical (docs/benchmarks.md). Training
-        keeps the float32 softmax, whose gradient needs it.
+    def _inference_probabilities(self, q, k, r, u, w, attention_mask):
+        """Attention probabilities at inference, by one of two paths.
+
+        Under `keras_txl.fusion.fused_kernels` (relative attention), the
+        shift, the sum of the two score products and the mask are one
+        XLA-compiled kernel between oneDNN's matmuls and softmax.
+
+        Otherwise in bfloat16: the float32 path casts the (B, N, T, K)
+        scores up and the probabilities back down for the mixing matmul,
+        two passes of about 0.4 ms each per layer on the benchmark's
+        config; here a select masks in bfloat16 instead.
+
+        Either way the softmax runs in bfloat16 for a bfloat16 model
+        (oneDNN's, which gives the same bits as the float32 softmax rounded
+        to bfloat16: the scores were already rounded to bfloat16 by their
+        sum, and the probabilities are rounded to it for the matmul either
+        way) and in float32 otherwise. The evaluation's per-token NLL came
+        out bit-identical to the float32-softmax path (docs/benchmarks.md).
+        Training keeps the float32 softmax, whose gradient needs it.
         """
-        scores, _ = self._scores_in_compute_dtype(q, k, r, u, w)
+        softmax_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
+        mask = None
         if attention_mask is not None:
             if len(attention_mask.shape) == 2:
                 mask = attention_mask[None, None]  # (1, 1, T, K)
             else:
                 mask = attention_mask[:, None]  # (B, 1, T, K)
-            # The lowest finite bfloat16, as `masking_bias` uses float32's.
-            lowest = ops.cast(-3.3895313892515355e38, scores.dtype)
-            scores = ops.where(mask, scores, lowest)
-        return ops.softmax(scores, axis=-1)  # (B, N, T, K) bfloat16
+        if self.relative and fusion.enabled():
+            content, padded_position = self._score_products(q, k, r, u, w)
+            scores = fusion.masked_scores(content, padded_position, mask, softmax_dtype)
+        else:
+            scores, _ = self._scores_in_compute_dtype(q, k, r, u, w)
+            scores = ops.cast(scores, softmax_dtype)
+            if mask is not None:
+                # The lowest finite value, as `masking_bias` adds float32's.
+                import tensorflow as tf
+
+                lowest = ops.cast(tf.as_dtype(softmax_dtype).min, softmax_dtype)
+                scores = ops.where(mask, scores, lowest)
+        return ops.softmax(scores, axis=-1)  # (B, N, T, K)
 
     def _mix(self, probabilities, v):
         """(B, N, T, K) probabilities x (B, N, K, H) values -> (B, T, N*H)."""
@@ -355,8 +376,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if self.relative:
             u = ops.cast(content_bias, dtype)
             w = ops.cast(position_bias, dtype)
-        if dtype == "bfloat16" and not training and not return_scores:
-            probabilities = self._bfloat16_inference_probabilities(
+        if not training and not return_scores and (
+                dtype == "bfloat16" or (self.relative and fusion.enabled())):
+            probabilities = self._inference_probabilities(
                 q, k, r, u, w, attention_mask)
             return self._output(self._mix(probabilities, v), training)
         bias = None

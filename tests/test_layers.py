@@ -390,12 +390,12 @@ def test_layer_norm_equals_keras_values_and_gradients():
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_fused_layer_norms_equal_the_graph_ones(policy):
-    # Under `fused_layer_norms`, inference norms (and the residual sums in
+    # Under `fused_kernels`, inference norms (and the residual sums in
     # front of them) are one XLA-compiled call; training ignores it.
     import tensorflow as tf
 
     from keras_txl.decoder_block import LayerNorm
-    from keras_txl.decoder_block import fused_layer_norms
+    from keras_txl.fusion import fused_kernels
 
     rng = np.random.default_rng(9)
     layer = LayerNorm(epsilon=1e-5, dtype=policy)
@@ -408,7 +408,7 @@ def test_fused_layer_norms_equal_the_graph_ones(policy):
 
     def traced(fused, training):
         def run(a, b):
-            with fused_layer_norms(fused):
+            with fused_kernels(fused):
                 return layer(a, training=training), layer.normalize_sum(a, b, training)
         function = tf.function(run)
         graph = function.get_concrete_function(x, residual).graph
@@ -442,21 +442,26 @@ def keras_dtype_policy_is_float32():
 
 @pytest.mark.parametrize("relative,mask_kind", [
     (True, "causal"), (True, "per_row"), (True, "none"), (False, "causal")])
-def test_bfloat16_inference_softmax_equals_the_float32_path(relative, mask_kind):
-    # At inference in bfloat16 the scores are masked by a select and go
-    # through a bfloat16 softmax; `return_scores` keeps the float32 path
-    # (cast up, additive mask, float32 softmax, cast down). Same output,
-    # to the bit, a row whose keys are all blocked included (uniform).
+@pytest.mark.parametrize("policy,fused", [
+    ("mixed_bfloat16", False), ("mixed_bfloat16", True), ("float32", True)])
+def test_inference_probabilities_equal_the_float32_path(relative, mask_kind, policy, fused):
+    # At inference the scores are masked by a select (in bfloat16 they go
+    # through a bfloat16 softmax), and under `fused_kernels` the shift, sum
+    # and mask are one XLA-compiled kernel; `return_scores` keeps the
+    # float32 path (cast up, additive mask, float32 softmax, cast down).
+    # Same output, to the bit, a row whose keys are all blocked included
+    # (uniform).
     import keras
     import tensorflow as tf
 
+    from keras_txl.fusion import fused_kernels
+
     rng = np.random.default_rng(5)
     B, T, M, D, N, H = 2, 5, 4, 8, 2, 4
-    layer = RelativeMultiHeadAttention(N, H, relative=relative, dtype="mixed_bfloat16")
+    layer = RelativeMultiHeadAttention(N, H, relative=relative, dtype=policy)
     layer.build((B, T, D))
     for w in layer.weights:
         w.assign(rng.normal(size=w.shape).astype("float32") * 0.7)
-    assert layer.compute_dtype == "bfloat16"
     mask = None
     if mask_kind == "causal":
         mask = attention_mask(T, M)
@@ -470,9 +475,16 @@ def test_bfloat16_inference_softmax_equals_the_float32_path(relative, mask_kind)
                       position_bias=tf.constant(rng.normal(size=(N, H)), "float32"))
     query = tf.constant(rng.normal(size=(B, T, D)) * 2, "float32")
     memory = tf.constant(rng.normal(size=(B, M, D)) * 2, "float32")
-    fast = layer(query, memory, **kwargs)
+    with fused_kernels(fused):
+        function = tf.function(lambda q, m: layer(q, m, **kwargs))
+        graph = function.get_concrete_function(query, memory).graph
+        fast = function(query, memory)
+    compiled = [op for op in graph.get_operations()
+                if op.type in ("StatefulPartitionedCall", "PartitionedCall")
+                and op.get_attr("_XlaMustCompile")]
+    assert len(compiled) == (1 if fused and relative else 0)
     reference, details = layer(query, memory, return_scores=True, **kwargs)
-    assert fast.dtype == reference.dtype == "bfloat16"
+    assert fast.dtype == reference.dtype == layer.compute_dtype
     np.testing.assert_array_equal(
         ops.convert_to_numpy(ops.cast(fast, "float32")),
         ops.convert_to_numpy(ops.cast(reference, "float32")))

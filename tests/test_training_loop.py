@@ -241,11 +241,12 @@ def _xla_compiled_calls(graph):
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])
-def test_the_evaluation_step_fuses_its_layer_norms_and_nothing_else_does(pre_ln):
+def test_the_evaluation_step_fuses_its_element_wise_kernels_and_nothing_else_does(pre_ln):
     # Graph-mode evaluation: each layer norm (with the residual sum in front
-    # of it) is one XLA-compiled call, two per layer, and the result is the
-    # plain path's; the whole step under XLA has no nested ones, and the
-    # model traced outside the evaluation step (as exports trace it) none.
+    # of it) and each layer's masked scores are one XLA-compiled call, three
+    # per layer, and the result is the plain path's; the whole step under
+    # XLA has no nested ones, and the model traced outside the evaluation
+    # step (as exports trace it) none.
     from keras_txl.training.loop import make_eval_step
 
     model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0, pre_layer_norm=pre_ln))
@@ -256,8 +257,8 @@ def test_the_evaluation_step_fuses_its_layer_norms_and_nothing_else_does(pre_ln)
     step = make_eval_step(model, jit_compile=False)
     graph = step.get_concrete_function(x, y, cache).graph
     # Two norms per layer (pre-LN: the segment's and the feed-forward's; the
-    # memory's keys are cached).
-    assert len(_xla_compiled_calls(graph)) == 2 * cfg.num_layers
+    # memory's keys are cached) and the scores.
+    assert len(_xla_compiled_calls(graph)) == 3 * cfg.num_layers
     nll, _ = step(x, y, cache)
     expected = model.call_with_cache(x, cache)["log_probs"].numpy()
     expected = -np.take_along_axis(expected, y.numpy()[..., None], -1)[..., 0]

@@ -32,7 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_txl.decoder_block import fused_layer_norms
+from keras_txl.fusion import fused_kernels
 from keras_txl.host_memory import CompiledFunction
 from keras_txl.io import save_preset
 from keras_txl.training.checkpoint import CheckpointManager
@@ -727,9 +727,10 @@ def make_eval_step(model, jit_compile="auto"):
     jit = eval_jit_compile(model, jit_compile)
 
     def step(x, y, cache):
-        # Without XLA for the whole step, its layer norms alone are
-        # XLA-compiled (`fused_layer_norms`); with it they are fused anyway.
-        with fused_layer_norms(not jit):
+        # Without XLA for the whole step, its element-wise regions alone
+        # (layer norms, masked scores) are XLA-compiled (`fused_kernels`);
+        # with it they are fused anyway.
+        with fused_kernels(not jit):
             out = model.call_with_cache(x, cache)
         return token_nll(out["log_probs"], y), out["cache"]
 

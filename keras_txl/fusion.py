@@ -1,10 +1,11 @@
-"""XLA-compiled element-wise kernels for graph-mode inference on CPU.
+"""XLA-compiled element-wise kernels for graph-mode inference.
 
 Graph-mode TensorFlow runs every element-wise op as its own pass over
 memory. Around the matmuls of a Transformer-XL layer that is most of an
 evaluation step on a CPU: a layer norm is about ten ops over the (B, T, D)
 activations, and the attention scores take a shift, an add and a mask over
-(B, N, T, K) before the softmax. XLA would fuse them, but XLA-compiling the
+(B, N, T, K) before the softmax (that kernel is
+`relative_attention.masked_scores`, compiled by `compiled` here). XLA would fuse them, but XLA-compiling the
 whole step gives up oneDNN's matmuls (AMX, bf16), which XLA's CPU dots do
 not reach. So only these regions are compiled, each into one kernel, and
 the matmuls and the softmax stay oneDNN's.
@@ -12,7 +13,8 @@ the matmuls and the softmax stay oneDNN's.
 They are used while a graph is traced inside `fused_kernels()`: the
 evaluation step (`keras_txl.training.loop.make_eval_step`) is; training
 steps and exports (SavedModel, TFLite) are not, and their graphs hold no
-XLA-compiled calls.
+XLA-compiled calls. The first run compiles them: XLA's compiler adds about
+50 MB to the process's peak resident memory (docs/benchmarks.md).
 """
 
 import contextlib
@@ -24,7 +26,11 @@ _KERNELS = {}
 
 @contextlib.contextmanager
 def fused_kernels(enabled=True):
-    """Inference code traced inside uses the XLA-compiled kernels below."""
+    """Inference code traced inside uses the XLA-compiled kernels below.
+
+    A context variable: code traced in another thread (a
+    `MirroredStrategy` replica's) does not see it and takes the plain
+    graph path, which computes the same values."""
     token = _ENABLED.set(bool(enabled))
     try:
         yield
@@ -33,12 +39,15 @@ def fused_kernels(enabled=True):
 
 
 def enabled():
+    """Whether the code being traced is inside `fused_kernels()`."""
     return _ENABLED.get()
 
 
-def _compiled(name, function):
-    # Made on first use: a `tf.function` at import time would import
-    # TensorFlow with the package.
+def compiled(name, function):
+    """`function` XLA-compiled (`tf.function(jit_compile=True)`), made once
+    per `name` on first use: a `tf.function` at import time would import
+    TensorFlow with the package. The layers keep their kernels' math in
+    their own modules (`relative_attention.masked_scores`)."""
     if name not in _KERNELS:
         import tensorflow as tf
 
@@ -64,31 +73,4 @@ def layer_norm(x, residual, gamma, beta, epsilon):
     """LayerNorm over the last axis of `x (+ residual)`, in float32 (the sum
     too: it is not rounded to x's dtype first), returned in x's dtype.
     `gamma`, `beta`: float32 (D,); `epsilon`: a Python float."""
-    return _compiled("layer_norm", _normalize)(x, residual, gamma, beta, float(epsilon))
-
-
-def _masked_scores(content, padded_position, mask, dtype):
-    import tensorflow as tf
-
-    from keras_txl.relative_attention import shift_padded
-
-    scores = tf.cast(content + shift_padded(padded_position), dtype)
-    lowest = tf.constant(tf.as_dtype(dtype).min, dtype)
-    return scores if mask is None else tf.where(mask, scores, lowest)
-
-
-def masked_scores(content, padded_position, mask, dtype):
-    """`where(mask, content + shift(padded_position), lowest)` in `dtype`.
-
-    `content` (B, N, T, K) and `padded_position` (B, N, T, K+1) (the raw
-    position scores with the shift's zero column, see `shift_padded`), in
-    the compute dtype; `mask` a bool broadcasting to (B, N, T, K), or None;
-    `dtype` the softmax's dtype (the sum is rounded to it once; blocked
-    scores get its lowest finite value, as `masking_bias`)."""
-    import tensorflow as tf
-
-    scores = _compiled("masked_scores", _masked_scores)(
-        content, padded_position, mask, tf.as_dtype(dtype))
-    # The call's result has no static shape for grappler's cost model (it
-    # warns at the softmax otherwise): restate the content scores' shape.
-    return tf.reshape(scores, tf.shape(content))
+    return compiled("layer_norm", _normalize)(x, residual, gamma, beta, float(epsilon))

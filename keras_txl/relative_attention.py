@@ -61,6 +61,32 @@ def shift_padded(padded):
     return ops.reshape(flat, (*lead, query_length, key_length))  # (..., T, K)
 
 
+def _masked_scores(content, padded_position, mask, dtype):
+    import tensorflow as tf
+
+    scores = tf.cast(content + shift_padded(padded_position), dtype)
+    lowest = tf.constant(tf.as_dtype(dtype).min, dtype)
+    return scores if mask is None else tf.where(mask, scores, lowest)
+
+
+def masked_scores(content, padded_position, mask, dtype):
+    """`where(mask, content + shift(padded_position), lowest)` in `dtype`,
+    as one XLA-compiled kernel (`keras_txl.fusion`).
+
+    `content` (B, N, T, K) and `padded_position` (B, N, T, K+1) (the raw
+    position scores with the shift's zero column, see `shift_padded`), in
+    the compute dtype; `mask` a bool broadcasting to (B, N, T, K), or None;
+    `dtype` the softmax's dtype (the sum is rounded to it once; blocked
+    scores get its lowest finite value, as `masking_bias`)."""
+    import tensorflow as tf
+
+    scores = fusion.compiled("masked_scores", _masked_scores)(
+        content, padded_position, mask, tf.as_dtype(dtype))
+    # The call's result has no static shape for grappler's cost model (it
+    # warns at the softmax otherwise): restate the content scores' shape.
+    return tf.reshape(scores, tf.shape(content))
+
+
 def masking_bias(attention_mask):
     """Bool mask -> float32 additive bias (0 or the lowest float), shaped to
     add to (B, N, T, K) scores: a (T, K) mask (the same for every row) gives
@@ -303,7 +329,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 mask = attention_mask[:, None]  # (B, 1, T, K)
         if self.relative and fusion.enabled():
             content, padded_position = self._score_products(q, k, r, u, w)
-            scores = fusion.masked_scores(content, padded_position, mask, softmax_dtype)
+            scores = masked_scores(content, padded_position, mask, softmax_dtype)
         else:
             scores, _ = self._scores_in_compute_dtype(q, k, r, u, w)
             scores = ops.cast(scores, softmax_dtype)

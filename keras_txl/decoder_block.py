@@ -48,6 +48,28 @@ def relu_dropout(x, rate, seed):
     return forward(x)
 
 
+def standardize(x, epsilon):
+    """`(x_hat, rstd)` over the last axis: the float32 normalisation both
+    layer-norm paths share (the graph one, whose gradient keeps these two,
+    and the XLA-compiled one)."""
+    mean = ops.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    rstd = ops.rsqrt(variance + epsilon)  # (.., 1)
+    return centered * rstd, rstd
+
+
+def _norm_kernel(x, residual, gamma, beta, epsilon):
+    # `LN(x + residual)` in float32 (the sum too), back in x's dtype: the
+    # body of the XLA-compiled norm (`keras_txl.fusion`).
+    dtype = x.dtype
+    x = ops.cast(x, "float32")
+    if residual is not None:
+        x = x + ops.cast(residual, "float32")
+    x_hat, _ = standardize(x, epsilon)
+    return ops.cast(x_hat * gamma + beta, dtype)
+
+
 @keras.saving.register_keras_serializable(package="keras_txl")
 class LayerNorm(keras.layers.LayerNormalization):
     """`LayerNormalization` over the last axis whose gradient keeps less.
@@ -66,13 +88,13 @@ class LayerNorm(keras.layers.LayerNormalization):
 
     def _fused(self, inputs, residual):
         """The XLA-compiled norm of `inputs (+ residual)`, the sum taken in
-        float32 (`keras_txl.fusion.layer_norm`)."""
+        float32 (`keras_txl.fusion`)."""
         dtype = self.compute_dtype
-        return fusion.layer_norm(
+        return fusion.compiled("layer_norm", _norm_kernel)(
             ops.cast(inputs, dtype),
             None if residual is None else ops.cast(residual, dtype),
             ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"),
-            self.epsilon,
+            float(self.epsilon),
         )
 
     def normalize_sum(self, inputs, residual, training=False):
@@ -94,12 +116,7 @@ class LayerNorm(keras.layers.LayerNormalization):
 
         @ops.custom_gradient
         def normalize(x, gamma, beta):
-            x = ops.cast(x, "float32")
-            mean = ops.mean(x, axis=-1, keepdims=True)
-            centered = x - mean
-            variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
-            rstd = ops.rsqrt(variance + epsilon)  # (.., 1)
-            x_hat = centered * rstd
+            x_hat, rstd = standardize(ops.cast(x, "float32"), epsilon)
             y = x_hat * gamma + beta
 
             def backward(*args, upstream=None):

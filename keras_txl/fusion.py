@@ -4,8 +4,9 @@ Graph-mode TensorFlow runs every element-wise op as its own pass over
 memory. Around the matmuls of a Transformer-XL layer that is most of an
 evaluation step on a CPU: a layer norm is about ten ops over the (B, T, D)
 activations, and the attention scores take a shift, an add and a mask over
-(B, N, T, K) before the softmax (that kernel is
-`relative_attention.masked_scores`, compiled by `compiled` here). XLA would fuse them, but XLA-compiling the
+(B, N, T, K) before the softmax. Each layer module holds its kernel's math
+(`decoder_block.LayerNorm`, `relative_attention.masked_scores`); this module
+holds the switch and compiles them. XLA would fuse them, but XLA-compiling the
 whole step gives up oneDNN's matmuls (AMX, bf16), which XLA's CPU dots do
 not reach. So only these regions are compiled, each into one kernel, and
 the matmuls and the softmax stay oneDNN's.
@@ -31,7 +32,10 @@ def fused_kernels(enabled=True):
     A context variable: code traced in another thread (a
     `MirroredStrategy` replica's) does not see it and takes the plain
     graph path, which computes the same values."""
-    token = _ENABLED.set(bool(enabled))
+    if not isinstance(enabled, bool):
+        raise ValueError(
+            f"`enabled` must be True or False. Received: enabled={enabled!r}.")
+    token = _ENABLED.set(enabled)
     try:
         yield
     finally:
@@ -47,30 +51,10 @@ def compiled(name, function):
     """`function` XLA-compiled (`tf.function(jit_compile=True)`), made once
     per `name` on first use: a `tf.function` at import time would import
     TensorFlow with the package. The layers keep their kernels' math in
-    their own modules (`relative_attention.masked_scores`)."""
+    their own modules (`relative_attention.masked_scores`,
+    `decoder_block.LayerNorm`)."""
     if name not in _KERNELS:
         import tensorflow as tf
 
         _KERNELS[name] = tf.function(function, jit_compile=True)
     return _KERNELS[name]
-
-
-def _normalize(x, residual, gamma, beta, epsilon):
-    import tensorflow as tf
-
-    dtype = x.dtype
-    x = tf.cast(x, tf.float32)
-    if residual is not None:
-        x = x + tf.cast(residual, tf.float32)
-    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-    centered = x - mean
-    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-    y = centered * tf.math.rsqrt(variance + epsilon) * gamma + beta
-    return tf.cast(y, dtype)
-
-
-def layer_norm(x, residual, gamma, beta, epsilon):
-    """LayerNorm over the last axis of `x (+ residual)`, in float32 (the sum
-    too: it is not rounded to x's dtype first), returned in x's dtype.
-    `gamma`, `beta`: float32 (D,); `epsilon`: a Python float."""
-    return compiled("layer_norm", _normalize)(x, residual, gamma, beta, float(epsilon))

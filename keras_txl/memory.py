@@ -4,6 +4,8 @@ Shape legend: B batch, T segment length, M memory length, K = M + T keys,
 L layers, D hidden_dim.
 """
 
+import operator
+
 from keras import ops
 
 
@@ -73,6 +75,9 @@ def last_of_joined(old, new, length, axis=1, joined=None):
     unknown the join is made and cut. `old` and `new` together must hold
     at least `length` positions.
     """
+    if isinstance(length, bool) or not _is_integer(length) or length < 0:
+        raise ValueError(
+            f"`length` must be a non-negative int. Received: length={length!r}.")
     new_length = new.shape[axis]
     if new_length is not None and new_length >= length:
         if new_length == length:
@@ -85,6 +90,14 @@ def last_of_joined(old, new, length, axis=1, joined=None):
             old = last_positions(old, length - new_length, axis)
         return ops.concatenate([old, new], axis=axis)
     return last_positions(ops.concatenate([old, new], axis=axis), length, axis)
+
+
+def _is_integer(value):
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def last_positions(window, length, axis=1):

@@ -99,10 +99,15 @@ def masking_bias(attention_mask):
     blocked row becomes uniform, as in the references. An add is cheaper
     than a select and its gradient is the identity.
     """
-    bias = ops.where(attention_mask, 0.0, -3.4028234663852886e38)
+    return ops.where(scores_mask(attention_mask), 0.0, -3.4028234663852886e38)
+
+
+def scores_mask(attention_mask):
+    """A (T, K) or (B, T, K) bool mask shaped to broadcast over (B, N, T, K)
+    scores: (1, 1, T, K) or (B, 1, T, K)."""
     if len(attention_mask.shape) == 2:
-        return bias[None, None]  # (1, 1, T, K)
-    return bias[:, None]  # (B, 1, T, K)
+        return attention_mask[None, None]  # (1, 1, T, K)
+    return attention_mask[:, None]  # (B, 1, T, K)
 
 
 def keys_operand(keys):
@@ -310,7 +315,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         Otherwise in bfloat16: the float32 path casts the (B, N, T, K)
         scores up and the probabilities back down for the mixing matmul,
         two passes of about 0.4 ms each per layer on the benchmark's
-        config; here a select masks in bfloat16 instead.
+        config (AMX Xeon, 2 cores); here a select masks in bfloat16 instead.
 
         Either way the softmax runs in bfloat16 for a bfloat16 model
         (oneDNN's, which gives the same bits as the float32 softmax rounded
@@ -321,12 +326,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         Training keeps the float32 softmax, whose gradient needs it.
         """
         softmax_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
-        mask = None
-        if attention_mask is not None:
-            if len(attention_mask.shape) == 2:
-                mask = attention_mask[None, None]  # (1, 1, T, K)
-            else:
-                mask = attention_mask[:, None]  # (B, 1, T, K)
+        mask = None if attention_mask is None else scores_mask(attention_mask)
         if self.relative and fusion.enabled():
             content, padded_position = self._score_products(q, k, r, u, w)
             scores = masked_scores(content, padded_position, mask, softmax_dtype)

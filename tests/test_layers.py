@@ -95,6 +95,29 @@ def test_update_memory_equals_the_last_positions_of_the_join(
     np.testing.assert_array_equal(unknown_length(old, new).numpy(), expected)
 
 
+@pytest.mark.parametrize("length", [-2, 1.5, True, "3"])
+def test_last_of_joined_names_a_bad_length(length):
+    from keras_txl.memory import last_of_joined
+
+    with pytest.raises(ValueError, match=r"`length` must be a non-negative int\. Received: length="):
+        last_of_joined(np.zeros((1, 2, 3)), np.zeros((1, 2, 3)), length)
+
+
+def test_fused_kernels_takes_a_bool_only():
+    from keras_txl import fusion
+
+    with pytest.raises(ValueError, match=r"`enabled` must be True or False\. Received: enabled='yes'"):
+        with fusion.fused_kernels("yes"):
+            pass
+    assert not fusion.enabled()
+    with fusion.fused_kernels():
+        assert fusion.enabled()
+        with fusion.fused_kernels(False):
+            assert not fusion.enabled()
+        assert fusion.enabled()
+    assert not fusion.enabled()
+
+
 def test_position_embedding_is_sin_then_cos_with_clamp():
     R = ops.convert_to_numpy(relative_position_embedding(5, 4, clamp_length=2))
     inv = 1.0 / 10000 ** (np.arange(0, 4, 2) / 4)

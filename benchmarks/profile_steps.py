@@ -14,6 +14,11 @@ what costs more on an AVX2 host:
 
 Op time is the kernels' own time on their threads: with 2 inter-op threads two kernels can
 run at once, so the sum per step can exceed the step's wall time (both are printed).
+XLA-compiled calls (the evaluation's fused kernels, `keras_txl.fusion`, or a whole XLA
+step) count as op type `XlaExecutable`. The matmuls' own op time is summed too
+(`matmul_ms_per_step`), with the tokens/s the step could reach if every other op were
+free (`tokens_per_s_matmuls_only`): the bound the matmuls, as oneDNN runs them there,
+put on the step.
 Prints one JSON line (`ms_per_step` and `op_ms_per_step` by op type for each step, the
 `host` block) and a table per step.
 """
@@ -35,6 +40,17 @@ from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
 from throughput import CONFIG  # noqa: E402
 
+# The profiler's event for one run of an XLA executable, and the op type it is
+# reported as.
+XLA_EVENT = "CpuExecutable::ExecuteAsyncOnStream"
+XLA_TYPE = "XlaExecutable"
+
+
+def matmul_ms(op_ms):
+    """Op time of the matmul kernels (oneDNN's fused and batched ones
+    included) in an {op type: ms} dict."""
+    return sum(ms for op, ms in op_ms.items() if "MatMul" in op.rsplit(":", 1)[-1])
+
 
 def op_times(tf, logdir, steps, by_name=False):
     """{op type: ms per step} from the profile written under `logdir`
@@ -52,6 +68,11 @@ def op_times(tf, logdir, steps, by_name=False):
         for line in plane.lines:
             for event in line.events:
                 name = names[event.metadata_id]
+                if name == XLA_EVENT:
+                    # An XLA-compiled call (the evaluation's fused kernels, or a
+                    # whole XLA step): its time is kernel time too, but its event
+                    # has no "op_name:OpType" name.
+                    name = f"xla:{XLA_TYPE}"
                 # Kernel events are "op_name:OpType"; host bookkeeping is not.
                 op_type = name.rsplit(":", 1)[-1]
                 if ":" not in name or "::" in name or " " in op_type or not op_type:
@@ -76,7 +97,8 @@ def profile(tf, name, run_step, warmup, steps, by_name=False):
         times = op_times(tf, logdir, steps, by_name)
     return {"step": name, "ms_per_step": round(wall_ms, 2),
             "op_ms_per_step": {k: round(v, 3) for k, v in times.items()},
-            "op_ms_total": round(sum(times.values()), 2)}
+            "op_ms_total": round(sum(times.values()), 2),
+            "matmul_ms_per_step": round(matmul_ms(times), 2)}
 
 
 def main(argv=None):
@@ -146,6 +168,10 @@ def main(argv=None):
         results.append(profile(tf, "eval", evaluation_step, 3, args.repeats,
                                args.by_name))
 
+    for r in results:
+        r["tokens_per_s"] = round(B * T / r["ms_per_step"] * 1000)
+        if r["matmul_ms_per_step"]:
+            r["tokens_per_s_matmuls_only"] = round(B * T / r["matmul_ms_per_step"] * 1000)
     host = host_block(tf, peak=not args.no_peak)
     print(json.dumps({"bench": "profile_steps", "config": cfg, "batch": B,
                       "precision": args.precision,
@@ -160,6 +186,12 @@ def main(argv=None):
         print("|---|---:|---:|")
         for op, ms in list(r["op_ms_per_step"].items())[:args.top]:
             print(f"| {op} | {ms:.2f} | {100 * ms / r['op_ms_total']:.0f} % |")
+        if r["matmul_ms_per_step"]:
+            # What bounds the step: even with every other op free (and no two
+            # kernels overlapping), the matmuls as they ran here take this long.
+            print(f"matmuls: {r['matmul_ms_per_step']:.1f} ms of op time per step; "
+                  f"if every other op were free: at most {r['tokens_per_s_matmuls_only']:,.0f} "
+                  f"tok/s (the step ran {r['tokens_per_s']:,.0f})")
     return 0
 
 

@@ -1,0 +1,48 @@
+"""The benchmarks' own measuring code (not timings: those are never asserted)."""
+
+import importlib.util
+import sys
+
+import numpy as np
+import tensorflow as tf
+from testing import REPO
+
+
+def load_benchmark(name):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            f"benchmark_{name}", REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return module
+
+
+def test_profile_counts_xla_compiled_calls_and_matmuls(tmp_path):
+    # The evaluation step's fused kernels run as XLA executables, whose profiler
+    # events carry no "op:Type" name: they were left out of the op time.
+    profile_steps = load_benchmark("profile_steps")
+    kernel = tf.function(lambda a: tf.nn.relu(a * 2.0 + 1.0), jit_compile=True)
+
+    @tf.function
+    def step(a, b):
+        return kernel(tf.matmul(a, b))
+
+    a = tf.constant(np.ones((64, 64), np.float32))
+    step(a, a)  # traced and compiled before the profile
+    tf.profiler.experimental.start(str(tmp_path))
+    for _ in range(2):
+        step(a, a).numpy()
+    tf.profiler.experimental.stop()
+
+    by_type = profile_steps.op_times(tf, str(tmp_path), 2)
+    assert by_type[profile_steps.XLA_TYPE] > 0
+    matmuls = {op: ms for op, ms in by_type.items() if "MatMul" in op}
+    assert matmuls and profile_steps.matmul_ms(by_type) == sum(matmuls.values())
+    by_name = profile_steps.op_times(tf, str(tmp_path), 2, by_name=True)
+    assert f"xla:{profile_steps.XLA_TYPE}" in by_name
+    assert np.isclose(sum(by_name.values()), sum(by_type.values()))
+    assert profile_steps.matmul_ms({"a:AddV2": 1.0, "b:_MklBatchMatMulV2": 2.0,
+                                    "_MklNativeFusedMatMul": 3.0}) == 5.0

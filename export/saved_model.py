@@ -33,6 +33,7 @@ import tensorflow as tf
 from keras_txl import checks
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
+from keras_txl.safe_files import default_mode
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +42,6 @@ EXPORT_INFO_FILE = "export.json"
 TOKENIZER_DIR = "tokenizer"
 
 
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def default_mode(directory=False):
-    """0o755 / 0o644 under the process umask: what a plain `mkdir` or
-    `open(..., "w")` would give. `tempfile` creates 0o700 / 0o600, which a
-    server running as another user (e.g. in a container) cannot read."""
-    return (0o777 if directory else 0o666) & ~_umask()
 
 
 

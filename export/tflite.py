@@ -145,7 +145,7 @@ def _write_bytes(path, data):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        from keras_txl.export.saved_model import default_mode
+        from keras_txl.safe_files import default_mode
 
         os.chmod(tmp, default_mode())
         os.replace(tmp, path)

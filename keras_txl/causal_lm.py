@@ -567,6 +567,30 @@ class TransformerXLCausalLM(CausalLM):
             t.assign(s)
 
     # --- keras-hub: presets -------------------------------------------------
+    def save_to_preset(self, preset_dir, max_shard_size=10):
+        """keras-hub's `save_to_preset`, with a mixed-precision model saved
+        as its float32 weights.
+
+        keras-hub's loader reads a plain float dtype in the preset's config
+        as "the weights' dtype" and builds the model in the loading
+        process's policy (or its `dtype=` argument), but cannot read a mixed
+        policy's name ("Invalid dtype: mixed_bfloat16"): a model trained in
+        `mixed_bfloat16` or `mixed_float16` would leave a preset nothing
+        loads. Its variables are float32 anyway, so the preset says so, and
+        is loaded in whatever precision the user asks for
+        (`from_preset(..., dtype="mixed_bfloat16")`).
+        """
+        policy = self.dtype_policy
+        if (not self.stateful and policy.quantization_mode is None
+                and policy.compute_dtype != policy.variable_dtype):
+            copy = TransformerXLCausalLM(
+                self.txl_config, preprocessor=self.preprocessor,
+                dtype=policy.variable_dtype,
+            )
+            copy.assign_weights_from(self)
+            return copy.save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        return super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+
     @classmethod
     def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):
         """keras-hub's `from_preset`, with a local folder checked first.
@@ -593,6 +617,12 @@ class TransformerXLCausalLM(CausalLM):
                 )
             folders.load_config(preset, limits)
             folders.check_preset_files(preset, limits)
+            folders.check_preset_weights(preset)
+            if kwargs.get("dtype") is None and folders.saved_mixed_policy(preset):
+                # Written before presets held float32 (`save_to_preset`):
+                # keras-hub cannot read the mixed policy's name; resolve it
+                # as it resolves a float dtype, to the current policy.
+                kwargs["dtype"] = keras.config.dtype_policy()
             try:
                 model = super().from_preset(preset, load_weights=load_weights, **kwargs)
             except (OSError, KeyError) as error:
@@ -600,6 +630,8 @@ class TransformerXLCausalLM(CausalLM):
                     f"Could not read the preset {preset!r}: {error} (a missing, "
                     "truncated or corrupted file?)"
                 ) from None
+            if load_weights:
+                checks.finite_weights(model, f"The preset {preset!r}")
         else:
             model = super().from_preset(preset, load_weights=load_weights, **kwargs)
         if model.preprocessor is not None:

@@ -69,3 +69,43 @@ def finite_float32(name, value, hint=""):
             f"`{name}` contains NaN or Inf values (as float32)" + (f"; {hint}" if hint else ".")
         )
     return array
+
+
+# The dtypes a stored weight may have: it is cast to the variable's dtype on
+# load, which is exact for these and silently wrong for integers or booleans.
+WEIGHT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def loaded_weight(name, value, source):
+    """A weight array read from a file, checked before it is used.
+
+    `value` must have a floating dtype (`WEIGHT_DTYPES`: an int or bool
+    tensor where a weight belongs is a damaged or foreign file, and casting
+    it would change the model's outputs without a word) and hold no NaN or
+    Inf. `name` is the tensor's name in the file, `source` the file (both go
+    into the error). Returns `value` as a NumPy array."""
+    array = np.asarray(value)
+    if array.dtype.name not in WEIGHT_DTYPES:
+        raise ValueError(
+            f"{source}: tensor {name!r} has dtype {array.dtype.name}; a weight must "
+            f"be one of {', '.join(WEIGHT_DTYPES)} (a damaged or foreign file?)."
+        )
+    if not np.all(np.isfinite(array.astype(np.float32, copy=False))):
+        raise ValueError(
+            f"{source}: tensor {name!r} holds NaN or Inf values; refusing to load "
+            "non-finite weights (a diverged run or a damaged file?)."
+        )
+    return array
+
+
+def finite_weights(model, source):
+    """Raises a `ValueError` naming `source` and the first weights of
+    `model` (after loading) that hold NaN or Inf."""
+    bad = [w.path for w in model.weights
+           if w.dtype != "bool" and not np.all(np.isfinite(np.asarray(w.numpy(), np.float32)))]
+    if bad:
+        raise ValueError(
+            f"{source}: the loaded weights hold NaN or Inf values ({', '.join(bad[:3])}"
+            + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            + "); refusing to use non-finite weights (a diverged run or a damaged file?)."
+        )

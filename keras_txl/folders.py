@@ -101,6 +101,98 @@ def check_preset_files(directory, limits):
             f"The preset {directory!r} has a {PRESET_PREPROCESSOR_FILE} but no "
             f"{PRESET_TOKENIZER_FILE}: its tokenizer is missing."
         )
+    task = os.path.join(directory, PRESET_TASK_FILE)
+    if os.path.lexists(task):
+        _check_task(task, load_config(directory, limits), limits)
+
+
+def check_preset_weights(directory):
+    """Every dataset in the preset's weights files must be floating point:
+    Keras casts what it loads to the variable's dtype, which turns an int
+    or bool tensor (a damaged or foreign file) into weights in silence."""
+    import h5py
+    import numpy as np
+
+    from keras_txl.checks import WEIGHT_DTYPES
+
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".weights.h5"):
+            continue
+        path = os.path.join(directory, name)
+        bad = []
+
+        def visit(key, item, bad=bad):
+            # (an optimizer's step counter is an integer by design)
+            if (isinstance(item, h5py.Dataset) and not key.startswith("optimizer/")
+                    and np.dtype(item.dtype).name not in WEIGHT_DTYPES):
+                bad.append(f"{key} ({np.dtype(item.dtype).name})")
+
+        try:
+            with h5py.File(path, "r") as handle:
+                handle.visititems(visit)
+        except OSError as error:
+            raise ValueError(
+                f"Could not read the preset {directory!r}: {path}: {error} (a "
+                "missing, truncated or corrupted file?)") from None
+        if bad:
+            raise ValueError(
+                f"{path}: {', '.join(bad[:3])}: a weight must be one of "
+                f"{', '.join(WEIGHT_DTYPES)} (a damaged or foreign file?)."
+            )
+
+
+def saved_mixed_policy(directory):
+    """The mixed policy's name (e.g. "mixed_bfloat16") a preset's
+    `config.json` holds as its dtype, or None (read after `load_config`
+    checked the file)."""
+    data = read_json(os.path.join(directory, CONFIG_FILE))
+    dtype = data.get("config", {}).get("dtype") if isinstance(data, dict) else None
+    name = dtype.get("config", {}).get("name") if isinstance(dtype, dict) else dtype
+    return name if isinstance(name, str) and name.startswith("mixed_") else None
+
+
+def _check_task(path, config, limits):
+    """keras-hub builds the task from `task.json`'s own copy of the backbone
+    config, not from `config.json` (whose config `load_config` checked
+    against the limits): the two must describe the same model, and a
+    stateful task's memory must stay within the limits too."""
+    from keras_txl.limits import resolve_limits
+
+    data = read_json(path, limits)
+    task = data.get("config") if isinstance(data, dict) else None
+    backbone = task.get("backbone") if isinstance(task, dict) else None
+    if not isinstance(backbone, dict) or not isinstance(backbone.get("config"), dict):
+        raise ValueError(
+            f"{path} holds no backbone config (a keras-hub task config with "
+            '{"config": {"backbone": {...}}} was expected): a damaged preset?'
+        )
+    try:
+        task_config = TransformerXLConfig.from_dict(_preset_fields(backbone, path))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: its backbone config is not valid: {error}") from None
+    if task_config != config:
+        theirs, ours = task_config.to_dict(), config.to_dict()
+        field = next(k for k in ours if ours[k] != theirs.get(k))
+        raise ValueError(
+            f"{path} describes another model than {CONFIG_FILE} beside it "
+            f"({field}={theirs.get(field)!r} there, {ours[field]!r} in "
+            f"{CONFIG_FILE}): a damaged or hand-edited preset."
+        )
+    if task.get("stateful"):
+        batch_size = task.get("batch_size")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"{path}: a stateful task needs a positive integer batch_size, "
+                f"received batch_size={batch_size!r}."
+            )
+        size = batch_size * config.num_layers * config.memory_length * config.hidden_dim
+        limit = resolve_limits(limits).max_parameters
+        if size > limit:
+            raise ValueError(
+                f"{path}: the stateful task's memory would hold {size} numbers "
+                f"(batch_size={batch_size}), more than the limit max_parameters="
+                f"{limit} (keras_txl.limits)."
+            )
 
 
 

@@ -25,11 +25,13 @@ under the final name.
 import hashlib
 import math
 import os
+import re
 import shutil
 import tempfile
 
 import numpy as np
 
+from keras_txl.checks import loaded_weight
 from keras_txl.folders import CONFIG_FILE
 from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.folders import TOKENIZER_DIR
@@ -37,6 +39,7 @@ from keras_txl.folders import WEIGHTS_FILE
 from keras_txl.folders import folder_format
 from keras_txl.folders import load_config
 from keras_txl.limits import check_config
+from keras_txl.safe_files import default_mode
 
 
 def sha256_file(path):
@@ -54,6 +57,7 @@ def atomic_write_bytes(path, data):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -123,7 +127,9 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
 
     The folder is written beside `directory` under a temporary name and
     then renamed into place, so a killed writer leaves the previous preset
-    (or nothing), never half of one.
+    (or nothing), never half of one. `directory` must be new, an empty
+    folder or a keras-hub preset (which is replaced): anything else there
+    is refused, never deleted.
 
     Args:
         model: `TransformerXLCausalLM`.
@@ -136,6 +142,7 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 
     directory = os.path.abspath(os.fspath(directory))
+    _check_replaceable(directory)
     preprocessor = model.preprocessor
     if isinstance(tokenizer, (str, os.PathLike)):
         from keras_txl.tokenizers import load_tokenizer
@@ -152,12 +159,51 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=".tmp-preset-")
     try:
+        os.chmod(staging, default_mode(directory=True))
         task.save_to_preset(staging)
         _replace_directory(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return directory
+
+
+# What keras-hub writes into a preset folder (keras_hub.src.utils.preset_utils:
+# its config, task, preprocessor, tokenizer and metadata JSON files, weights,
+# sharded weights and their index, assets, model card).
+_PRESET_ENTRY = re.compile(
+    r"(config|task|preprocessor|tokenizer|metadata|model\.weights)\.json"
+    r"|(model|task)\.weights\.h5|model_\d+\.weights\.h5|assets|README\.md"
+)
+
+
+def _check_replaceable(directory):
+    """`save_preset` replaces `directory` only when nothing would be lost:
+    when it is missing, an empty folder or a keras-hub preset."""
+    if not os.path.lexists(directory):
+        return
+    if os.path.islink(directory) or not os.path.isdir(directory):
+        kind = "a symbolic link" if os.path.islink(directory) else "a file"
+        raise ValueError(
+            f"`directory` {directory!r} is {kind}, not a preset folder: refusing to "
+            "replace it. Pass a new folder, an empty one or an existing preset."
+        )
+    entries = os.listdir(directory)
+    if not entries:
+        return
+    try:
+        layout = folder_format(directory)
+    except ValueError:
+        layout = None
+    others = sorted(e for e in entries if not _PRESET_ENTRY.fullmatch(e))
+    if layout != "keras-hub" or others:
+        others = others or sorted(entries)
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(
+            f"`directory` {directory!r} holds files that are not a keras-hub preset "
+            f"({shown}): refusing to replace it. Pass a new folder, an empty one or "
+            "an existing preset."
+        )
 
 
 def _replace_directory(new, target):
@@ -227,7 +273,7 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
     )
     tensors = read_safetensors(weights_path, limits=limits)
     for name, variable in expected.items():
-        variable.assign(tensors.pop(name))
+        variable.assign(loaded_weight(name, tensors.pop(name), weights_path))
     return model
 
 

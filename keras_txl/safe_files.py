@@ -10,6 +10,8 @@
 - `resolve_inside` refuses file names in a config that leave its folder
   (`../../etc/passwd`, absolute paths). The check is on the name, not on
   where a symlink points: a hub cache's files are symlinks into `blobs/`.
+- `default_mode` is the mode a file or folder written under a temporary
+  name gets before it is renamed into place.
 """
 
 import json
@@ -19,6 +21,20 @@ import stat
 import numpy as np
 
 from keras_txl.limits import resolve_limits
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(directory=False):
+    """0o755 / 0o644 under the process umask: what a plain `mkdir` or
+    `open(..., "w")` would give. `tempfile` creates 0o700 / 0o600, which a
+    server running as another user (e.g. in a container) cannot read."""
+    return (0o777 if directory else 0o666) & ~_umask()
+
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),

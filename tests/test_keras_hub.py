@@ -1,6 +1,8 @@
 """The keras-hub model family: base classes, batched generation, the
 memory validity option, fit from strings, presets and bad input."""
 
+import os
+
 import keras
 import keras_hub
 import numpy as np
@@ -323,3 +325,125 @@ def test_keras_hubs_own_from_preset_reads_the_folder_in_a_fresh_process(tmp_path
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-3:] == ["TransformerXLCausalLM", "WordTokenizer", "True"]
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_a_mixed_precision_model_saves_a_preset_that_loads(tmp_path, policy):
+    # keras-hub cannot read a mixed policy's name in a preset's config
+    # ("Invalid dtype"): the preset holds the float32 weights, and loads in
+    # the loader's policy or the one asked for.
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
+    finally:
+        keras.config.set_dtype_policy("float32")
+    folder = str(tmp_path / "preset")
+    keras_txl.save_preset(model, folder)
+    for loaded in (TransformerXLCausalLM.from_preset(folder), keras_txl.load_pretrained(folder),
+                   keras_hub.models.CausalLM.from_preset(folder)):
+        assert loaded.dtype_policy.name == "float32"
+        for a, b in zip(loaded.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+    again = TransformerXLCausalLM.from_preset(folder, dtype=policy)
+    assert again.dtype_policy.name == policy
+    ids = random_ids((1, 6), 256)
+    np.testing.assert_array_equal(again.call_with_memory(ids)["log_probs"],
+                                  model.call_with_memory(ids)["log_probs"])
+    # A folder written before this fix (its config names the mixed policy)
+    # loads in the current policy too.
+    import json
+
+    for name in ("config.json", "task.json"):
+        path = tmp_path / "preset" / name
+        path.write_text(path.read_text().replace('"name": "float32"', f'"name": "{policy}"'))
+    assert json.loads((tmp_path / "preset" / "config.json").read_text())["config"]["dtype"][
+        "config"]["name"] == policy
+    assert TransformerXLCausalLM.from_preset(folder).dtype_policy.name == "float32"
+
+
+def test_save_preset_replaces_only_a_preset(tmp_path):
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
+    keeper = tmp_path / "notes.txt"
+    keeper.write_text("precious")
+    with pytest.raises(ValueError, match="is a file, not a preset folder: refusing"):
+        keras_txl.save_preset(model, str(keeper))
+    assert keeper.read_text() == "precious"
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "important.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"holds files that are not a keras-hub preset "
+                       r"\(important.txt\)"):
+        keras_txl.save_preset(model, str(folder))
+    assert (folder / "important.txt").read_text() == "x"
+    # A preset (and an empty folder) is replaced; files added to a preset
+    # are not lost either.
+    preset = tmp_path / "preset"
+    keras_txl.save_preset(model, str(preset))
+    keras_txl.save_preset(model, str(preset))
+    (tmp_path / "empty").mkdir()
+    keras_txl.save_preset(model, str(tmp_path / "empty"))
+    assert (tmp_path / "empty" / "config.json").is_file()
+    (preset / "notes.md").write_text("mine")
+    with pytest.raises(ValueError, match=r"\(notes.md\)"):
+        keras_txl.save_preset(model, str(preset))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "notes.txt", "preset", "work"]
+    # Written under temporary names, the folder and its files still get the
+    # modes a plain mkdir / open would (0o755 / 0o644 under the umask).
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (preset.stat().st_mode & 0o777) == 0o777 & ~mask
+    keras_txl.save_pretrained(model, str(tmp_path / "weights"))
+    assert ((tmp_path / "weights" / "model.safetensors").stat().st_mode & 0o777) == 0o666 & ~mask
+
+
+def test_a_preset_task_config_must_match_its_config(tmp_path):
+    # keras-hub builds the model from task.json's copy of the backbone config,
+    # not from config.json (the one checked against the limits).
+    import json
+
+    _, folder = word_preset(tmp_path)
+    task = json.loads((folder / "task.json").read_text())
+    task["config"]["backbone"]["config"]["memory_length"] = 2_000_000
+    (folder / "task.json").write_text(json.dumps(task))
+    with pytest.raises(ValueError, match="task.json describes another model than config.json "
+                       r"beside it \(memory_length=2000000 there, 4 in config.json\)"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    task["config"]["backbone"] = []
+    (folder / "task.json").write_text(json.dumps(task))
+    with pytest.raises(ValueError, match="task.json holds no backbone config"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    _, folder = word_preset(tmp_path / "b")
+    task = json.loads((folder / "task.json").read_text())
+    task["config"].update(stateful=True, batch_size=10**9)
+    (folder / "task.json").write_text(json.dumps(task))
+    with pytest.raises(ValueError, match="stateful task's memory .* max_parameters"):
+        TransformerXLCausalLM.from_preset(str(folder))
+
+
+@pytest.mark.parametrize("damage", ["nan", "int"])
+def test_a_preset_with_non_finite_or_integer_weights_is_refused(tmp_path, damage):
+    import h5py
+
+    _, folder = word_preset(tmp_path)
+    with h5py.File(folder / "model.weights.h5", "r+") as f:
+        key = next(k for k in _datasets(f) if "output_dense" in k)
+        value = f[key][()]
+        del f[key]
+        if damage == "nan":
+            value[0] = np.nan
+            f[key] = value
+        else:
+            f[key] = value.astype("int32")
+    expected = ("the loaded weights hold NaN or Inf" if damage == "nan"
+                else rf"{key} \(int32\): a weight must be one of")
+    for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained):
+        with pytest.raises(ValueError, match=expected):
+            load(str(folder))
+
+
+def _datasets(handle):
+    import h5py
+
+    found = []
+    handle.visititems(lambda k, v: found.append(k) if isinstance(v, h5py.Dataset) else None)
+    return found

@@ -117,8 +117,12 @@ def test_nan_weights_are_never_checkpointed_nor_loaded_as_good(tmp_path):
     kernel = run.model.backbone.blocks[0].output_dense.kernel
     kernel.assign(np.full(kernel.shape, np.nan, "float32"))
     with pytest.raises(FloatingPointError, match="Not writing checkpoint 3: the "
-                       "weights hold NaN/Inf"):
+                       "weights, the optimizer's state or the memory hold NaN/Inf"):
         run.checkpoints.save(3, run.model, run.optimizer, None, {})
+    kernel.assign(np.zeros(kernel.shape, "float32"))
+    memory = np.full(run.model.memory_shape(2), np.inf, "float32")
+    with pytest.raises(FloatingPointError, match=r"hold NaN/Inf \(\['memory'\]"):
+        run.checkpoints.save(3, run.model, run.optimizer, memory, {})
     # A poisoned checkpoint written by an older version (no manifest check
     # could catch it): refused as "not a good checkpoint".
     from safetensors.numpy import save_file
@@ -129,9 +133,36 @@ def test_nan_weights_are_never_checkpointed_nor_loaded_as_good(tmp_path):
     tensors[name] = np.full_like(tensors[name], np.nan)
     save_file(tensors, os.path.join(path, "state.safetensors"))
     os.remove(os.path.join(path, "manifest.json"))
-    with pytest.raises(CheckpointError, match="holds NaN/Inf weights.*not a good "
+    with pytest.raises(CheckpointError, match="holds NaN/Inf values.*not a good "
                        "checkpoint"):
         CheckpointManager.read(path)
+    # A poisoned memory is refused too (a resume would diverge at once and
+    # blame the learning rate), and so are weights of an integer dtype.
+    tensors[name] = np.zeros_like(tensors[name])
+    tensors["memory"] = np.full((1, 2, 3), np.nan, "float32")
+    save_file(tensors, os.path.join(path, "state.safetensors"))
+    with pytest.raises(CheckpointError, match=r"NaN/Inf values \(\['memory'\]"):
+        CheckpointManager.read(path)
+    del tensors["memory"]
+    tensors[name] = tensors[name].astype("int32")
+    save_file(tensors, os.path.join(path, "state.safetensors"))
+    with pytest.raises(CheckpointError, match=f"{name} \\(int32\\): weights and memory "
+                       "must be one of float16"):
+        CheckpointManager.read(path)
+
+
+def test_a_manifest_of_the_wrong_shape_is_a_checkpoint_error(tmp_path):
+    # A CheckpointError (not an AttributeError) is what lets a resume fall
+    # back to the previous checkpoint.
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())
+    path = run.checkpoints.latest()
+    manifest = os.path.join(path, "manifest.json")
+    for files in (["state.safetensors"], {"state.safetensors": "abc", "state.json": 1}):
+        with open(manifest, "w") as f:
+            json.dump({"format": "keras-txl-ckpt/2", "step": 2, "files": files}, f)
+        with pytest.raises(CheckpointError, match="manifest.json is not valid"):
+            CheckpointManager.verify(path)
 
 
 # --- the non-finite guard -------------------------------------------------
@@ -331,3 +362,23 @@ def test_progress_prints_log_lines_above_one_bar_with_the_current_loss():
     with TrainingProgress(10, console=Console(file=plain)) as progress:
         progress.update(3, 2.0, 1e-3, 256)
     assert plain.getvalue() == ""
+
+
+def test_a_checkpoints_model_config_is_checked_like_a_model_folders(tmp_path):
+    from keras_txl.training.checkpoint import model_from_checkpoint
+
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())
+    path = run.checkpoints.latest()
+    os.remove(os.path.join(path, "manifest.json"))  # edited by hand below
+    state_path = os.path.join(path, "state.json")
+    state = json.load(open(state_path))
+    good = dict(state["model_config"])
+    for change, message in (({"memory_length": 5_000_000}, "exceeds the limit"),
+                            ({"vocabulary_size": good["vocabulary_size"] + 1},
+                             "has shape .* but the model_config in .*state.json needs")):
+        state["model_config"] = {**good, **change}
+        with open(state_path, "w") as f:
+            json.dump(state, f)
+        with pytest.raises(CheckpointError, match=message):
+            model_from_checkpoint(path)

@@ -25,9 +25,12 @@ import tempfile
 
 import numpy as np
 
+from keras_txl.checks import WEIGHT_DTYPES
 from keras_txl.folders import model_weights_file
 from keras_txl.io import atomic_write_bytes
 from keras_txl.io import sha256_file
+from keras_txl.limits import check_config
+from keras_txl.safe_files import default_mode
 
 logger = logging.getLogger(__name__)
 
@@ -194,18 +197,21 @@ class CheckpointManager:
         from safetensors.numpy import save as to_bytes
 
         tensors = collect_tensors(model, optimizer)
-        poisoned = non_finite_tensors(tensors)
-        if poisoned:
-            # Never write a checkpoint a later resume would call good.
-            raise FloatingPointError(
-                f"Not writing checkpoint {step}: the weights hold NaN/Inf "
-                f"({poisoned[:3]}...); the previous checkpoints are kept."
-            )
         if memory is not None:
             tensors["memory"] = np.ascontiguousarray(memory, dtype=np.float32)
+        poisoned = non_finite_tensors(tensors, prefix="")
+        if poisoned:
+            # Never write a checkpoint a later resume would call good (`read`
+            # refuses the same tensors).
+            raise FloatingPointError(
+                f"Not writing checkpoint {step}: the weights, the optimizer's "
+                f"state or the memory hold NaN/Inf ({poisoned[:3]}...); the "
+                "previous checkpoints are kept."
+            )
         name = f"ckpt-{step:08d}"
         final = os.path.join(self.directory, name)
         tmp = tempfile.mkdtemp(dir=self.directory, prefix=f".{name}.tmp-")
+        os.chmod(tmp, default_mode(directory=True))
         try:
             files = {
                 TENSORS: _write_synced(
@@ -305,6 +311,9 @@ class CheckpointManager:
             with open(manifest_path, "rb") as f:
                 manifest = json.loads(f.read())
             files = manifest["files"]
+            if not isinstance(files, dict) or not all(
+                    isinstance(entry, dict) for entry in files.values()):
+                raise ValueError("'files' must map file names to objects")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise CheckpointError(
                 f"Checkpoint manifest {manifest_path} is not valid ({e}).",
@@ -358,11 +367,21 @@ class CheckpointManager:
             tensors = read_safetensors(tensors_path)
         except ValueError as e:
             raise CheckpointError(str(e), tensors_path) from None
-        poisoned = non_finite_tensors(tensors)
+        # Weights, the optimizer's state and the memory alike: a resume from
+        # any of them poisoned would diverge at once and blame the step.
+        poisoned = non_finite_tensors(tensors, prefix="")
         if poisoned:
             raise CheckpointError(
-                f"Checkpoint file {tensors_path} holds NaN/Inf weights "
+                f"Checkpoint file {tensors_path} holds NaN/Inf values "
                 f"({poisoned[:3]}): not a good checkpoint.", tensors_path,
+            )
+        wrong = [f"{name} ({value.dtype.name})" for name, value in sorted(tensors.items())
+                 if (name.startswith("model/") or name == "memory")
+                 and value.dtype.name not in WEIGHT_DTYPES]
+        if wrong:
+            raise CheckpointError(
+                f"Checkpoint file {tensors_path}: {', '.join(wrong[:3])}: weights "
+                f"and memory must be one of {', '.join(WEIGHT_DTYPES)}.", tensors_path,
             )
         return tensors, state
 
@@ -434,11 +453,21 @@ def model_from_checkpoint(path):
             f"Checkpoint file {os.path.join(path, STATE)} has no model_config.",
             os.path.join(path, STATE),
         )
-    model = TransformerXLCausalLM(TransformerXLConfig.from_dict(state["model_config"]))
+    state_path = os.path.join(path, STATE)
+    try:
+        config = TransformerXLConfig.from_dict(state["model_config"])
+        check_config(config, source=state_path)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{state_path}: model_config: {e}", state_path) from None
+    model = TransformerXLCausalLM(config)
     for w in model.model_weights():
         key = f"model/{w.path}"
         if key not in tensors:
             raise CheckpointError(f"{path}: missing {key!r}.", path)
+        if tuple(tensors[key].shape) != tuple(w.shape):
+            raise CheckpointError(
+                f"{path}: {key!r} has shape {tuple(tensors[key].shape)}, but the "
+                f"model_config in {state_path} needs {tuple(w.shape)}.", path)
         w.assign(tensors[key])
     logger.info("Model from checkpoint %s (step %d).", path, int(state["step"]))
     return model

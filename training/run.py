@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_txl import TransformerXLConfig
 from keras_txl.presets import PRESETS
+from keras_txl.safe_files import default_mode
 from keras_txl.training.config import TrainConfig
 from keras_txl.training.config import parse_override
 
@@ -201,6 +202,7 @@ def _save_tokenizer_atomically(tokenizer, tokenizer_dir):
         if name.startswith(".tokenizer-"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
+    os.chmod(tmp, default_mode(directory=True))
     tokenizer.save(tmp)
     if os.path.isdir(tokenizer_dir):  # an unfinished one (no tokenizer.json)
         shutil.rmtree(tokenizer_dir)

@@ -179,6 +179,10 @@ def check_arguments(args):
     if args.memory_length is not None and args.memory_length < 0:
         raise ValueError(
             f"--memory-length must be >= 0, received {args.memory_length}.")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(
+            f"--out {args.out!r} is a file: it must be a folder (new or existing) "
+            "for the exports.")
     # Shapes meant for one format and given with the other are refused, not
     # dropped: the user expected them to fix something.
     if args.format == "saved_model":

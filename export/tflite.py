@@ -280,7 +280,7 @@ def export_tflite_variants(
             f"`quantize` must be one of {QUANTIZATIONS}, received "
             f"{unknown or 'nothing'}."
         )
-    model = saved_model.pure_model(model)
+    model = float32_model(saved_model.pure_model(model))
     with tempfile.TemporaryDirectory(prefix="txl-tflite-") as tmp:
         names = _tflite_saved_model(
             model, tmp, batch_size, segment_length, stateful
@@ -310,6 +310,31 @@ def export_tflite_variants(
             path, len(contents[quantize]), quantize, stateful,
         )
     return out_paths
+
+
+def float32_model(model):
+    """`model`, or a float32 copy of a mixed-precision one.
+
+    TFLite's builtin kernels compute in float32 (its float16 and int8
+    variants are quantizations of a float32 graph, `quantize=`); a
+    bfloat16 graph would need TF Select ops, which the builtin-only
+    conversion refuses with hundreds of lines of MLIR. A mixed-precision
+    model's variables are float32 already, so the copy holds the same
+    weights and computes in float32."""
+    policy = model.dtype_policy
+    if policy.compute_dtype == "float32":
+        return model
+    if policy.variable_dtype != "float32":
+        raise ValueError(
+            f"TFLite export needs float32 weights; this model's dtype policy is "
+            f"{policy.name!r} (variables in {policy.variable_dtype}). Rebuild it "
+            'with dtype="float32" and its weights first.'
+        )
+    logger.info("TFLite computes in float32: exporting a float32 copy of the %s "
+                "model (same float32 weights).", policy.name)
+    copy = type(model)(model.txl_config, preprocessor=model.preprocessor, dtype="float32")
+    copy.assign_weights_from(model)
+    return copy
 
 
 def export_tflite(
@@ -461,11 +486,12 @@ class TFLiteRunner:
                 f"`{name}` must be in [0, vocabulary_size={self.vocabulary_size}), "
                 f"received values in [{array.min()}, {array.max()}]."
             )
-        if name == MEMORY and not np.all(np.isfinite(array)):
-            raise ValueError(
-                "`memory` contains NaN or Inf; pass the memory returned by the "
-                "previous call or initial_memory()."
-            )
+        if name == MEMORY:
+            # Checked after the cast: a float64 1e39 is finite before it and
+            # Inf after.
+            return np.ascontiguousarray(checks.finite_float32(
+                "memory", array, hint="pass the memory returned by the previous "
+                "call or initial_memory()."))
         return np.ascontiguousarray(array, dtype=dtype)
 
     def run(self, signature_name: str, **inputs) -> dict:

@@ -357,6 +357,10 @@ def test_cli_reports_missing_model_and_existing_version(exported, tmp_path):
         run_cli("--workdir", workdir, "--out", tmp_path, "--format", "tflite", "--batch-size", 0)
     with pytest.raises(SystemExit):  # argparse: exactly one source
         run_cli("--out", tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ValueError, match="--out .*afile' is a file: it must be a folder"):
+        run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "mine"
     assert not (tmp_path / "x").exists()
 
 

@@ -266,6 +266,10 @@ BAD_RUNS = {
     "memory_nan": ("serving_default",
                    dict(memory=np.full(MEMORY_SHAPE, np.nan, np.float32)),
                    "NaN or Inf"),
+    # finite as float64, Inf once cast to the model's float32
+    "memory_overflows_float32": ("serving_default",
+                                 dict(memory=np.full(MEMORY_SHAPE, 1e39)),
+                                 "NaN or Inf values (as float32)"),
     "targets_out_of_range": ("score", dict(targets=np.full((B, T), 99)),
                              "`targets` must be in"),
     "missing_input": ("serving_default", dict(memory=None), "missing ['memory']"),
@@ -317,6 +321,23 @@ def test_export_arguments_are_checked(artifacts, tmp_path):
     with pytest.raises(ValueError, match="n \\* segment_length"):
         tflite.run_tflite(artifacts.paths["float32"], artifacts.ids[:, :T + 1])
     assert os.listdir(tmp_path) == []
+
+
+def test_a_mixed_precision_model_exports_its_float32_weights(artifacts, tmp_path):
+    # TFLite's builtins compute in float32: a mixed_bfloat16 model (float32
+    # variables) exports as the float32 model with the same weights, not as
+    # a conversion error hundreds of lines long.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        mixed = keras_txl.TransformerXLCausalLM(artifacts.model.txl_config)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    mixed.assign_weights_from(artifacts.model)
+    path = tflite.export_tflite(mixed, str(tmp_path / "m.tflite"), batch_size=B,
+                                segment_length=T)
+    out = tflite.TFLiteRunner(path).run("serving_default", **_good(artifacts))
+    np.testing.assert_allclose(out["log_probs"], artifacts.reference[0]["log_probs"], atol=1e-4)
+    assert mixed.dtype_policy.name == "mixed_bfloat16"  # the model itself is unchanged
 
 
 def test_token_by_token_tflite_equals_generate_and_ships_the_vocabulary(tmp_path):

@@ -851,17 +851,24 @@ class TransformerXLCausalLM(CausalLM):
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
         """keras `fit`; a `tf.data.Dataset` of strings is cut into ordered
         segments for the stateful model, so the memory is carried across
-        them (see `TransformerXLCausalLMPreprocessor.ordered_segments`)."""
+        them (see `TransformerXLCausalLMPreprocessor.ordered_segments`);
+        for a model without state each string is one sample, as in
+        keras-hub (and as a list of strings is).
+
+        Under a `tf.distribute` strategy the stateful model's `batch_size`
+        is each replica's: the ordered segments are cut into
+        `batch_size * num_replicas_in_sync` streams, the rows of each
+        replica's memory."""
         if (
             isinstance(x, tf.data.Dataset)
             and _is_string_spec(x.element_spec)
+            and (self.stateful or self.preprocessor is None)
         ):
-            if not self.stateful or self.preprocessor is None:
+            if self.preprocessor is None:
                 raise ValueError(
-                    "fit() on a dataset of strings needs a stateful model "
-                    "with a preprocessor (the memory is carried across the "
-                    "ordered segments): build it with `stateful=True, "
-                    "batch_size=B` and a TransformerXLCausalLMPreprocessor."
+                    "fit() on a dataset of strings needs a preprocessor (a "
+                    "TransformerXLCausalLMPreprocessor with the model's "
+                    "tokenizer); this model has none."
                 )
             if kwargs.get("shuffle"):
                 raise ValueError(
@@ -872,9 +879,31 @@ class TransformerXLCausalLM(CausalLM):
             kwargs["callbacks"] = [
                 *(kwargs.get("callbacks") or []), ResetMemory()
             ]
-            x = self.preprocessor.ordered_segments(x, self.batch_size)
+            replicas = self.distribute_strategy.num_replicas_in_sync
+            x = self.preprocessor.ordered_segments(x, self.batch_size * replicas)
             return keras.Model.fit(self, x, **kwargs)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras 3 builds a model made under a tf.distribute strategy from
+        # the MEAN of the replicas' first batches (`strategy.reduce`), which
+        # turns int token ids into floats and fails on a bool mask. Build
+        # from the first replica's own batch instead: its dtypes and its
+        # per-replica shape are what every step sees.
+        strategy = getattr(self, "_distribute_strategy", None)
+        if iterator is not None and strategy is not None:
+            for _, _, batches in iterator:
+                batch = next(batches)
+                break
+            else:
+                batch = None
+            if batch is not None:
+                data_batch = tf.nest.map_structure(
+                    lambda v: strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues) else v,
+                    batch)
+                iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def get_config(self):
         config = super().get_config()  # backbone, preprocessor, name

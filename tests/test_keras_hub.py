@@ -212,12 +212,50 @@ def test_a_tokenizer_of_another_vocabulary_is_refused():
         TransformerXLCausalLM(tiny_config(vocabulary_size=31), preprocessor=byte_preprocessor())
 
 
-def test_fit_on_strings_needs_a_stateful_model():
-    model = TransformerXLCausalLM(
-        tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor()
-    )
-    with pytest.raises(ValueError, match="stateful"):
-        model.fit(tf.data.Dataset.from_tensor_slices(["some text"]))
+def test_fit_on_a_dataset_of_strings_without_state_takes_each_string_as_a_sample():
+    # keras-hub's way, and the same as fit() on the list of those strings.
+    texts = ["some text here", "and another one", "a third", "the fourth one"]
+    losses = []
+    for data in (texts, tf.data.Dataset.from_tensor_slices(texts).batch(2)):
+        keras.utils.set_random_seed(0)
+        model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                      preprocessor=byte_preprocessor())
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        losses.append(model.fit(data, batch_size=None if len(losses) else 2, epochs=2,
+                                shuffle=False, verbose=0).history["loss"])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    bare = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+    with pytest.raises(ValueError, match="needs a preprocessor"):
+        bare.fit(tf.data.Dataset.from_tensor_slices(texts))
+
+
+def test_fit_under_mirrored_strategy_builds_from_int_ids_and_gives_each_replica_its_rows():
+    # Keras 3 built a distributed model from the replicas' MEAN batch (int
+    # ids turned float, bool masks failed); a stateful model's batch_size is
+    # each replica's, so ordered segments need batch_size x replicas streams.
+    from testing import mirrored_strategy
+
+    strategy = mirrored_strategy()
+    ids = random_ids((4, 9), 256)
+    with strategy.scope():
+        model = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+        model.compile(optimizer="adam")
+    history = model.fit(ids[:, :-1], ids[:, 1:], batch_size=4, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    with strategy.scope():
+        stateful = TransformerXLCausalLM(
+            tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor(),
+            stateful=True, batch_size=2)
+        stateful.compile(optimizer="adam")
+    texts = tf.data.Dataset.from_tensor_slices(["hello world, the quick brown fox"] * 4)
+    history = stateful.fit(texts, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    with strategy.scope():
+        strings = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                        preprocessor=byte_preprocessor())
+        strings.compile(optimizer="adam")
+    history = strings.fit(["hello world", "the quick brown fox"], batch_size=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
 
 
 # --- presets ----------------------------------------------------------------------

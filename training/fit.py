@@ -150,14 +150,6 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
             metrics=[Perplexity(from_logits=True, name="ppl"), BitsPerCharacter()],
             weighted_metrics=None, jit_compile=jit,
         )
-    if replicas > 1:
-        # Keras 3 builds a distributed model from the MEAN of the first
-        # batch over replicas, which turns int token ids into floats. Build
-        # it here from a real int batch instead (everything is then built
-        # and Keras skips its own symbolic build).
-        x0, y0 = next(iter(train_ds))
-        with strategy.scope():
-            model._symbolic_build(data_batch=(x0[: B // replicas], y0[: B // replicas]))
     valid_ds = None
     if valid_tokens is not None:
         valid_ds = lm_dataset(valid_tokens, B, T, num_replicas=replicas,

@@ -3,6 +3,11 @@
 Only JSON and safetensors are read: nothing is unpickled. PyTorch `Linear`
 weights are (out, in) and are transposed into Keras layouts; projections
 `[d_model, width]` become our (width, d_model) matrices.
+
+Nothing is coerced: each `config.json` field must have its JSON type
+(`"pre_lnorm": "false"` or `"n_layer": 3.0` is an error naming the file and
+the field), and each tensor read must be float16/bfloat16/float32/float64
+and finite (`keras_txl.checks.loaded_weight`) before it is cast to float32.
 """
 
 import logging
@@ -11,6 +16,10 @@ import os
 
 import numpy as np
 
+from keras_txl.checks import finite_number
+from keras_txl.checks import loaded_weight
+from keras_txl.checks import non_negative_int
+from keras_txl.checks import positive_int
 from keras_txl.config import TransformerXLConfig
 from keras_txl.limits import check_config
 from keras_txl.safe_files import read_json
@@ -19,66 +28,157 @@ from keras_txl.weights_file import read_safetensors_header
 logger = logging.getLogger(__name__)
 
 
-def config_from_hf(hf: dict) -> TransformerXLConfig:
-    """Maps a Hugging Face `TransfoXLConfig` dict to a `TransformerXLConfig`."""
+def config_from_hf(hf: dict, source="config.json") -> TransformerXLConfig:
+    """Maps a Hugging Face `TransfoXLConfig` dict to a `TransformerXLConfig`.
+
+    Every field used is type-checked, nothing is coerced: booleans must be
+    JSON booleans (`"false"` is not false), integers JSON integers (not
+    `32.0`, `"3"` or `true`), floats JSON numbers, `cutoffs` a list of
+    integers and `tie_projs` a list of booleans. `source` (the file) is
+    named in every error, with the field and the value received.
+
+    Raises:
+        ValueError: a field of the wrong type or value, a missing field, or
+            an attn_type other than 0.
+    """
     try:
-        return _config_from_hf(hf)
+        config = _config_from_hf(hf, source)
     except (TypeError, OverflowError, AttributeError) as e:
-        # A value of the wrong JSON type (a list for n_layer, 1e999, ...).
+        # A safety net: `_config_from_hf` checks each field it reads.
         raise ValueError(
-            f"config.json has a value of the wrong type for a TransfoXL "
+            f"{source} has a value of the wrong type for a TransfoXL "
             f"config: {e}"
         ) from None
+    return config
 
 
-def _config_from_hf(hf: dict) -> TransformerXLConfig:
+def _field_error(source, key, value, expected):
+    """The ValueError for HF field `key` of `source` that is not `expected`."""
+    return ValueError(
+        f"{source}: `{key}` has the wrong type or value for a TransfoXL "
+        f"config: expected {expected}, received {key}={value!r} "
+        f"({_json_type(value)})."
+    )
+
+
+def _json_type(value):
+    """The JSON name of a parsed value's type, for messages."""
+    names = {bool: "boolean", int: "integer", float: "float", str: "string",
+             list: "list", dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _hf_int(hf, key, default, source, minimum=None, none_is_default=False):
+    """Integer field `key` (a JSON integer, not a float, string or bool),
+    >= `minimum` (0 or 1) when given."""
+    value = hf.get(key, default)
+    if value is None and none_is_default:
+        return default
+    check = {1: positive_int, 0: non_negative_int}.get(minimum, _any_int)
+    try:
+        return check(key, value)
+    except ValueError:
+        expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+        raise _field_error(source, key, value, expected) from None
+
+
+def _any_int(name, value):
+    """`value` if it is an integer (of any sign; not `bool`)."""
+    if not _is_int(value):
+        raise ValueError(f"`{name}` must be an integer.")
+    return value
+
+
+def _hf_bool(hf, key, default, source):
+    """Boolean field `key`: a JSON `true`/`false` only."""
+    value = hf.get(key, default)
+    if not isinstance(value, bool):
+        raise _field_error(source, key, value, "a JSON boolean (true/false)")
+    return value
+
+
+def _hf_float(hf, key, default, source):
+    """Number field `key`: a finite JSON number (not a string or bool)."""
+    value = hf.get(key, default)
+    try:
+        return finite_number(key, value)
+    except ValueError:
+        raise _field_error(source, key, value, "a finite number") from None
+
+
+def _hf_list(hf, key, default, source, check, expected):
+    """List field `key` whose elements all pass `check`."""
+    value = hf.get(key, default)
+    if not isinstance(value, list) or not all(check(v) for v in value):
+        raise _field_error(source, key, value, expected)
+    return list(value)
+
+
+def _is_int(value):
+    """Whether `value` is a JSON integer (a Python `int`, not `bool`)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _config_from_hf(hf, source):
+    """`config_from_hf` without the safety net for unexpected types."""
     attn_type = hf.get("attn_type", 0)
-    if attn_type != 0:
+    if not _is_int(attn_type) or attn_type != 0:
         raise ValueError(
-            f"Only attn_type=0 (Transformer-XL relative attention) can be "
-            f"loaded, the checkpoint has attn_type={attn_type}."
+            f"{source}: only attn_type=0 (Transformer-XL relative attention) "
+            f"can be loaded, the checkpoint has attn_type={attn_type!r}."
         )
     required = ["vocab_size", "d_model", "n_head", "d_head", "d_inner",
                 "n_layer"]
     missing = [k for k in required if k not in hf]
     if missing:
         raise ValueError(
-            f"config.json is missing {missing}: not a TransfoXL config."
+            f"{source} is missing {missing}: not a TransfoXL config."
         )
-    cutoffs = list(hf.get("cutoffs", []))
+    cutoffs = _hf_list(hf, "cutoffs", [], source, _is_int,
+                       "a list of integers")
     tie_projs = hf.get("tie_projs")
     if tie_projs is not None:
-        tie_projs = [bool(t) for t in tie_projs]
+        tie_projs = _hf_list(hf, "tie_projs", None, source,
+                             lambda t: isinstance(t, bool),
+                             "null or a list of booleans (one per cluster)")
         # HF keeps one flag per cluster (head first); be lenient about a
         # shorter list (missing flags mean "not tied").
         tie_projs = (tie_projs + [False] * (len(cutoffs) + 1))[: len(cutoffs) + 1]
-    return TransformerXLConfig(
-        vocabulary_size=int(hf["vocab_size"]),
-        num_layers=int(hf["n_layer"]),
-        hidden_dim=int(hf["d_model"]),
-        num_heads=int(hf["n_head"]),
-        head_dim=int(hf["d_head"]),
-        intermediate_dim=int(hf["d_inner"]),
-        embedding_dim=int(hf.get("d_embed", hf["d_model"])),
+    d_model = _hf_int(hf, "d_model", None, source, minimum=1)
+    fields = dict(
+        vocabulary_size=_hf_int(hf, "vocab_size", None, source, minimum=1),
+        num_layers=_hf_int(hf, "n_layer", None, source, minimum=1),
+        hidden_dim=d_model,
+        num_heads=_hf_int(hf, "n_head", None, source, minimum=1),
+        head_dim=_hf_int(hf, "d_head", None, source, minimum=1),
+        intermediate_dim=_hf_int(hf, "d_inner", None, source, minimum=1),
+        embedding_dim=_hf_int(hf, "d_embed", d_model, source, minimum=1),
         cutoffs=tuple(cutoffs),
-        div_val=int(hf.get("div_val", 1)),
+        div_val=_hf_int(hf, "div_val", 1, source, minimum=1),
         tie_projections=tuple(tie_projs) if tie_projs is not None else None,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        tie_embeddings=_hf_bool(hf, "tie_word_embeddings", True, source),
         project_same_dim=True,
-        segment_length=int(hf.get("tgt_len", 128) or 128),
-        memory_length=int(hf.get("mem_len", 0) or 0),
-        clamp_length=int(hf.get("clamp_len", -1)),
-        same_length=bool(hf.get("same_length", False)),
+        # null (and, as before, 0) for tgt_len means the default.
+        segment_length=_hf_int(hf, "tgt_len", 128, source, minimum=0,
+                               none_is_default=True) or 128,
+        memory_length=_hf_int(hf, "mem_len", 0, source, minimum=0,
+                              none_is_default=True),
+        clamp_length=_hf_int(hf, "clamp_len", -1, source),
+        same_length=_hf_bool(hf, "same_length", False, source),
         same_length_convention="pytorch",
-        pre_layer_norm=bool(hf.get("pre_lnorm", False)),
-        untie_relative_bias=bool(hf.get("untie_r", True)),
+        pre_layer_norm=_hf_bool(hf, "pre_lnorm", False, source),
+        untie_relative_bias=_hf_bool(hf, "untie_r", True, source),
         attention_type="relative",
-        dropout=float(hf.get("dropout", 0.1)),
-        attention_dropout=float(hf.get("dropatt", 0.0)),
-        layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)),
-        init_std=float(hf.get("init_std", 0.02)),
-        projection_init_std=float(hf.get("proj_init_std", 0.01)),
+        dropout=_hf_float(hf, "dropout", 0.1, source),
+        attention_dropout=_hf_float(hf, "dropatt", 0.0, source),
+        layer_norm_epsilon=_hf_float(hf, "layer_norm_epsilon", 1e-5, source),
+        init_std=_hf_float(hf, "init_std", 0.02, source),
+        projection_init_std=_hf_float(hf, "proj_init_std", 0.01, source),
     )
+    try:
+        return TransformerXLConfig(**fields)
+    except ValueError as e:  # a range the config checks (dropout < 1, ...)
+        raise ValueError(f"{source}: {e}") from None
 
 
 class _StateDict:
@@ -104,7 +204,10 @@ class _StateDict:
                 f"expected {tuple(shape)} from config.json."
             )
         self.used.add(name)
-        return np.asarray(self.tensors[name], dtype=np.float32)
+        # Dtype and finiteness before the cast: an int or bool tensor would
+        # cast silently, a NaN would spread through every output.
+        value = loaded_weight(name, self.tensors[name], self.path)
+        return np.asarray(value, dtype=np.float32)
 
 
 class _LazyTensors:
@@ -303,9 +406,12 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         A `TransformerXLCausalLM` with the checkpoint's weights.
 
     Raises:
-        ValueError: a missing/invalid `config.json`, a truncated or
-            corrupted `model.safetensors`, weights that do not match the
-            config, or a config beyond `limits`.
+        ValueError: a missing/invalid `config.json` or a field of it of
+            the wrong JSON type (naming the file, field and value), a
+            truncated or corrupted `model.safetensors`, weights that do not
+            match the config, a tensor that is not float16/bfloat16/
+            float32/float64 or holds NaN/Inf (naming the file and tensor),
+            or a config beyond `limits`.
     """
     from keras_txl.causal_lm import TransformerXLCausalLM
 
@@ -318,7 +424,7 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             f"{config_path} must be a JSON object, received "
             f"{type(hf).__name__}: not a TransfoXL config."
         )
-    config = config_from_hf(hf)
+    config = config_from_hf(hf, config_path)
     check_config(config, limits, source=config_path)
     if changes:
         config = config.replace(**changes)

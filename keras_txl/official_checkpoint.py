@@ -49,19 +49,26 @@ Reference: Dai et al., 2019, arXiv:1901.02860; kimiyoung/transformer-xl
 """
 
 import glob
-import json
 import logging
 import os
 import re
 
 import numpy as np
 
+from keras_txl.checks import loaded_weight
 from keras_txl.config import TransformerXLConfig
+from keras_txl.safe_files import read_bytes
+from keras_txl.safe_files import read_json
 
 logger = logging.getLogger(__name__)
 
 CORPUS_INFO_FILE = "corpus-info.json"
+STATE_FILE = "checkpoint"  # TF's state file: `model_checkpoint_path: "..."`
 SCOPE = "transformer/"
+# The state file's `model_checkpoint_path` line (a text-format string).
+_STATE_PATH = re.compile(
+    rb'^[ \t]*model_checkpoint_path[ \t]*:[ \t]*"((?:[^"\\\n]|\\.)*)"', re.M
+)
 
 # Non-model bookkeeping a training run leaves in the checkpoint: optimizer
 # slots (`<var>/Adam`, `<var>/Adam_1`, ...), Adam's beta powers, the step.
@@ -101,35 +108,22 @@ def is_bookkeeping(name):
 def resolve_checkpoint(path):
     """(checkpoint prefix, folder) for a folder or a checkpoint prefix.
 
-    A folder is resolved through its `checkpoint` state file, or, when that
-    is absent or names a file that is not there (a path from the training
-    machine), through its single `*.index` file.
+    A folder is resolved inside itself only. Its `checkpoint` state file
+    names a prefix, which TF1's `Saver` writes as an absolute path of the
+    training machine (or a relative one, maybe with `../`): only the last
+    component of that path is taken and looked for in the folder, so a
+    copied folder (`cp -r a b`) loads its own files, never `a`'s, and a
+    state file cannot point outside the folder. Without a state file, or
+    when the name it gives is not in the folder, the folder's single
+    `*.index` file is used (several are refused: pass a prefix).
 
     Raises:
-        ValueError: no checkpoint, or several without a state file.
+        ValueError: no checkpoint, or several and none named by the state
+            file (the message names the state file and what it points to).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        import tensorflow as tf
-
-        prefix = tf.train.latest_checkpoint(path)
-        if prefix is not None:
-            return prefix, path
-        indexes = sorted(glob.glob(os.path.join(path, "*.index")))
-        if len(indexes) == 1:
-            return indexes[0][: -len(".index")], path
-        if not indexes:
-            raise ValueError(
-                f"No TF checkpoint in {path!r}: expected a `checkpoint` "
-                "state file or a `model.ckpt-N.index` file (with its "
-                "`.data-*` files)."
-            )
-        names = [os.path.basename(p)[: -len(".index")] for p in indexes]
-        raise ValueError(
-            f"{path!r} holds several checkpoints {names} and no `checkpoint` "
-            "state file naming one; pass the prefix, e.g. "
-            f"{os.path.join(path, names[-1])!r}."
-        )
+        return _resolve_folder(path), path
     if os.path.isfile(path + ".index"):
         return path, os.path.dirname(os.path.abspath(path))
     if path.endswith(".index") and os.path.isfile(path):
@@ -138,6 +132,60 @@ def resolve_checkpoint(path):
         f"`path`={path!r} is neither a folder nor a checkpoint prefix (no "
         f"{path + '.index'!r}). Pass the release's model folder or a prefix "
         "such as 'model/model.ckpt-0'."
+    )
+
+
+def _state_file_prefix(directory):
+    """The prefix named by `directory`'s state file, as written there (None
+    without a state file or a `model_checkpoint_path` line)."""
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.lexists(path):
+        return None
+    data = read_bytes(path, 1 << 20, "checkpoint state file")
+    found = _STATE_PATH.findall(data)
+    if not found:
+        logger.warning("%s names no model_checkpoint_path; ignored.", path)
+        return None
+    # Text-format escapes: only \" and \\ occur in practice.
+    raw = re.sub(rb"\\(.)", rb"\1", found[-1])
+    return raw.decode("utf-8", "replace")
+
+
+def _resolve_folder(directory):
+    """The checkpoint prefix of a folder, inside it (see
+    `resolve_checkpoint`)."""
+    named = _state_file_prefix(directory)
+    state = os.path.join(directory, STATE_FILE)
+    if named is not None:
+        # The last component, of a POSIX or a Windows path.
+        name = re.split(r"[\\/]", named)[-1]
+        if name not in ("", ".", "..") and os.path.isfile(
+            os.path.join(directory, name + ".index")
+        ):
+            return os.path.join(directory, name)
+    indexes = sorted(glob.glob(os.path.join(glob.escape(directory), "*.index")))
+    stale = (
+        f"; its state file {state!r} names {named!r}, which is not in the "
+        "folder (only names inside the folder are used)"
+        if named is not None else ""
+    )
+    if len(indexes) == 1:
+        if named is not None:
+            logger.warning(
+                "%s names %r, which is not in %s; using the folder's only "
+                "checkpoint %s.", state, named, directory, indexes[0][:-6],
+            )
+        return indexes[0][: -len(".index")]
+    if not indexes:
+        raise ValueError(
+            f"No TF checkpoint in {directory!r}{stale}: expected a "
+            "`model.ckpt-N.index` file (with its `.data-*` files) in it."
+        )
+    names = [os.path.basename(p)[: -len(".index")] for p in indexes]
+    raise ValueError(
+        f"{directory!r} holds several checkpoints {names}"
+        f"{stale or f' and no state file {state!r} naming one'}; pass the "
+        f"prefix, e.g. {os.path.join(directory, names[-1])!r}."
     )
 
 
@@ -159,11 +207,9 @@ def read_corpus_info(path):
             "[...], \"dataset\": ...}`); copy it beside the checkpoint or "
             "pass `corpus_info=`."
         )
-    try:
-        with open(path) as f:
-            info = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    # Bounded, regular files only; bad JSON or UTF-8 is a ValueError naming
+    # the file.
+    info = read_json(path, what=CORPUS_INFO_FILE)
     if not isinstance(info, dict):
         raise ValueError(f"{path} must hold a JSON object, got {info!r}.")
     size = info.get("vocab_size")
@@ -215,8 +261,7 @@ def read_vocabulary_file(path, vocabulary_size=None):
     """
     if not os.path.isfile(path):
         raise ValueError(f"`vocabulary_file`={path!r} does not exist.")
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
+    text = _utf8_text(path)
     if text.endswith("\n"):
         text = text[:-1]
     symbols = [s[:-1] if s.endswith("\r") else s for s in text.split("\n")]
@@ -244,6 +289,21 @@ def read_vocabulary_file(path, vocabulary_size=None):
             "lost/gained lines when it was written)."
         )
     return symbols
+
+
+def _utf8_text(path):
+    """The text of a UTF-8 vocabulary file, line ends kept as they are."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"`vocabulary_file` {path} is not valid UTF-8: byte {e.start} "
+            f"(line {line}) {data[e.start:e.end]!r}: {e.reason}. Write it "
+            "as UTF-8 (see docs/official_checkpoints.md)."
+        ) from None
 
 
 def find_corpus_info(directory):
@@ -275,8 +335,8 @@ class _Checkpoint:
             self.reader = tf.train.load_checkpoint(prefix)
         except Exception as e:  # TF raises several error types here
             raise ValueError(
-                f"Could not read the TF checkpoint {prefix!r} (truncated or "
-                f"missing .data file?): {e}"
+                f"Could not read the TF checkpoint {prefix!r}: damaged or "
+                f"truncated checkpoint (or a missing .data file?): {e}"
             ) from None
         shapes = self.reader.get_variable_to_shape_map()
         self.skipped = sorted(n for n in shapes if is_bookkeeping(n))
@@ -298,7 +358,33 @@ class _Checkpoint:
         return self.shapes[name]
 
     def read(self, name):
-        return np.asarray(self.reader.get_tensor(name), dtype=np.float32)
+        """Variable `name` as float32, checked: readable (the `.data-*`
+        files there, whole and with matching checksums), of a float dtype
+        and finite (`keras_txl.checks.loaded_weight`)."""
+        try:
+            value = self.reader.get_tensor(name)
+        except Exception as e:  # IndexError, OpError, ... from TF's reader
+            message = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(
+                f"{self.prefix}: cannot read variable {name!r}: damaged or "
+                f"truncated checkpoint ({self._damage()}: an interrupted "
+                f"download or copy?). {type(e).__name__}: {message}"
+            ) from None
+        return np.asarray(loaded_weight(name, value, self.prefix), np.float32)
+
+    def verify(self, names):
+        """Reads and checks every variable in `names`, keeping none: the
+        damage `read` finds, found before a model is built."""
+        for name in names:
+            self.read(name)
+
+    def _damage(self):
+        """What may be wrong with the prefix's `.data-*` shards, in words."""
+        pattern = glob.escape(self.prefix) + ".data-*"
+        shards = [os.path.basename(p) for p in sorted(glob.glob(pattern))]
+        if not shards:
+            return f"no {os.path.basename(self.prefix)}.data-* file beside its .index"
+        return f"{', '.join(shards)} cut short, altered, or a shard missing"
 
 
 # === Configuration ===
@@ -677,7 +763,8 @@ def load_official_checkpoint(
     Args:
         path: str. The release's model folder (with its `checkpoint` state
             file, or one `*.index`), or a prefix such as
-            `.../model.ckpt-0`.
+            `.../model.ckpt-0`. A folder is resolved inside itself only
+            (`resolve_checkpoint`): a copied folder loads its own files.
         preset: str or None. Paper evaluation protocol: "wt103", "enwik8",
             "text8", "lm1b" (or "wt103_large", ...): sets segment_length,
             memory_length, clamp_length and same_length as in the official
@@ -700,8 +787,13 @@ def load_official_checkpoint(
         ValueError: no checkpoint or `corpus-info.json`; a missing variable,
             an unknown model variable, a shape that contradicts
             `corpus-info.json` or the other variables (each names the
-            variable and file); a vocabulary file of the wrong size; a
-            keyword argument that contradicts the checkpoint.
+            variable and file); a damaged or truncated checkpoint (a
+            `.data-*` shard missing, cut short or failing its checksum), a
+            variable that is not float16/bfloat16/float32/float64 or holds
+            NaN/Inf (each names the prefix and the variable, and is found
+            before the model is built); a `corpus-info.json` or vocabulary
+            file that is not valid UTF-8; a vocabulary file of the wrong
+            size; a keyword argument that contradicts the checkpoint.
 
     Example:
     ```python
@@ -721,6 +813,10 @@ def load_official_checkpoint(
     symbols = None
     if vocabulary_file is not None:
         symbols = read_vocabulary_file(vocabulary_file, cfg.vocabulary_size)
+    # Every variable read and checked once (one at a time, so no more memory
+    # than the largest) before the model is built: a damaged file fails fast.
+    _check_layout(checkpoint, cfg)
+    checkpoint.verify(official_variables(cfg))
     model = TransformerXLCausalLM(cfg, stateful=stateful, batch_size=batch_size)
     load_official_weights(model, checkpoint)
     if symbols is not None:

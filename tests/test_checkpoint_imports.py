@@ -1,0 +1,321 @@
+"""Damaged, foreign and mistyped checkpoints for the two importers.
+
+`keras_txl/official_checkpoint.py` (TF1 name-based checkpoints written by
+`tests/official_reference.py`) and `keras_txl/hf_checkpoint.py` (the HF
+fixture rewritten): every case is a `ValueError` naming the file and the
+tensor or field, or the checkpoint inside the given folder being loaded.
+"""
+
+import glob
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+from testing import FIXTURES
+
+import keras_txl
+from tests import official_reference as ref
+
+LAYOUT = "text8"  # the smallest official layout: 3 layers, 27 symbols
+HF = FIXTURES / "hf_transfo_xl_tiny"
+
+
+def write_release(directory, seed=0, variables=None, slots=True):
+    """A tiny official release in `directory`; returns its variables."""
+    layout = ref.LAYOUTS[LAYOUT]
+    if variables is None:
+        variables = ref.official_variables(layout, seed=seed)
+    extra = ref.optimizer_slots(variables) if slots else None
+    ref.write_checkpoint(str(directory), variables, layout, extra=extra)
+    return variables
+
+
+def load_error(path, **kw):
+    """The message of the ValueError `load_official_checkpoint` raises."""
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_official_checkpoint(path, **kw)
+    return str(info.value)
+
+
+def loaded_bias(path):
+    """r_w_bias of the model imported from `path`."""
+    return keras_txl.load_official_checkpoint(path).backbone.content_bias.numpy()
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building a `TransformerXLCausalLM` fails the test: the error must
+    come before it."""
+    from keras_txl import causal_lm
+
+    def build(*args, **kwargs):
+        raise AssertionError("the model was built before the check")
+
+    monkeypatch.setattr(causal_lm, "TransformerXLCausalLM", build)
+
+
+# === Official: damaged data shards ===
+
+
+def _damage(data, how):
+    """`data` (a shard's bytes) truncated, emptied or with a byte flipped;
+    None to delete the shard."""
+    if how == "truncated":
+        return data[: len(data) // 2]
+    if how == "empty":
+        return b""
+    if how == "flipped_byte":
+        changed = bytearray(data)
+        changed[len(changed) // 2] ^= 0xFF
+        return bytes(changed)
+    return None
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "missing", "flipped_byte"])
+def test_damaged_data_shard_is_named_before_the_model_is_built(how, tmp_path, no_model):
+    # No optimizer slots: every byte of the shard belongs to a model variable.
+    write_release(tmp_path, slots=False)
+    (shard,) = glob.glob(str(tmp_path / "model.ckpt-0.data-*"))
+    with open(shard, "rb") as f:
+        damaged = _damage(f.read(), how)
+    if damaged is None:
+        os.remove(shard)
+    else:
+        with open(shard, "wb") as f:
+            f.write(damaged)
+    message = load_error(tmp_path)
+    assert "damaged or truncated checkpoint" in message
+    assert str(tmp_path / "model.ckpt-0") in message
+    assert "cannot read variable 'transformer/" in message
+    expected = ("no model.ckpt-0.data-* file" if how == "missing"
+                else os.path.basename(shard))
+    assert expected in message
+
+
+# === Official: invalid UTF-8 ===
+
+
+def test_corpus_info_that_is_not_utf8_names_the_file(tmp_path):
+    write_release(tmp_path)
+    info = tmp_path / "corpus-info.json"
+    info.write_bytes(b'{"vocab_size": 27, "cutoffs": [], "dataset": "\xff"}')
+    message = load_error(tmp_path)
+    assert str(info) in message and "utf-8" in message
+
+
+def test_vocabulary_file_that_is_not_utf8_names_the_file_and_line(tmp_path):
+    write_release(tmp_path)
+    vocab = tmp_path / "text8-vocab.txt"
+    vocab.write_bytes(b"_\na\n\xffb\n" + b"".join(
+        bytes([c]) + b"\n" for c in range(ord("c"), ord("z") + 1)
+    ))
+    message = load_error(tmp_path, vocabulary_file=str(vocab))
+    assert str(vocab) in message
+    assert "not valid UTF-8" in message and "line 3" in message
+
+
+# === Official: the checkpoint is resolved inside the folder ===
+
+
+def test_copied_release_folder_loads_its_own_weights(tmp_path):
+    original = write_release(tmp_path / "a", seed=0)
+    # TF1's Saver writes absolute paths into the `checkpoint` state file.
+    state = (tmp_path / "a" / "checkpoint").read_text()
+    assert str(tmp_path / "a" / "model.ckpt-0") in state
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    write_release(tmp_path / "a", seed=7)  # `a` moves on; the copy keeps its own
+    assert (tmp_path / "b" / "checkpoint").read_text() == state
+    np.testing.assert_array_equal(
+        loaded_bias(tmp_path / "b"), original["transformer/r_w_bias"]
+    )
+
+
+@pytest.mark.parametrize("form", ["absolute", "relative"])
+def test_state_file_pointing_outside_the_folder_is_not_followed(form, tmp_path):
+    inside = write_release(tmp_path / "release", seed=0)
+    write_release(tmp_path / "elsewhere", seed=7)
+    target = (str(tmp_path / "elsewhere" / "model.ckpt-0") if form == "absolute"
+              else "../elsewhere/model.ckpt-0")
+    (tmp_path / "release" / "checkpoint").write_text(
+        f'model_checkpoint_path: "{target}"\n'
+    )
+    # The same name in the folder: that one.
+    np.testing.assert_array_equal(
+        loaded_bias(tmp_path / "release"), inside["transformer/r_w_bias"]
+    )
+
+
+def test_state_file_naming_a_prefix_not_in_the_folder(tmp_path, caplog):
+    write_release(tmp_path / "elsewhere", seed=7)
+    release = tmp_path / "release"
+    inside = write_release(release, seed=0)
+    for name in os.listdir(release):  # model.ckpt-0.* -> model.ckpt-5.*
+        if name.startswith("model.ckpt-0."):
+            os.rename(release / name, release / name.replace("-0.", "-5."))
+    elsewhere = str(tmp_path / "elsewhere" / "model.ckpt-0")
+    (release / "checkpoint").write_text(f'model_checkpoint_path: "{elsewhere}"\n')
+    # One checkpoint in the folder: that one, with a warning naming both.
+    with caplog.at_level(logging.WARNING, "keras_txl.official_checkpoint"):
+        np.testing.assert_array_equal(
+            loaded_bias(release), inside["transformer/r_w_bias"]
+        )
+    assert elsewhere in caplog.text and str(release / "model.ckpt-5") in caplog.text
+    # Several: refused, naming the state file and where it points.
+    for name in os.listdir(release):
+        if name.startswith("model.ckpt-5."):
+            shutil.copy(release / name, release / name.replace("-5.", "-6."))
+    message = load_error(release)
+    assert str(release / "checkpoint") in message and elsewhere in message
+    assert "['model.ckpt-5', 'model.ckpt-6']" in message
+
+
+# === Official: weights of the wrong dtype or not finite ===
+
+
+def _bad_value(value, how):
+    """`value` turned int32, bool, or holding a NaN or an Inf."""
+    if how == "int32":
+        return np.round(value * 10).astype(np.int32)
+    if how == "bool":
+        return value > 0
+    bad = value.copy()
+    bad.flat[0] = np.nan if how == "nan" else np.inf
+    return bad
+
+
+def _bad_value_named(how):
+    """What the error says about a `_bad_value(..., how)` tensor."""
+    return f"has dtype {how}" if how in ("int32", "bool") else "holds NaN or Inf"
+
+
+@pytest.mark.parametrize("how", ["int32", "bool", "nan", "inf"])
+def test_official_weights_of_a_wrong_dtype_or_not_finite_are_refused(
+    how, tmp_path, no_model
+):
+    name = "transformer/layer_1/ff/layer_1/bias"
+    variables = ref.official_variables(ref.LAYOUTS[LAYOUT])
+    variables[name] = _bad_value(variables[name], how)
+    write_release(tmp_path, variables=variables)
+    message = load_error(tmp_path)
+    assert str(tmp_path / "model.ckpt-0") in message and repr(name) in message
+    assert _bad_value_named(how) in message
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_official_weights_of_other_float_dtypes_still_load(dtype, tmp_path):
+    variables = {
+        name: value.astype(dtype)
+        for name, value in ref.official_variables(ref.LAYOUTS[LAYOUT]).items()
+    }
+    write_release(tmp_path, variables=variables)
+    np.testing.assert_array_equal(
+        loaded_bias(tmp_path),
+        variables["transformer/r_w_bias"].astype(np.float32),
+    )
+
+
+# === Hugging Face: config.json fields are type-checked ===
+
+
+def _hf_folder(directory, weights=True, **changes):
+    """A copy of the HF fixture with `changes` made to its config.json."""
+    directory.mkdir()
+    config = json.loads((HF / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+    if weights:
+        shutil.copy(HF / "model.safetensors", directory)
+    return directory / "config.json"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("pre_lnorm", "false"),
+    ("same_length", "no"),
+    ("untie_r", 1),
+    ("tie_word_embeddings", None),
+    ("tie_projs", "abc"),
+    ("tie_projs", [0, 1, 1]),
+    ("d_model", 64.9),
+    ("d_model", 64.0),
+    ("n_layer", "3"),
+    ("n_layer", True),
+    ("n_head", 0),
+    ("div_val", [2]),
+    ("mem_len", -1),
+    ("clamp_len", 1.5),
+    ("cutoffs", [100.0, 200]),
+    ("cutoffs", "100,200"),
+    ("dropout", "abc"),
+    ("dropout", False),
+    ("layer_norm_epsilon", "1e-5"),
+    ("attn_type", False),
+])
+def test_hf_config_fields_of_the_wrong_type_are_refused(field, value, tmp_path):
+    config_path = _hf_folder(tmp_path / "hf", weights=False, **{field: value})
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    message = str(info.value)
+    assert str(config_path) in message
+    assert field in message and repr(value) in message
+
+
+def test_hf_config_values_out_of_range_name_the_file(tmp_path):
+    config_path = _hf_folder(tmp_path / "hf", weights=False, dropout=1.5)
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    assert str(config_path) in str(info.value) and "dropout" in str(info.value)
+
+
+def test_hf_config_null_lengths_keep_their_defaults():
+    hf = json.loads((HF / "config.json").read_text())
+    config = keras_txl.hf_checkpoint.config_from_hf(
+        {**hf, "tgt_len": None, "mem_len": None}
+    )
+    assert (config.segment_length, config.memory_length) == (128, 0)
+    config = keras_txl.hf_checkpoint.config_from_hf({**hf, "tgt_len": 7})
+    assert config.segment_length == 7
+
+
+# === Hugging Face: tensors of the wrong dtype or not finite ===
+
+
+def _rewrite_tensors(directory, change):
+    """Rewrites `directory/model.safetensors` with `change(tensors)`."""
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    path = str(directory / "model.safetensors")
+    tensors = load_file(path)
+    save_file(change(tensors), path)
+    return path
+
+
+@pytest.mark.parametrize("how", ["int32", "bool", "nan", "inf"])
+def test_hf_tensors_of_a_wrong_dtype_or_not_finite_are_refused(how, tmp_path):
+    name = "transformer.layers.1.pos_ff.CoreNet.0.bias"
+    _hf_folder(tmp_path / "hf")
+
+    def change(tensors):
+        tensors[name] = _bad_value(tensors[name], how)
+        return tensors
+
+    path = _rewrite_tensors(tmp_path / "hf", change)
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    message = str(info.value)
+    assert path in message and repr(name) in message
+    assert _bad_value_named(how) in message
+
+
+def test_hf_float64_tensors_load_as_the_float32_ones(tmp_path):
+    _hf_folder(tmp_path / "hf")
+    _rewrite_tensors(tmp_path / "hf", lambda tensors: {
+        name: value.astype(np.float64) for name, value in tensors.items()
+    })
+    wide = keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    reference = keras_txl.load_hf_checkpoint(str(HF))
+    for a, b in zip(wide.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -633,6 +633,17 @@ class TransformerXLCausalLM(CausalLM):
             if load_weights:
                 checks.finite_weights(model, f"The preset {preset!r}")
         else:
+            from keras_txl.presets import PRESETS
+
+            if isinstance(preset, str) and preset in PRESETS:
+                # keras-hub would say "Unknown preset identifier": these are
+                # architectures, with no weights to load.
+                raise ValueError(
+                    f"`preset` {preset!r} is a keras-txl architecture (a "
+                    "TransformerXLConfig preset), not a folder of weights: build it "
+                    f"with TransformerXLCausalLM(TransformerXLConfig.from_preset({preset!r})), "
+                    "or pass a preset folder (save_preset / txl train's WORKDIR/model)."
+                )
             model = super().from_preset(preset, load_weights=load_weights, **kwargs)
         if model.preprocessor is not None:
             check_preprocessor(

@@ -345,6 +345,10 @@ def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
     keras_txl.save_pretrained(model, str(tmp_path / "weights"))
     with pytest.raises(ValueError, match="keras-txl folder, not a keras-hub preset"):
         TransformerXLCausalLM.from_preset(str(tmp_path / "weights"))
+    # An architecture name (the README's `tiny`) is not a preset of weights.
+    with pytest.raises(ValueError, match=r"'tiny' is a keras-txl architecture .*"
+                       r"TransformerXLConfig.from_preset\('tiny'\)"):
+        TransformerXLCausalLM.from_preset("tiny")
 
 
 def test_keras_hubs_own_from_preset_reads_the_folder_in_a_fresh_process(tmp_path):

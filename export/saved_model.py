@@ -91,10 +91,15 @@ def write_side_files(directory, model, *, tokenizer_dir=None, info=None):
             raise ValueError(
                 f"`tokenizer_dir`={tokenizer_dir!r} is not a folder."
             )
-        shutil.copytree(
-            tokenizer_dir, os.path.join(directory, TOKENIZER_DIR),
-            dirs_exist_ok=True,
-        )
+        # Loaded and saved again, not copied: the folder may be a whole
+        # model preset (its tokenizer.json and assets/ beside the weights),
+        # and only the tokenizer's own files belong in the export.
+        from keras_txl.tokenizers import load_tokenizer
+
+        target = os.path.join(directory, TOKENIZER_DIR)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        load_tokenizer(tokenizer_dir).save(target)
 
 
 def _json_table(table):

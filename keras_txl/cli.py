@@ -821,9 +821,9 @@ def main(argv=None):
     # Every command runs a model: say which wheel is missing. Loading
     # TensorFlow prints C++ lines before its logging is set up, past
     # TF_CPP_MIN_LOG_LEVEL: hidden unless -v (shown if the import fails).
-    with console.native_stderr_hidden(not args.verbose):
-        require_tensorflow()
     try:
+        with console.native_stderr_hidden(not args.verbose):
+            require_tensorflow()
         if args.command == "train":
             from keras_txl.training.run import train_main
 
@@ -858,7 +858,10 @@ def main(argv=None):
             from keras_txl.training.recl import recl_main
 
             return recl_main(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
+        # OSError: a path that is a file where a folder belongs, a folder
+        # where a file does, no permission, no space left: the message
+        # names the path; a traceback would bury it.
         print(f"txl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before training's own handler is installed

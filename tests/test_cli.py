@@ -236,6 +236,29 @@ def test_export_errors_read_like_the_other_commands(tmp_path, capsys, argv, mess
     assert not (tmp_path / "out").exists()
 
 
+def test_os_errors_and_an_early_ctrl_c_read_like_the_other_commands(tmp_path, capsys,
+                                                                     monkeypatch):
+    # A folder where a file belongs (or no permission, no space) surfaced as a
+    # traceback; so did Ctrl-C while TensorFlow was still loading.
+    import keras_txl
+    from keras_txl import cli
+
+    def folder_for_a_file(args):
+        raise IsADirectoryError(21, "Is a directory", str(tmp_path))
+
+    monkeypatch.setattr(cli, "_eval", folder_for_a_file)
+    assert main(["eval", "--workdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("txl eval: error: [Errno 21] Is a directory: "), err
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(keras_txl, "require_tensorflow", interrupted)
+    assert main(["eval", "--workdir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "txl eval: interrupted.\n"
+
+
 # --- the result JSON ---------------------------------------------------------
 
 

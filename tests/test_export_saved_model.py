@@ -374,3 +374,21 @@ def test_stateful_model_is_exported_through_a_pure_copy(exported):
     np.testing.assert_allclose(
         out["log_probs"], exported.reference[0]["log_probs"], atol=1e-6)
     assert saved_model.pure_model(exported.model) is exported.model
+
+
+def test_side_files_hold_the_tokenizer_alone_when_it_lives_in_a_preset(tmp_path):
+    # `txl export --workdir` finds the tokenizer in WORKDIR/model, a whole
+    # preset: copying that folder put the model's weights into the export
+    # (twice), where only the tokenizer belongs.
+    from keras_txl.tokenizers import WordTokenizer
+    from keras_txl.tokenizers import load_tokenizer
+
+    words = ["<eos>", "<unk>", "the", "cat", "sat"]
+    model = keras_txl.TransformerXLCausalLM(tiny_config(vocabulary_size=len(words)))
+    keras_txl.save_preset(model, str(tmp_path / "model"), tokenizer=WordTokenizer(words))
+    saved_model.write_side_files(str(tmp_path / "out"), model,
+                                 tokenizer_dir=str(tmp_path / "model"))
+    files = sorted(str(p.relative_to(tmp_path / "out" / "tokenizer"))
+                   for p in (tmp_path / "out" / "tokenizer").rglob("*") if p.is_file())
+    assert not [f for f in files if f.endswith(".h5") or f in ("config.json", "task.json")], files
+    assert load_tokenizer(tmp_path / "out" / "tokenizer").get_vocabulary() == words

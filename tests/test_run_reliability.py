@@ -382,3 +382,36 @@ def test_a_checkpoints_model_config_is_checked_like_a_model_folders(tmp_path):
             json.dump(state, f)
         with pytest.raises(CheckpointError, match=message):
             model_from_checkpoint(path)
+
+
+@pytest.mark.parametrize("when", ["periodic", "final"])
+def test_a_signal_during_an_evaluation_stops_it_after_the_segment(tmp_path, monkeypatch, when):
+    # SIGINT/SIGTERM were only read after training steps: an evaluation over
+    # a large validation split ran to its end (and the final one then exited 0).
+    import signal
+
+    from keras_txl.training import loop
+    from keras_txl.training.loop import EvaluationStopped
+    from keras_txl.training.loop import TrainingInterrupted
+
+    real, segments = loop.evaluate, []
+
+    def evaluate_with_a_signal(model, tokens, stop=None, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, as eval starts
+
+        def counted_stop():
+            segments.append(1)
+            return stop()
+        return real(model, tokens, stop=counted_stop, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", evaluate_with_a_signal)
+    run = trainer(tmp_path, steps=4, eval_every=2 if when == "periodic" else 0)
+    with pytest.raises(TrainingInterrupted, match="Stopped on SIGINT after step "
+                       f"{2 if when == 'periodic' else 4} of 4"):
+        run.train(corpus(), valid_tokens=corpus(4000))
+    assert len(segments) == 1  # of the hundreds in the split
+    assert run.checkpoints.latest().endswith(f"ckpt-{run.step:08d}")
+    assert not [h for h in run.history if h.get("split") == "valid"]
+    # evaluate() itself, asked to stop:
+    with pytest.raises(EvaluationStopped, match="after 8 tokens"):
+        real(run.model, corpus(400), segment_length=8, stop=lambda: True)

@@ -79,9 +79,15 @@ class TrainingInterrupted(Exception):
         )
 
 
+class EvaluationStopped(Exception):
+    """`evaluate(..., stop=...)` ended before the end of the text because
+    `stop()` returned true (the trainer's SIGINT/SIGTERM flag)."""
+
+
 class StopOnSignals:
-    """Turns SIGINT/SIGTERM into a flag read after each step (main thread
-    only; elsewhere signals keep their default behaviour)."""
+    """Turns SIGINT/SIGTERM into a flag read after each step, and after
+    each segment of an evaluation (main thread only; elsewhere signals keep
+    their default behaviour)."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
@@ -511,11 +517,14 @@ class Trainer:
                     self._stop_on_signal(signals.received, total)
                 if (valid_tokens is not None and cfg.eval_every
                         and self.step % cfg.eval_every == 0 and self.step < total):
-                    self._evaluate_and_log(valid_tokens, eval_settings, writer)
+                    self._evaluate_or_stop(valid_tokens, eval_settings, writer,
+                                           signals, total)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
+            if signals.received:  # during the last step
+                self._stop_on_signal(signals.received, total)
             if valid_tokens is not None:
-                self._evaluate_and_log(valid_tokens, eval_settings, writer)
+                self._evaluate_or_stop(valid_tokens, eval_settings, writer, signals, total)
             self.save_checkpoint()
             self.save_model()
         return losses
@@ -525,6 +534,15 @@ class Trainer:
         if self.workdir and self.chief:
             save_preset(self.model, os.path.join(self.workdir, "model"),
                         tokenizer=self.tokenizer)
+
+    def _evaluate_or_stop(self, valid_tokens, eval_settings, writer, signals, total):
+        """An evaluation that a SIGINT/SIGTERM cuts short (after the current
+        segment) like a training step: checkpoint, model folder, stop."""
+        try:
+            self._evaluate_and_log(valid_tokens, eval_settings, writer,
+                                   stop=lambda: signals.received)
+        except EvaluationStopped:
+            self._stop_on_signal(signals.received, total)
 
     def _stop_on_signal(self, name, total):
         path = self.save_checkpoint()
@@ -659,11 +677,12 @@ class Trainer:
             with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps({"split": "train", **record}) + "\n")
 
-    def _evaluate_and_log(self, valid_tokens, eval_settings, writer):
+    def _evaluate_and_log(self, valid_tokens, eval_settings, writer, stop=None):
         settings = dict(eval_settings or {})
         if self.config.eval_max_segments:
             settings.setdefault("max_segments", self.config.eval_max_segments)
-        result = evaluate(self.model, valid_tokens, reuse=self._eval_reuse, **settings)
+        result = evaluate(self.model, valid_tokens, reuse=self._eval_reuse, stop=stop,
+                          **settings)
         result = {(self.bits_name if k == "bpc" else k): v for k, v in result.items()}
         result["step"] = self.step
         logger.info("eval step %d | loss %.4f | ppl %.2f | %s %.4f | %d tokens",
@@ -754,7 +773,7 @@ def _checked_ids(tokens, V):
 
 def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,
              clamp_length=None, same_length=None, max_segments=0,
-             reset_every_segment=False, reuse=None, jit_compile="auto"):
+             reset_every_segment=False, reuse=None, jit_compile="auto", stop=None):
     """Token-weighted NLL over a whole split, the paper's way.
 
     The text is cut into `batch_size` streams that are read segment by
@@ -772,6 +791,11 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
 
     `jit_compile`: "auto" (XLA for long memories, `eval_jit_compile`),
     True or False.
+
+    `stop`: None, or a callable checked after each segment: when it
+    returns true the evaluation ends there with `EvaluationStopped` (the
+    trainer passes its SIGINT/SIGTERM flag, so a signal does not wait for
+    the whole split).
 
     Returns:
         dict with loss (nats/token), ppl, bpc, tokens.
@@ -836,6 +860,8 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
         nll, cache = step(x, y, cache)
         total += float(tf.reduce_sum(nll))
         count += int(x.shape[0] * x.shape[1])
+        if stop is not None and stop():
+            raise EvaluationStopped(f"evaluation stopped after {count} tokens")
     loss = total / count
     return {"loss": loss, "ppl": perplexity(loss), "bpc": loss / LN2,
             "tokens": count}

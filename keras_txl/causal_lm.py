@@ -21,6 +21,7 @@ from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from keras_txl.config import TransformerXLConfig
+from keras_txl.decoding import clamp_top_k
 from keras_txl.decoding import decode_loop
 from keras_txl.decoding import initial_cache
 from keras_txl.decoding import mask_after_stop
@@ -110,6 +111,45 @@ def _is_concrete(x):
 
 
 SAMPLERS = ("greedy", "top_k", "top_p", "random", "beam")
+
+
+def _has_own_loop(sampler):
+    """True for a sampler that runs its own loop (beam search, or a custom
+    sampler overriding `__call__`) instead of choosing one token a step."""
+    return type(sampler).__call__ is not Sampler.__call__
+
+
+def check_sampler(sampler):
+    """Refuses, by name, a keras-hub sampler `generate()` cannot run, before
+    anything is traced: contrastive search, `BeamSampler` with
+    `return_all_beams=True` (generate returns one sequence per prompt), and
+    a `k` or `num_beams` that is not a positive integer."""
+    from keras_hub.samplers import BeamSampler
+    from keras_hub.samplers import ContrastiveSampler
+    from keras_hub.samplers import TopKSampler
+    from keras_hub.samplers import TopPSampler
+
+    name = type(sampler).__name__
+    if isinstance(sampler, ContrastiveSampler):
+        raise ValueError(
+            f"`sampler`: {name} (contrastive search) compares the hidden "
+            "states of the whole sequence, which Transformer-XL's sliding "
+            "memory does not keep; use 'greedy', 'top_k', 'top_p', 'random' "
+            "or 'beam'."
+        )
+    if isinstance(sampler, BeamSampler):
+        if sampler.return_all_beams:
+            raise ValueError(
+                f"`sampler`: {name}(return_all_beams=True) is not supported: "
+                "generate() returns one sequence per prompt; use "
+                "BeamSampler(return_all_beams=False), which returns the best beam."
+            )
+        checks.positive_int(f"sampler ({name}) num_beams", sampler.num_beams)
+    if isinstance(sampler, TopKSampler) or (
+        isinstance(sampler, TopPSampler) and sampler.k is not None
+    ):
+        # A k above the vocabulary is clamped to it (`clamp_top_k`).
+        checks.positive_int(f"sampler ({name}) k", sampler.k)
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -658,7 +698,11 @@ class TransformerXLCausalLM(CausalLM):
 
         Args:
             sampler: a keras-hub sampler name (one of `SAMPLERS`) or a
-                `keras_hub.samplers.Sampler`, used by `generate()`.
+                `keras_hub.samplers.Sampler`, used by `generate()`. Refused
+                here: contrastive search, `BeamSampler(return_all_beams=True)`
+                and a `k` / `num_beams` that is not a positive integer
+                (`check_sampler`); a top-k `k` above the vocabulary keeps
+                every id (`keras_txl.decoding.clamp_top_k`).
             jit_compile: as in Keras ("auto" by default). For `generate()`,
                 "auto" means XLA (see `generate_jit_compile`); `fit` keeps
                 Keras' own resolution (off on a CPU-only host).
@@ -681,6 +725,8 @@ class TransformerXLCausalLM(CausalLM):
                 "`sampler` must be a sampler name or a "
                 f"keras_hub.samplers.Sampler, received {type(sampler).__name__}."
             )
+        if isinstance(sampler, Sampler):
+            check_sampler(sampler)
         super().compile(
             optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics,
             sampler=sampler, **kwargs,
@@ -730,11 +776,11 @@ class TransformerXLCausalLM(CausalLM):
             dict: "token_ids", "padding_mask" (True up to each row's stop
             token or the end), "memory" after the whole sequence.
         """
-        sampler = self.sampler
-        if type(sampler).__call__ is not Sampler.__call__:
+        sampler = clamp_top_k(self.sampler, self.txl_config.vocabulary_size)
+        if _has_own_loop(sampler):
             # Beam search keeps several hypotheses per row: keras-hub's own
             # loop, with the memory window as its cache (no memory out).
-            return self._generate_with_sampler_loop(inputs, stop_token_ids)
+            return self._generate_with_sampler_loop(inputs, stop_token_ids, sampler)
 
         def choose(log_probs):
             return sampler.get_next_token(sampler.compute_probabilities(log_probs))
@@ -745,20 +791,19 @@ class TransformerXLCausalLM(CausalLM):
             stop_token_ids=stop_token_ids,
         )
 
-    def _generate_with_sampler_loop(self, inputs, stop_token_ids):
+    def _generate_with_sampler_loop(self, inputs, stop_token_ids, sampler=None):
         """Samplers with their own loop (beam search): the memory's
         key/value window is the sampler's cache, fed one token per step
         from position 0, as `decode_loop` does."""
-        from keras_hub.samplers import ContrastiveSampler
-
-        if isinstance(self.sampler, ContrastiveSampler):
-            raise ValueError(
-                "`sampler`: contrastive search compares hidden states of the "
-                "whole sequence, which Transformer-XL's sliding memory does "
-                "not keep; use 'greedy', 'top_k', 'top_p', 'random' or 'beam'."
-            )
-        token_ids = ops.cast(inputs["token_ids"], "int32")
+        sampler = self.sampler if sampler is None else sampler
+        check_sampler(sampler)  # also when assigned without compile()
+        prompt_ids = ops.cast(inputs["token_ids"], "int32")
         padding_mask = ops.cast(inputs["padding_mask"], "bool")
+        # keras-hub's loop ends once every row holds a stop token outside
+        # its prompt. The padding must not count as one (a word tokenizer
+        # pads with its <eos>): it holds -1, which is never fed (position
+        # i is fed only after it is written) and is no stop token.
+        token_ids = ops.where(padding_mask, prompt_ids, -1)
         cache = initial_cache(
             self, ops.shape(token_ids)[0], inputs.get("memory"),
             inputs.get("memory_mask"),
@@ -774,34 +819,80 @@ class TransformerXLCausalLM(CausalLM):
             new_cache.pop("positions", None)
             return self.log_probs_from_hidden(hidden)[:, 0], hidden[:, 0], new_cache
 
-        token_ids = self.sampler(
+        token_ids = sampler(
             next=next, prompt=token_ids, cache=cache, index=1, mask=padding_mask,
             stop_token_ids=stop_token_ids, model=self,
         )
+        keep = mask_after_stop(token_ids, padding_mask, stop_token_ids)
+        # Positions never written (the loop ended early, every row past a
+        # stop token) get their padding back; `keep` leaves them out.
         return {
-            "token_ids": token_ids,
-            "padding_mask": mask_after_stop(token_ids, padding_mask, stop_token_ids),
+            "token_ids": ops.where(token_ids < 0, prompt_ids, token_ids),
+            "padding_mask": keep,
         }
+
+    def _resolve_stop_token_ids(self, stop_token_ids):
+        """`generate()`'s `stop_token_ids` as a tuple of ids in [0, V) or
+        None: "auto" is the tokenizer's `end_token_id` (None without a
+        preprocessor), an int is a one-element tuple."""
+        vocabulary_size = self.txl_config.vocabulary_size
+        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
+            end = None if self.preprocessor is None else getattr(
+                self.preprocessor.tokenizer, "end_token_id", None
+            )
+            return None if end is None else (int(end),)
+        if stop_token_ids is None:
+            return None
+        if isinstance(stop_token_ids, (numbers.Integral, np.integer)):
+            ids = (stop_token_ids,)
+        elif isinstance(stop_token_ids, (list, tuple)) or (
+            isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim == 1
+        ):
+            ids = tuple(stop_token_ids)
+        else:
+            ids = None
+        if ids is None or not all(
+            isinstance(i, (numbers.Integral, np.integer))
+            and not isinstance(i, (bool, np.bool_))
+            and 0 <= i < vocabulary_size
+            for i in ids
+        ):
+            raise ValueError(
+                '`stop_token_ids` must be "auto", None, an id or a tuple of '
+                f"ids in [0, vocabulary_size={vocabulary_size}), received "
+                f"stop_token_ids={stop_token_ids!r}."
+            )
+        return tuple(int(i) for i in ids) or None
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto",
                  strip_prompt=False, memory=None, return_memory=False):
         """Generates continuations of a batch of prompts (keras-hub's API).
 
+        Every argument is checked before anything is traced (`ValueError`
+        naming it).
+
         Args:
-            inputs: a string, a list of strings (prompts of any lengths), a
-                list of lists of token ids, or keras-hub's dict of
-                "token_ids" and "padding_mask"; or a `tf.data.Dataset` of
-                such batches.
-            max_length: int. Length of prompt plus continuation (the
-                preprocessor's `sequence_length` when None). Must be at
-                least the longest prompt's length.
+            inputs: one batch of prompts of any lengths: a string, a list
+                of strings, a string tensor (rank 0 or 1), a list of lists
+                of token ids (or a 2-D int array, a ragged int tensor), or
+                keras-hub's dict of "token_ids" (B, S) int and
+                "padding_mask" (B, S) bool or 0/1, each row's mask a prefix
+                of ones (prompts right-padded); or a `tf.data.Dataset` of
+                such batches (generated batch by batch, the results
+                concatenated). Ids must be in [0, vocabulary_size).
+            max_length: int. Length of prompt plus continuation; None is
+                the preprocessor's `sequence_length` (for a dict: its
+                padded length S). Must be at least the longest prompt's
+                length. A dict's prompts are re-packed to it.
             stop_token_ids: "auto" (the tokenizer's `end_token_id` when it
-                has one), None, or a tuple of ids.
+                has one), None, an id, or a tuple of ids in [0, V).
             strip_prompt: bool. Return only the continuations.
             memory: (B, L, M, D) float memory to continue from (e.g. from
-                an earlier call with `return_memory=True`), or None.
+                an earlier call with `return_memory=True`), or None. Not
+                with a dataset (one memory cannot follow every batch).
             return_memory: bool. Also return the memory after each row's
-                whole sequence.
+                whole sequence. Not with a dataset, nor with a sampler that
+                runs its own loop (beam search returns no memory).
 
         Returns:
             Strings for string prompts (a string for a single one), lists of
@@ -816,25 +907,42 @@ class TransformerXLCausalLM(CausalLM):
                 "memory is the sampler's cache): use "
                 "`model.with_settings(stateful=False)`."
             )
+        stop_token_ids = self._resolve_stop_token_ids(stop_token_ids)
+        if getattr(self, "sampler", None) is None:  # built with compile=False
+            raise ValueError(
+                "generate() needs a sampler: call "
+                "`model.compile(sampler='greedy')` (or another sampler) first."
+            )
+        check_sampler(self.sampler)
+        if return_memory and _has_own_loop(self.sampler):
+            raise ValueError(
+                f"`return_memory=True` is not supported with the sampler "
+                f"{type(self.sampler).__name__}: it runs its own loop over "
+                "several hypotheses per prompt and returns no memory. Use "
+                "return_memory=False, or compile with a sampler that picks "
+                "one token a step ('greedy', 'top_k', 'top_p', 'random')."
+            )
         if isinstance(inputs, tf.data.Dataset):
-            results = [
-                self.generate(batch, max_length, stop_token_ids, strip_prompt)
-                for batch in inputs
-            ]
-            return [item for batch in results for item in batch]
+            if memory is not None or return_memory:
+                raise ValueError(
+                    "`memory` and `return_memory` are not supported with a "
+                    "tf.data.Dataset of prompts (one memory cannot follow "
+                    "its batches): iterate over the dataset and call "
+                    "generate() on each batch to pass or receive a memory."
+                )
+            results = []
+            for batch in inputs:
+                out = self.generate(batch, max_length, stop_token_ids, strip_prompt)
+                # A dataset of single strings gives one string per element.
+                if isinstance(out, str):
+                    results.append(out)
+                else:
+                    results.extend(out)
+            return results
         batch, kind, scalar = normalize_prompts(
             inputs, self.preprocessor, max_length,
             self.txl_config.vocabulary_size,
         )
-        if stop_token_ids == "auto":
-            end = None if self.preprocessor is None else getattr(
-                self.preprocessor.tokenizer, "end_token_id", None
-            )
-            stop_token_ids = None if end is None else (int(end),)
-        elif stop_token_ids is not None:
-            stop_token_ids = tuple(
-                checks.non_negative_int("stop_token_ids", i) for i in stop_token_ids
-            )
         if memory is not None:
             memory = self._check_memory(memory, batch["token_ids"])
             batch["memory"] = memory

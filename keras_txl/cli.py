@@ -584,12 +584,27 @@ def encode_prompt(tokenizer, prompt):
     return ids, received
 
 
+def _check_generate_arguments(args):
+    """`txl generate`'s numbers, checked before a model is read or anything
+    is printed."""
+    from keras_txl import checks
+    from keras_txl.generation import check_sampling
+    from keras_txl.generation import check_seed
+
+    check_sampling(args.temperature, args.top_k, args.top_p)
+    check_seed(args.seed)
+    checks.non_negative_int("max_new_tokens", args.max_new_tokens)
+    if args.segment_length is not None:
+        checks.positive_int("segment_length", args.segment_length)
+
+
 def _generate(args):
     import time
 
     from keras_txl.generation import TextStream
     from keras_txl.generation import generate_iter
 
+    _check_generate_arguments(args)
     backend, tokenizer_dir = _generation_source(args)
     tokenizer = None
     if args.prompt is not None:

@@ -29,10 +29,31 @@ Shape legend: B batch, S padded length, L num_layers, M memory_length,
 D hidden_dim, V vocabulary_size.
 """
 
+import copy
+import numbers
+
 from keras import ops
 from keras import tree
 
 from keras_txl.memory import zero_memory
+
+
+def clamp_top_k(sampler, vocabulary_size):
+    """`sampler`, or a shallow copy of it with `k = vocabulary_size` when it
+    is a keras-hub `TopKSampler` / `TopPSampler` whose `k` is larger than
+    the vocabulary (top-k over more ids than there are keeps them all, as
+    the SavedModel's `generate` signature does; `ops.top_k` would fail).
+    The copy shares the sampler's seed generator: it draws what the
+    sampler would."""
+    from keras_hub.samplers import TopKSampler
+    from keras_hub.samplers import TopPSampler
+
+    k = getattr(sampler, "k", None)
+    if (isinstance(sampler, (TopKSampler, TopPSampler))
+            and isinstance(k, numbers.Integral) and k > vocabulary_size):
+        sampler = copy.copy(sampler)
+        sampler.k = int(vocabulary_size)
+    return sampler
 
 
 def stop_mask(token_ids, stop_token_ids):

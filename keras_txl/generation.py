@@ -58,15 +58,32 @@ logger = logging.getLogger(__name__)
 
 SCHEDULES = ("token", "segment")
 
+# Seeds are int64 (keras' SeedGenerator state, the SavedModel's `seed`).
+MAX_SEED = 2**63 - 1
 
 
 # === Sampling ===
 
 
+def check_seed(seed):
+    """`seed` as an int in [0, MAX_SEED], or None; ValueError naming it."""
+    if seed is None:
+        return None
+    if (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+            or not 0 <= seed <= MAX_SEED):
+        raise ValueError(
+            f"`seed` must be None or an integer in [0, 2**63 - 1 = {MAX_SEED}], "
+            f"received seed={seed!r}."
+        )
+    return int(seed)
+
+
 def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
     """The checked `(temperature, top_k, top_p)`; ValueError outside their range.
 
-    NumPy scalars count as numbers; `bool`, NaN and Inf do not.
+    NumPy scalars count as numbers; `bool`, NaN and Inf do not. A `top_k`
+    above the vocabulary is valid: it keeps every id (the samplers clamp it
+    to the vocabulary size, as the SavedModel's `generate` signature does).
     """
     temperature = checks.finite_number(
         "temperature", temperature, minimum=0,
@@ -101,12 +118,15 @@ def sample_next(log_probs, sampler):
     Returns:
         int.
     """
+    from keras_txl.decoding import clamp_top_k
+
     log_probs = np.asarray(log_probs, dtype=np.float32).reshape(1, -1)
     if np.isnan(log_probs).any() or not (log_probs < np.inf).all():
         raise ValueError(
             "The model returned NaN or +Inf log-probabilities; check its "
             "weights and the memory it was given."
         )
+    sampler = clamp_top_k(sampler, log_probs.shape[-1])
     probabilities = sampler.compute_probabilities(log_probs)
     return int(np.asarray(sampler.get_next_token(probabilities))[0])
 
@@ -272,9 +292,16 @@ def _check_initial_memory(backend, memory):
 def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
                   top_k=0, top_p=1.0, seed=None, segment_length=None,
                   schedule=None, use_cache=True, initial_memory=None):
-    """Yields the new ids one by one (see `generate` for the arguments)."""
+    """An iterator over the new ids, one by one (see `generate` for the
+    arguments).
+
+    Every argument is checked here, when it is called, before the first id
+    is asked for: a caller can print the prompt after this call knowing the
+    arguments are good (`txl generate` does).
+    """
     backend = as_backend(model, use_cache=use_cache)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    seed = check_seed(seed)
     prompt = np.asarray(prompt_ids)
     if prompt.ndim != 1:
         raise ValueError(
@@ -305,7 +332,15 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
         initial_memory = _check_initial_memory(backend, initial_memory)
     schedule, length = _resolve_schedule(backend, schedule, segment_length)
     prompt = prompt.astype(np.int32)
-    sampler = sampler_from_options(temperature, top_k, top_p, seed)
+    sampler = sampler_from_options(temperature, top_k, top_p, seed,
+                                   vocabulary_size=vocabulary_size)
+    return _generate_tokens(backend, prompt, max_new_tokens, sampler,
+                            schedule, length, initial_memory)
+
+
+def _generate_tokens(backend, prompt, max_new_tokens, sampler, schedule,
+                     length, initial_memory):
+    """`generate_iter`'s loop, on checked arguments."""
     state = backend.initial_state(initial_memory)
     fixed = backend.segment_length
 
@@ -412,19 +447,25 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
 # === keras-hub generation (compiled, batched) ===
 
 
-def sampler_from_options(temperature=1.0, top_k=0, top_p=1.0, seed=None):
+def sampler_from_options(temperature=1.0, top_k=0, top_p=1.0, seed=None,
+                         vocabulary_size=None):
     """The keras-hub sampler for `txl generate`'s options.
 
     temperature 0: `GreedySampler`; top_p < 1: `TopPSampler(p, k=top_k or
     None)`; top_k > 0: `TopKSampler(k)`; otherwise `RandomSampler`; each
     with `temperature` and `seed` (a new sampler with the same seed draws
-    the same tokens).
+    the same tokens). `seed`: None or an int in [0, 2**63 - 1].
+
+    `vocabulary_size`: int or None. A `top_k` above it is clamped to it
+    (every id kept). Without it the sampler keeps `top_k`, and
+    `model.generate` / `sample_next` clamp it to the log-probs' width.
     """
     from keras_hub import samplers
 
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
-    if seed is not None:
-        seed = checks.non_negative_int("seed", seed)
+    seed = check_seed(seed)
+    if vocabulary_size is not None:
+        top_k = min(top_k, checks.positive_int("vocabulary_size", vocabulary_size))
     if temperature == 0:
         return samplers.GreedySampler()
     if top_p < 1:
@@ -455,8 +496,18 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
             "`prompts` must be a non-empty list of id sequences, received "
             f"{type(prompts).__name__}."
         )
-    rows = [[int(i) for i in np.asarray(p).reshape(-1)] for p in prompts]
-    model.compile(sampler=sampler_from_options(temperature, top_k, top_p, seed))
+    rows = []
+    for i, prompt in enumerate(prompts):
+        array = np.asarray(prompt)
+        if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
+            raise ValueError(
+                f"`prompts[{i}]` must be a non-empty 1-D sequence of int ids, "
+                f"received shape {array.shape} and dtype {array.dtype}."
+            )
+        rows.append([int(t) for t in array])
+    sampler = sampler_from_options(temperature, top_k, top_p, seed,
+                                   vocabulary_size=model.txl_config.vocabulary_size)
+    model.compile(sampler=sampler)
     outputs = model.generate(
         rows, max_length=max(len(r) for r in rows) + max_new_tokens,
         strip_prompt=True,

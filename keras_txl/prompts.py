@@ -1,96 +1,212 @@
-"""Checking and packing `generate()`'s prompts (strings or token ids)."""
+"""Checking and packing `generate()`'s prompts (strings or token ids).
+
+Every form of prompt goes through the same checks before anything is
+traced: strings are tokenized, ids must be integers in [0, V), keras-hub's
+dict of "token_ids" and "padding_mask" must have a mask of the same shape
+that is a prefix of ones in every row (prompts start at position 0 and are
+right-padded), and `max_length` must hold the longest prompt.
+"""
+
+import numbers
 
 import numpy as np
 import tensorflow as tf
 
 from keras_txl.checks import positive_int
 
+# How many values of a bad mask row an error shows.
+_SHOWN = 16
+
 
 def _tokenize_one(tokenizer, text):
     return np.asarray(tokenizer.tokenize(tf.constant(text)), "int32")
 
 
+def _as_host(value):
+    """A tensor as NumPy (a ragged tensor as nested lists); others as they
+    are."""
+    if isinstance(value, tf.RaggedTensor):
+        return value.to_list()
+    if tf.is_tensor(value):
+        return value.numpy()
+    return value
+
+
+def _shown(row):
+    values = [int(v) for v in row[:_SHOWN]]
+    return str(values)[:-1] + (", ...]" if len(row) > _SHOWN else "]")
+
+
+def _dict_rows(inputs):
+    """keras-hub's {"token_ids", "padding_mask"} as one id row per prompt
+    (its masked prefix), and the dict's padded length."""
+    if set(inputs) - {"token_ids", "padding_mask"} or "token_ids" not in inputs:
+        raise ValueError(
+            "`inputs` as a dict must hold 'token_ids' and optionally "
+            f"'padding_mask', received keys {sorted(map(str, inputs))}."
+        )
+    token_ids = np.asarray(_as_host(inputs["token_ids"]))
+    if token_ids.dtype.kind not in "iu":
+        raise ValueError(
+            "`inputs['token_ids']` must hold integer token ids, received "
+            f"dtype {token_ids.dtype}."
+        )
+    if token_ids.ndim != 2 or 0 in token_ids.shape:
+        raise ValueError(
+            "`inputs['token_ids']` must have shape (batch, length) with "
+            f"batch and length >= 1, received shape {token_ids.shape}."
+        )
+    if "padding_mask" in inputs:
+        mask = np.asarray(_as_host(inputs["padding_mask"]))
+        if mask.shape != token_ids.shape:
+            raise ValueError(
+                "`inputs['padding_mask']` must have the shape of "
+                f"`inputs['token_ids']` {token_ids.shape}, received shape "
+                f"{mask.shape}."
+            )
+        if mask.dtype.kind in "iu" and np.isin(mask, (0, 1)).all():
+            mask = mask.astype(bool)
+        elif mask.dtype != bool:
+            raise ValueError(
+                "`inputs['padding_mask']` must be bool (or integers 0 and 1), "
+                f"received dtype {mask.dtype}"
+                + (" with other values" if mask.dtype.kind in "iu" else "") + "."
+            )
+    else:
+        mask = np.ones(token_ids.shape, bool)
+    lengths = mask.sum(axis=1)
+    prefix = np.arange(mask.shape[1])[None, :] < lengths[:, None]
+    bad = np.flatnonzero(np.any(mask != prefix, axis=1) | (lengths == 0))
+    if bad.size:
+        row = int(bad[0])
+        raise ValueError(
+            f"`inputs['padding_mask']` row {row} must be a prefix of ones "
+            "(each prompt starts at position 0, holds at least one token and "
+            f"is right-padded), received {_shown(mask[row].astype(int))}."
+        )
+    rows = [token_ids[i, :n] for i, n in enumerate(lengths)]
+    return rows, token_ids.shape[1]
+
+
+def _is_id(value):
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def _prompt_list(inputs):
+    """`inputs` (not a dict) as (list of prompts, scalar)."""
+    inputs = _as_host(inputs)
+    if isinstance(inputs, np.ndarray):
+        if inputs.ndim == 0:
+            inputs = inputs.item()
+        elif inputs.dtype.kind in "SUO" or inputs.ndim == 2:
+            inputs = list(inputs)
+    scalar = isinstance(inputs, (str, bytes))
+    prompts = [inputs] if scalar else inputs
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(
+            "`inputs` must be a string, a list of strings, a list of lists "
+            "of token ids, a dict of 'token_ids' and 'padding_mask', a "
+            "string tensor or a tf.data.Dataset of those, received "
+            f"{type(inputs).__name__}"
+            + (f" of shape {inputs.shape}" if hasattr(inputs, "shape") else "")
+            + "."
+        )
+    return prompts, scalar
+
+
 def normalize_prompts(inputs, preprocessor, max_length, vocabulary_size):
     """Checks `generate()`'s prompts and packs them, right-padded.
+
+    Args:
+        inputs: a string, a list of strings (or bytes), a list of lists of
+            int ids, a 2-D int array, a string tensor (rank 0 or 1), a
+            ragged tensor of ids, or keras-hub's dict of "token_ids" (B, S)
+            int and "padding_mask" (B, S) bool or 0/1 (each row a prefix of
+            ones; the padding's values are not read).
+        preprocessor: the model's preprocessor or None (strings need one).
+        max_length: int or None. The packed length: None is the
+            preprocessor's `sequence_length`, or S for a dict.
+        vocabulary_size: int. Ids must be in [0, vocabulary_size).
 
     Returns:
         `(batch, kind, scalar)`: batch = {"token_ids" (B, S) int32,
         "padding_mask" (B, S) bool} with S = `max_length`; kind "strings"
         or "ids"; scalar True for a single string prompt.
     """
+    default_length = None
     if isinstance(inputs, dict):
-        if set(inputs) - {"token_ids", "padding_mask"} or "token_ids" not in inputs:
-            raise ValueError(
-                "`inputs` as a dict must hold 'token_ids' and 'padding_mask', "
-                f"received keys {sorted(inputs)}."
-            )
-        token_ids = np.asarray(inputs["token_ids"])
-        mask = np.asarray(inputs.get("padding_mask", np.ones_like(token_ids, bool)), bool)
-        if token_ids.ndim != 2 or not mask[:, 0].all():
-            raise ValueError(
-                "`inputs['token_ids']` must be (batch, length) with every "
-                "prompt starting at position 0 and at least one token."
-            )
-        return {"token_ids": token_ids.astype("int32"), "padding_mask": mask}, "ids", False
-    scalar = isinstance(inputs, (str, bytes))
-    prompts = [inputs] if scalar else inputs
-    if isinstance(prompts, np.ndarray):
-        prompts = list(prompts)
-    if not isinstance(prompts, (list, tuple)):
-        raise ValueError(
-            "`inputs` must be a string, a list of strings or a list of lists "
-            f"of token ids, received {type(inputs).__name__}."
-        )
-    if not prompts:
-        raise ValueError("`inputs` is an empty list: give at least one prompt.")
-    if all(isinstance(p, (str, bytes)) for p in prompts):
-        if preprocessor is None:
-            raise ValueError(
-                "`inputs` are strings but the model has no preprocessor to "
-                "tokenize them: attach a TransformerXLCausalLMPreprocessor or "
-                "pass token ids."
-            )
-        texts = [p.decode("utf-8") if isinstance(p, bytes) else p for p in prompts]
-        rows = [_tokenize_one(preprocessor.tokenizer, t) for t in texts]
-        kind = "strings"
-    elif all(
-        isinstance(p, (list, tuple, np.ndarray)) and len(p) > 0 and all(
-            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in p
-        )
-        for p in prompts
-    ):
-        rows = [np.asarray(p, "int64") for p in prompts]
-        kind = "ids"
+        rows, default_length = _dict_rows(inputs)
+        names = [f"inputs['token_ids'][{i}]" for i in range(len(rows))]
+        kind, scalar = "ids", False
     else:
-        bad = next(
-            type(p).__name__ for p in prompts
-            if not isinstance(p, (str, bytes, list, tuple, np.ndarray))
-        ) if any(not isinstance(p, (str, bytes, list, tuple, np.ndarray)) for p in prompts) else "mixed"
-        raise ValueError(
-            "`inputs` must be all strings or all non-empty lists of int token "
-            f"ids; received an element of type {bad}."
-        )
-    for i, row in enumerate(rows):
-        if row.size == 0:
+        prompts, scalar = _prompt_list(inputs)
+        if not prompts:
+            raise ValueError("`inputs` is an empty list: give at least one prompt.")
+        prompts = [_as_host(p) for p in prompts]
+        if all(isinstance(p, (str, bytes)) for p in prompts):
+            if preprocessor is None:
+                raise ValueError(
+                    "`inputs` are strings but the model has no preprocessor to "
+                    "tokenize them: attach a TransformerXLCausalLMPreprocessor or "
+                    "pass token ids."
+                )
+            texts = [p.decode("utf-8") if isinstance(p, bytes) else p for p in prompts]
+            rows = [_tokenize_one(preprocessor.tokenizer, t) for t in texts]
+            kind = "strings"
+        elif all(
+            isinstance(p, (list, tuple, np.ndarray))
+            and getattr(p, "ndim", 1) == 1 and len(p) > 0
+            and all(_is_id(i) for i in p)
+            for p in prompts
+        ):
+            rows = [[int(i) for i in p] for p in prompts]
+            kind = "ids"
+        else:
+            bad = next(
+                (p for p in prompts if not isinstance(p, (str, bytes, list, tuple, np.ndarray))),
+                None,
+            )
+            if bad is not None:
+                found = f"an element of type {type(bad).__name__}"
+                if _is_id(bad):
+                    found += " (one prompt of ids is a list inside the list: [[1, 2, 3]])"
+            elif any(isinstance(p, (str, bytes)) for p in prompts):
+                found = "strings mixed with id lists"
+            else:
+                found = "an empty list or a list holding something else than int ids"
             raise ValueError(
-                f"`inputs[{i}]` is empty after tokenization: every prompt needs "
+                "`inputs` must be all strings or all non-empty lists of int token "
+                f"ids; received {found}."
+            )
+        names = [f"inputs[{i}]" for i in range(len(rows))]
+    for name, row in zip(names, rows):
+        if len(row) == 0:
+            raise ValueError(
+                f"`{name}` is empty after tokenization: every prompt needs "
                 "at least one token."
             )
-        if row.min() < 0 or row.max() >= vocabulary_size:
+        if isinstance(row, np.ndarray):
+            low, high = int(row.min()), int(row.max())
+        else:  # Python ints (any size: checked before a NumPy cast)
+            low, high = min(row), max(row)
+        if low < 0 or high >= vocabulary_size:
             raise ValueError(
-                f"`inputs[{i}]` holds token ids outside [0, vocabulary_size="
-                f"{vocabulary_size})."
+                f"`{name}` holds token ids outside [0, vocabulary_size="
+                f"{vocabulary_size}), received values in [{low}, {high}]."
             )
-    longest = max(row.size for row in rows)
+    lengths = [len(row) for row in rows]
+    longest = max(lengths)
     if max_length is None:
-        max_length = getattr(preprocessor, "sequence_length", None)
+        max_length = default_length or getattr(preprocessor, "sequence_length", None)
         if max_length is None:
             raise ValueError("`max_length` is needed when the model has no preprocessor.")
     max_length = positive_int("max_length", max_length)
     if max_length < longest:
         raise ValueError(
             f"`max_length`={max_length} is shorter than the longest prompt "
-            f"({longest} tokens, prompt {int(np.argmax([r.size for r in rows]))}); "
+            f"({longest} tokens, prompt {int(np.argmax(lengths))}); "
             "it counts the prompt and the continuation together."
         )
     pad = 0
@@ -99,6 +215,6 @@ def normalize_prompts(inputs, preprocessor, max_length, vocabulary_size):
     token_ids = np.full((len(rows), max_length), pad, "int32")
     mask = np.zeros((len(rows), max_length), bool)
     for i, row in enumerate(rows):
-        token_ids[i, : row.size] = row
-        mask[i, : row.size] = True
+        token_ids[i, : len(row)] = np.asarray(row, "int64")
+        mask[i, : len(row)] = True
     return {"token_ids": token_ids, "padding_mask": mask}, kind, scalar

@@ -1,0 +1,327 @@
+"""`generate()`'s inputs and options are checked before anything is traced,
+whatever form they come in (lists, keras-hub's id dict, string tensors,
+datasets), and every generation path follows one rule for top-k and seeds."""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+from testing import byte_causal_lm
+from testing import tiny_config
+
+import keras_txl
+from keras_txl import TransformerXLCausalLM
+from keras_txl import generation
+from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+from keras_txl.cli import main
+
+V = 11  # tiny_config's vocabulary
+
+
+def id_model(**overrides):
+    """The tiny model (V 11), no preprocessor, greedy."""
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(memory_length=8, **overrides))
+    model.compile(sampler="greedy")
+    return model
+
+
+def byte_model():
+    """A byte-level model with a preprocessor (strings in, strings out)."""
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm(memory_length=8)
+    model.compile(sampler="greedy")
+    return model
+
+
+WORDS = ["<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "a"]
+
+
+def word_model():
+    """A word-level model: its tokenizer pads with its end token (both 0)."""
+    from keras_txl.tokenizers import WordTokenizer
+
+    keras.utils.set_random_seed(0)
+    preprocessor = TransformerXLCausalLMPreprocessor(WordTokenizer(WORDS), sequence_length=8)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=len(WORDS)),
+                                  preprocessor=preprocessor)
+    tokenizer = preprocessor.tokenizer
+    assert tokenizer.pad_token_id == tokenizer.end_token_id == 0
+    return model
+
+
+# === keras-hub's dict of token_ids and padding_mask ===
+
+
+IDS = np.array([[1, 2, 3, 0], [4, 5, 0, 0]], "int32")
+MASK = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"token_ids": [[11, 2, 0]], "padding_mask": [[1, 1, 0]]},
+     r"`inputs\['token_ids'\]\[0\]` holds token ids outside \[0, vocabulary_size=11\), "
+     r"received values in \[2, 11\]"),
+    ({"token_ids": [[-1, 2, 0]], "padding_mask": [[1, 1, 0]]},
+     r"outside \[0, vocabulary_size=11\), received values in \[-1, 2\]"),
+    ({"token_ids": [[1.7, 2.0, 0.0]], "padding_mask": [[1, 1, 0]]},
+     r"`inputs\['token_ids'\]` must hold integer token ids, received dtype float64"),
+    ({"token_ids": IDS, "padding_mask": np.ones((2, 3), bool)},
+     r"`inputs\['padding_mask'\]` must have the shape of `inputs\['token_ids'\]` "
+     r"\(2, 4\), received shape \(2, 3\)"),
+    ({"token_ids": IDS, "padding_mask": [[1, 0, 1, 0], [1, 1, 0, 0]]},
+     r"`inputs\['padding_mask'\]` row 0 must be a prefix of ones .* received \[1, 0, 1, 0\]"),
+    ({"token_ids": IDS, "padding_mask": [[1, 1, 1, 0], [0, 0, 0, 0]]},
+     r"row 1 must be a prefix of ones \(each prompt starts at position 0, holds at least one"),
+    ({"token_ids": IDS, "padding_mask": [[2, 1, 1, 0], [1, 1, 0, 0]]},
+     r"`inputs\['padding_mask'\]` must be bool \(or integers 0 and 1\)"),
+    ({"token_ids": IDS[0], "padding_mask": MASK[0]},
+     r"`inputs\['token_ids'\]` must have shape \(batch, length\)"),
+    ({"token_ids": IDS, "mask": MASK}, r"received keys \['mask', 'token_ids'\]"),
+])
+def test_a_dict_of_ids_is_checked_like_a_list_of_ids(inputs, message):
+    model = id_model()
+    with pytest.raises(ValueError, match=message):
+        model.generate(inputs, stop_token_ids=None)
+
+
+def test_a_dict_of_ids_generates_like_the_same_list_and_honours_max_length():
+    model = id_model()
+    as_list = model.generate([[1, 2, 3], [4, 5]], max_length=4, stop_token_ids=None)
+    as_dict = model.generate({"token_ids": IDS, "padding_mask": MASK}, stop_token_ids=None)
+    # The padding's values are not read; an int 0/1 mask is a bool mask.
+    other_padding = model.generate(
+        {"token_ids": np.where(MASK, IDS, 7), "padding_mask": MASK.astype("int64")},
+        stop_token_ids=None)
+    for a, b, c in zip(as_list, as_dict, other_padding):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    # max_length re-packs the prompts (it was silently ignored).
+    longer = model.generate({"token_ids": IDS, "padding_mask": MASK}, max_length=9,
+                            stop_token_ids=None)
+    assert [len(row) for row in longer] == [9, 9]
+    for row, prompt in zip(longer, model.generate([[1, 2, 3], [4, 5]], max_length=9,
+                                                  stop_token_ids=None)):
+        np.testing.assert_array_equal(row, prompt)
+    with pytest.raises(ValueError, match=r"`max_length`=2 is shorter than the longest prompt"):
+        model.generate({"token_ids": IDS, "padding_mask": MASK}, max_length=2)
+    # Without a padding_mask every position is the prompt.
+    full = model.generate({"token_ids": IDS}, max_length=6, stop_token_ids=None)
+    np.testing.assert_array_equal(full[1][:4], IDS[1])
+
+
+def test_list_prompts_refuse_huge_and_float_ids_by_name():
+    model = id_model()
+    with pytest.raises(ValueError, match=r"`inputs\[0\]` holds token ids outside"):
+        model.generate([[2**70]], max_length=3)
+    with pytest.raises(ValueError, match=r"`inputs` must be all strings or all non-empty lists"):
+        model.generate([[1.0, 2.0]], max_length=3)
+    with pytest.raises(ValueError, match=r"a list inside the list"):
+        model.generate([1, 2, 3], max_length=5)
+
+
+# === Beam search with a tokenizer that pads with its end token ===
+
+
+def test_beam_search_generates_when_the_padding_is_the_stop_token():
+    model = word_model()
+    prompts = [[2, 3], [4, 5, 7]]  # "the cat", "sat on a"
+    model.compile(sampler="greedy")
+    greedy = model.generate(prompts, max_length=8, strip_prompt=True)
+    assert all(len(row) > 1 for row in greedy)
+    model.compile(sampler="beam")
+    beams = model.generate(prompts, max_length=8, strip_prompt=True)
+    # It used to stop at once on the padding (<eos>) and return only it.
+    assert all(len(row) > 1 for row in beams), beams
+    texts = model.generate(["the cat"], max_length=8)
+    assert len(texts[0].split()) > 2, texts
+    # One beam is greedy search.
+    model.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=1))
+    for a, b in zip(model.generate(prompts, max_length=8, strip_prompt=True), greedy):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_beam_search_on_a_peaked_model_equals_greedy_and_stops_at_the_stop_token():
+    model = word_model()
+    # Peaked: a larger (tied) embedding scales the logits; the most likely
+    # id then has a probability above 0.99 at each step.
+    table = model.backbone.token_embedding.weights[0]
+    table.assign(table * 10.0)
+    prompts = [[2, 3], [4]]
+    model.compile(sampler="greedy")
+    greedy = model.generate(prompts, max_length=8)  # stops at <eos> = padding
+    model.compile(sampler="beam")
+    beams = model.generate(prompts, max_length=8)
+    for a, b in zip(beams, greedy):
+        np.testing.assert_array_equal(a, b)
+    # A stop token ends a row after it (kept), never inside the prompt.
+    stop = int(greedy[0][2])
+    stopped = model.generate(prompts, max_length=8, stop_token_ids=stop)
+    assert list(stopped[0]) == list(greedy[0][:3])
+
+
+# === Datasets and string tensors ===
+
+
+def test_datasets_and_string_tensors_are_generated_like_lists():
+    model = byte_model()
+    texts = ["abc", "de", "f"]
+    expected = model.generate(texts, max_length=6)
+    batched = tf.data.Dataset.from_tensor_slices(texts).batch(2)
+    assert model.generate(batched, max_length=6) == expected
+    single = tf.data.Dataset.from_tensor_slices(texts)  # one string per element
+    assert model.generate(single, max_length=6) == expected
+    assert model.generate(tf.constant(texts[:2]), max_length=6) == expected[:2]
+    assert model.generate(tf.constant("abc"), max_length=6) == expected[0]
+    assert model.generate(np.array(texts), max_length=6) == expected
+    ids = {"token_ids": np.array([[97, 98, 99], [100, 101, 0], [102, 0, 0]]),
+           "padding_mask": np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0]], bool)}
+    by_dict = model.generate(tf.data.Dataset.from_tensor_slices(ids).batch(2), max_length=6)
+    by_list = model.generate([[97, 98, 99], [100, 101], [102]], max_length=6)
+    assert len(by_dict) == 3
+    for a, b in zip(by_dict, by_list):
+        np.testing.assert_array_equal(a, b)
+    # One memory cannot follow a dataset's batches: refused by name.
+    for kwargs in ({"return_memory": True}, {"memory": np.zeros((2, 2, 8, 32), "float32")}):
+        with pytest.raises(ValueError, match=r"`memory` and `return_memory` are not supported "
+                                             r"with a tf.data.Dataset"):
+            model.generate(batched, max_length=6, **kwargs)
+
+
+# === Samplers generate() cannot run ===
+
+
+def test_samplers_generate_cannot_run_are_refused_by_name():
+    model = byte_model()
+    with pytest.raises(ValueError, match=r"`sampler`: ContrastiveSampler"):
+        model.compile(sampler=keras_hub.samplers.ContrastiveSampler(k=3))
+    with pytest.raises(ValueError, match=r"BeamSampler\(return_all_beams=True\) is not supported"):
+        model.compile(sampler=keras_hub.samplers.BeamSampler(return_all_beams=True))
+    with pytest.raises(ValueError, match=r"sampler \(TopKSampler\) k"):
+        model.compile(sampler=keras_hub.samplers.TopKSampler(k=0))
+    model.compile(sampler="beam")
+    with pytest.raises(ValueError, match=r"`return_memory=True` is not supported with the "
+                                         r"sampler BeamSampler"):
+        model.generate(["abc"], max_length=6, return_memory=True)
+    # A memory in still works with beam search.
+    out = model.generate(["abc"], max_length=6, memory=np.zeros((1, 2, 8, 32), "float32"))
+    assert out[0].startswith("abc")
+    model.sampler = keras_hub.samplers.ContrastiveSampler(k=3)  # without compile()
+    with pytest.raises(ValueError, match=r"`sampler`: ContrastiveSampler"):
+        model.generate(["abc"], max_length=6)
+    bare = TransformerXLCausalLM(tiny_config(), compile=False)
+    with pytest.raises(ValueError, match=r"generate\(\) needs a sampler"):
+        bare.generate([[1, 2]], max_length=4)
+
+
+# === stop_token_ids ===
+
+
+def test_stop_token_ids_take_an_int_and_refuse_ids_outside_the_vocabulary():
+    model = id_model()
+    free = model.generate([[1, 2, 3]], max_length=10, stop_token_ids=None)[0]
+    stop = int(free[3])
+    as_int = model.generate([[1, 2, 3]], max_length=10, stop_token_ids=stop)[0]
+    as_tuple = model.generate([[1, 2, 3]], max_length=10, stop_token_ids=(stop,))[0]
+    np.testing.assert_array_equal(as_int, as_tuple)
+    np.testing.assert_array_equal(as_int, free[:4])
+    np.testing.assert_array_equal(
+        model.generate([[1, 2, 3]], max_length=10, stop_token_ids=np.int64(stop))[0], as_int)
+    for bad in ((10**6,), 11, (-1,), "eos", (1.0,), True, [[1]]):
+        with pytest.raises(ValueError, match=r"`stop_token_ids` must be .* in \[0, "
+                                             r"vocabulary_size=11\)"):
+            model.generate([[1, 2, 3]], max_length=10, stop_token_ids=bad)
+
+
+# === top_k above the vocabulary, seeds ===
+
+
+def test_top_k_above_the_vocabulary_keeps_every_id_on_every_path():
+    model = id_model()
+    options = dict(temperature=1.0, seed=5)
+    clamped = generation.generate_ids(model, [[1, 2]], 6, top_k=1000, **options)[0]
+    whole = generation.generate_ids(model, [[1, 2]], 6, top_k=V, **options)[0]
+    np.testing.assert_array_equal(clamped, whole)
+    host = generation.generate(model, [1, 2], 6, top_k=1000, segment_length=1, **options)
+    np.testing.assert_array_equal(
+        host, generation.generate(model, [1, 2], 6, top_k=V, segment_length=1, **options))
+    # A sampler built without the vocabulary size (as tflite_generate does).
+    log_probs = np.log(np.full(V, 1.0 / V))
+    sampler = generation.sampler_from_options(top_k=1000, seed=1)
+    assert 0 <= generation.sample_next(log_probs, sampler) < V
+    assert sampler.k == 1000  # the caller's sampler is left as it was
+    assert generation.sampler_from_options(top_k=1000, vocabulary_size=V).k == V
+    runs = []
+    for k in (1000, V):
+        model.compile(sampler=keras_hub.samplers.TopKSampler(k=k, seed=3))
+        runs.append(model.generate([[1, 2]], max_length=8, stop_token_ids=None)[0])
+    np.testing.assert_array_equal(*runs)
+
+
+def test_an_out_of_range_seed_is_named():
+    model = id_model()
+    message = r"`seed` must be None or an integer in \[0, 2\*\*63 - 1"
+    for seed in (2**70, 2**63, -1, 1.5, True):
+        with pytest.raises(ValueError, match=message):
+            generation.generate_ids(model, [[1, 2]], 3, top_k=3, seed=seed)
+        with pytest.raises(ValueError, match=message):
+            generation.generate(model, [1, 2], 3, seed=seed)
+    assert generation.sampler_from_options(seed=2**63 - 1).seed == 2**63 - 1
+
+
+def test_generate_iter_checks_its_arguments_when_called():
+    model = id_model()
+    # Checked at the call, not at the first next(): a caller may print the
+    # prompt right after it.
+    with pytest.raises(ValueError, match="`segment_length` must be a positive integer"):
+        generation.generate_iter(model, [1, 2], 3, segment_length=0)
+    with pytest.raises(ValueError, match="`seed`"):
+        generation.generate_iter(model, [1, 2], 3, seed=2**64)
+
+
+# === txl generate ===
+
+
+@pytest.fixture(scope="module")
+def char_workdir(tmp_path_factory):
+    """A training-run folder with a char tokenizer (a, b, c, space, newline)."""
+    from keras_txl.tokenizers import CharTokenizer
+
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("char_run")
+    tokenizer = CharTokenizer.fit(["abc cab bca\n"])
+    tokenizer.save(tmp / "tokenizer")
+    model = TransformerXLCausalLM(tiny_config(
+        vocabulary_size=tokenizer.vocabulary_size(), segment_length=4, memory_length=4))
+    keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tmp / "tokenizer"))
+    return tmp / "run", tokenizer.vocabulary_size()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--segment-length", "0"], "`segment_length` must be a positive integer"),
+    (["--seed", "99999999999999999999999"], r"`seed` must be None or an integer in \[0, 2\*\*63"),
+    (["--top-k", "-1"], "`top_k`"),
+    (["--max-new-tokens", "-2"], "`max_new_tokens`"),
+])
+def test_txl_generate_reports_bad_arguments_before_any_output(char_workdir, capsys, flags,
+                                                              message):
+    workdir, _ = char_workdir
+    argv = ["generate", "--workdir", str(workdir), "--prompt", "abc", *flags]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    assert __import__("re").search(message, captured.err), captured.err
+
+
+@pytest.mark.parametrize("extra", [[], ["--segment-length", "1"]])
+def test_txl_generate_clamps_top_k_to_the_vocabulary(char_workdir, capsys, extra):
+    workdir, vocabulary_size = char_workdir
+    outputs = []
+    for k in ("1000", str(vocabulary_size)):
+        argv = ["generate", "--workdir", str(workdir), "--prompt", "abc", "--top-k", k,
+                "--seed", "4", "--max-new-tokens", "6", *extra]
+        assert main(argv) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].startswith("abc")

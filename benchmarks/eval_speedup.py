@@ -7,7 +7,8 @@ T tokens with a memory of M = A - T cached states (every token attends to at mos
 costs one forward pass of T tokens (the library's evaluation step: the memory is carried as its
 key/value cache); per token, that time / T. Same model size for both
 (default: 4 layers, d 256, 8 heads x 32, d_inner 1024, byte vocabulary 256), batch 1,
-random weights (speed does not depend on them), fp32. The vanilla forward runs in graph mode
+random weights (speed does not depend on them), fp32 (`--precision mixed_bfloat16` or `auto`
+runs both models under that Keras policy instead). The vanilla forward runs in graph mode
 (XLA was slower for it: 596 against 481 ms per token at A = 2,800); XL runs the evaluation
 step as the library compiles it (`make_eval_step`'s default, "auto": XLA from 512 keys on;
 `--xl-jit on|off` forces it). `--jit` XLA-compiles both.
@@ -22,7 +23,7 @@ and TensorFlow's matmul peak, `benchmarks/hostinfo.py`) and a table;
 `--plot PATH` draws measured, FLOP-predicted and the paper's ratios.
 
     python benchmarks/eval_speedup.py [--lengths 800 1800 2800 3800] [--segment 128]
-        [--runs 3] [--repeats 5] [--jit] [--plot docs/eval_speedup.png]
+        [--runs 3] [--repeats 5] [--jit] [--precision float32] [--plot docs/eval_speedup.png]
 """
 
 import argparse
@@ -93,9 +94,16 @@ def main(argv=None):
     parser.add_argument("--jit", action="store_true", help="XLA-compile both forwards")
     parser.add_argument("--xl-jit", default="auto", choices=["auto", "on", "off"],
                         help="XLA for XL's evaluation step (default: the library's, auto)")
+    parser.add_argument("--precision", default="float32",
+                        choices=["float32", "mixed_bfloat16", "auto"],
+                        help="both models' Keras policy (auto: keras_txl.host.auto_precision())")
     parser.add_argument("--plot", default=None, help="write a PNG here")
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     args = parser.parse_args(argv)
+    if args.precision == "auto":
+        from keras_txl.host import auto_precision
+
+        args.precision = auto_precision()
 
     import numpy as np
     import tensorflow as tf
@@ -110,6 +118,7 @@ def main(argv=None):
     from keras_txl.training.loop import make_eval_step
 
     keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(args.precision)
     cfg = dict(MODEL, num_layers=args.layers, hidden_dim=args.hidden,
                num_heads=args.hidden // 32, head_dim=32, intermediate_dim=4 * args.hidden)
     T = args.segment
@@ -189,6 +198,7 @@ def main(argv=None):
                             for r in rows},
         "xl_jit_compile": {str(r["attention_length"]): r["xl_jit_compile"] for r in rows},
         "model": cfg, "segment_length": T, "batch": 1, "jit": args.jit,
+        "precision": args.precision,
         "threads": args.threads, "repeats": args.repeats, "xl_repeats": args.xl_repeats,
         "runs": args.runs,
         "machine": platform.processor() or platform.machine(),
@@ -196,7 +206,7 @@ def main(argv=None):
         "host": host,
     }
     print(json.dumps(result))
-    print(f"\n{host_line(host)}")
+    print(f"\n{host_line(host)}; {args.precision}")
     print(f"\n| attention length A | vanilla ms/token | XL ms/token (M = A - {T}) | XL step "
           f"| speed-up | speed-up, M = A | FLOP ratio | paper |")
     print("|---:|---:|---:|---|---:|---:|---:|---:|")

@@ -8,7 +8,10 @@ Every tokenizer is a Keras layer, a `keras_hub.tokenizers.Tokenizer`
   only (tf.strings, tensorflow-text, tf.lookup), so it runs in
   `tf.data.Dataset.map`, a `tf.function` and a SavedModel;
 - `detokenize(ids)`: the inverse, 1-D ids to a string scalar, `(B, N)`
-  (dense or ragged) to `(B,)` strings;
+  (dense or ragged) to `(B,)` strings; ids outside
+  `[0, vocabulary_size())` are a `ValueError` (in a graph, where they are
+  not known, a failed `tf.debugging` assertion with the same words), and
+  `[]` gives `""`;
 - keras-hub's `vocabulary_size()` (a method), `get_vocabulary()`,
   `id_to_token`, `token_to_id`, `end_token_id`, `start_token_id`,
   `pad_token_id`, `save_assets` / `load_assets`, `get_config`.
@@ -46,8 +49,9 @@ For whole documents or corpus splits (eager, numpy):
   in decreasing frequency. Lossless for characters seen in training.
 - `"byte"`: UTF-8 bytes, a fixed vocabulary of 256 (keras-hub's
   `ByteTokenizer` in the graph). Lossless for any text.
-- `"word"`: WikiText-103 style. Lines are split on whitespace
-  (`tensorflow_text.WhitespaceTokenizer`) and every newline becomes
+- `"word"`: WikiText-103 style. Lines are split at runs of Unicode
+  whitespace (`UNICODE_WHITESPACE`: every character `str.isspace()`
+  accepts, as `str.split()`; tf.strings ops) and every newline becomes
   `<eos>`; words are looked up in a `tf.lookup.StaticHashTable`. The
   vocabulary is `<eos>`, `<unk>`, then the words in decreasing frequency
   (ties in order of first appearance), as the adaptive softmax cutoffs
@@ -76,6 +80,16 @@ text becomes one `<eos>` id and `decode` turns it back into `"\\n"`. For a
 file that ends with a newline this is the reference "one `<eos>` per line";
 a prompt without a final newline gets no `<eos>`.
 
+Lone surrogates (U+D800-U+DFFF, which a Python str may hold), one rule for
+every tokenizer and for `encode`, `tokenize`, `fit` and
+`unknown_characters` alike: U+DC80-U+DCFF stand for the bytes 0x80-0xFF
+(text decoded with `errors="surrogateescape"`, as `corpora` reads raw
+enwik8): the byte tokenizer encodes those bytes, and the other kinds read
+them as U+FFFD, the character of bytes that are not UTF-8 (one per
+maximal invalid sequence; SentencePiece's op one per byte); the char and
+word `fit` count what `encode` gives. Any other lone surrogate has no
+UTF-8 bytes: a `ValueError` names the argument and the position.
+
 Reference: Dai et al., "Transformer-XL", arXiv:1901.02860, section 4, and
 the official `vocabulary.py` (frequency order, specials first).
 """
@@ -89,6 +103,7 @@ import logging
 import numbers
 import os
 import pathlib
+import re
 from typing import Iterable
 
 import keras
@@ -120,6 +135,7 @@ __all__ = [
     "EOS_TOKEN",
     "TOKENIZER_FILE",
     "TOKENIZER_KINDS",
+    "UNICODE_WHITESPACE",
     "UNK_TOKEN",
     "ByteTokenizer",
     "CharTokenizer",
@@ -129,6 +145,7 @@ __all__ = [
     "TransformerXLTokenizer",
     "WordPieceTokenizer",
     "WordTokenizer",
+    "add_token_counts",
     "build_tokenizer",
     "export_vocabulary",
     "load_tokenizer",
@@ -163,23 +180,101 @@ _CHUNK_CHARS = 1 << 22
 # === Helpers ===
 
 
-def _utf8(text: str) -> bytes:
-    # "replace" turns lone surrogates into "?" instead of failing; every
-    # other character is encoded exactly.
-    return text.encode("utf-8", "replace")
+# What `str.isspace()` says is whitespace (what `str.split()` splits on):
+# `[chr(c) for c in range(0x110000) if chr(c).isspace()]` (tested). The
+# word tokenizer splits words at runs of these; "\n" ends a line first.
+UNICODE_WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
+    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+# RE2 patterns (code points) for the graph ops: the whitespace that
+# `tf.strings.split` does not split at (all but " \t\n\v\f\r"), a line
+# without it that is valid UTF-8, which the word split takes as it is, and
+# a valid UTF-8 line (RE2 compiles a negated class to the byte ranges of
+# UTF-8 proper: no surrogates, overlong forms or values past U+10FFFF;
+# tested).
+_OTHER_WHITESPACE = "".join(
+    f"\\x{{{ord(c):x}}}" for c in UNICODE_WHITESPACE if c not in " \t\n\v\f\r"
+)
+_PLAIN_LINE = f"(?s)[^{_OTHER_WHITESPACE}\\x{{d800}}-\\x{{dfff}}]*"
+_OTHER_WHITESPACE = f"[{_OTHER_WHITESPACE}]"
+_VALID_LINE = "(?s)[^\\x{d800}-\\x{dfff}]*"
+# Lone surrogates that are not `surrogateescape` stand-ins for a byte
+# (U+DC80-U+DCFF): they are no text and have no UTF-8 bytes.
+_NOT_ENCODABLE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_BYTE_ESCAPE = re.compile("[\udc80-\udcff]")
 
 
-def _check_text(text) -> str:
+def _surrogate_error(name: str, char: str, position: int) -> ValueError:
+    return ValueError(
+        f"`{name}` holds the lone surrogate {char!r} (U+{ord(char):04X}) at "
+        f"position {position}, which is not encodable as UTF-8. Lone "
+        "surrogates are accepted only in U+DC80-U+DCFF, where they stand "
+        "for the bytes 0x80-0xFF of text decoded with "
+        "errors='surrogateescape'."
+    )
+
+
+def _check_surrogates(text: str, name: str) -> str:
+    """The rule of every tokenizer for lone surrogates (U+D800-U+DFFF).
+
+    U+DC80-U+DCFF are what `bytes.decode("utf-8", "surrogateescape")`
+    makes of a byte that is not UTF-8 (a corpus cut inside a character, a
+    Latin-1 terminal): they stand for that byte, 0x80-0xFF, in `encode`,
+    `tokenize` and `fit` alike. Any other lone surrogate is a ValueError
+    naming the argument and the position. (`_utf8` applies the same rule
+    while it encodes.)
+    """
+    if not text.isascii():
+        match = _NOT_ENCODABLE.search(text)
+        if match is not None:
+            raise _surrogate_error(name, match.group(), match.start())
+    return text
+
+
+def _utf8(text: str, name: str = "text", offset: int = 0) -> bytes:
+    """The UTF-8 bytes of `text`, by the rule of `_check_surrogates`: a
+    surrogate U+DC80-U+DCFF becomes its byte 0x80-0xFF, which is not UTF-8
+    (the graph ops of the char and word tokenizers read such bytes as
+    U+FFFD, one for each maximal invalid sequence, as
+    `bytes.decode("utf-8", "replace")` does); another lone surrogate is a
+    ValueError naming `name` and the position (plus `offset`, for a piece
+    of a longer text)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as error:
+        raise _surrogate_error(
+            name, text[error.start], offset + error.start
+        ) from None
+
+
+def _as_valid_text(text: str, name: str = "text") -> str:
+    """`text` as the graph ops read its bytes: each maximal sequence of
+    surrogateescape bytes that is not UTF-8 as one U+FFFD (other lone
+    surrogates: the ValueError of `_utf8`)."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return _utf8(text, name).decode("utf-8", "replace")
+
+
+def _check_text(text, name: str = "text") -> str:
+    """`text` if it is a str, else a ValueError. Lone surrogates are
+    checked where the text is encoded (`_utf8`) or by `_check_surrogates`."""
     if not isinstance(text, str):
         raise ValueError(
-            "`text` must be a str (a whole document or corpus split). "
+            f"`{name}` must be a str (a whole document or corpus split). "
             f"Received type {type(text).__name__}."
         )
     return text
 
 
-def _as_texts(texts) -> list[str]:
-    if isinstance(texts, str):
+def _as_texts(texts) -> list[tuple[str, str]]:
+    """The training texts as (argument name, text) pairs: `texts` for a
+    single str, else `texts[i]` (the name errors give)."""
+    single = isinstance(texts, str)
+    if single:
         texts = [texts]
     if texts is None:
         raise ValueError(
@@ -205,7 +300,10 @@ def _as_texts(texts) -> list[str]:
             f"{len(texts)} text(s) with {sum(map(len, texts))} characters, "
             "all whitespace."
         )
-    return texts
+    return [
+        ("texts" if single else f"texts[{index}]", text)
+        for index, text in enumerate(texts)
+    ]
 
 
 def _line_chunks(text: str, size: int | None = None) -> Iterable[str]:
@@ -241,6 +339,52 @@ def _add_counts(counts: dict, values: tf.Tensor) -> None:
     unique, _, count = tf.unique_with_counts(values)
     for token, number in zip(unique.numpy().tolist(), count.numpy().tolist()):
         counts[token] = counts.get(token, 0) + number
+
+
+def add_token_counts(counts: dict, kind: str, text: str, *, lower_case: bool = False) -> dict:
+    """Counts the words or characters of `text` into `counts`, in place.
+
+    The counting step of `WordTokenizer.fit` (`kind="word"`: words as
+    `WordTokenizer.tokenize` splits them, lower-cased with `lower_case`)
+    and `CharTokenizer.fit` (`kind="char"`: characters as
+    `CharTokenizer.tokenize` reads them; a byte that is not UTF-8 counts
+    as U+FFFD), for a corpus counted chunk by chunk (chunks that end after
+    a newline or at a word boundary).
+
+    Args:
+        counts: dict str -> int, in order of first appearance (the order
+            `select_vocabulary` breaks ties with). Updated in place.
+        kind: str. `"word"` or `"char"`.
+        text: str. Lone surrogates: as `encode` (U+DC80-U+DCFF are the
+            bytes 0x80-0xFF, others a ValueError).
+        lower_case: bool. `"word"` only.
+
+    Returns:
+        `counts`.
+    """
+    if kind not in ("word", "char"):
+        raise ValueError(
+            f"`kind` must be 'word' or 'char'. Received: kind={kind!r}."
+        )
+    return _count_tokens(counts, kind, _check_text(text), lower_case, "text")
+
+
+def _count_tokens(counts, kind, text, lower_case, name):
+    offset = 0
+    for chunk in _line_chunks(text):
+        data = tf.constant(_utf8(chunk, name, offset))
+        offset += len(chunk)
+        chunk_counts: dict = {}
+        if kind == "word":
+            lines = tf.strings.split(data, sep="\n")
+            _add_counts(chunk_counts, _split_words(lines, lower_case).flat_values)
+            tokens = (token.decode("utf-8") for token in chunk_counts)
+        else:
+            _add_counts(chunk_counts, tf_text.UnicodeCharTokenizer().tokenize(data))
+            tokens = (chr(point) for point in chunk_counts)
+        for token, number in zip(tokens, chunk_counts.values()):
+            counts[token] = counts.get(token, 0) + number
+    return counts
 
 
 def select_vocabulary(specials, counts: dict, *, max_size=None, min_freq=1) -> list[str]:
@@ -287,6 +431,12 @@ def _check_vocabulary(vocabulary, required: dict) -> list[str]:
             raise ValueError(
                 "`vocabulary` must hold non-empty str tokens. Received "
                 f"{token!r} at index {index}."
+            )
+        if any("\ud800" <= c <= "\udfff" for c in token):
+            raise ValueError(
+                "`vocabulary` must hold tokens encodable as UTF-8 (no lone "
+                f"surrogates U+D800-U+DFFF). Received {token!r} at index "
+                f"{index}."
             )
     if len(set(vocabulary)) != len(vocabulary):
         seen, duplicates = set(), []
@@ -382,7 +532,23 @@ def _read_vocabulary(path: pathlib.Path) -> list[str]:
 
 
 def _string_input(inputs):
-    """`inputs` as a tf.string tensor of rank 0 or 1, else a ValueError."""
+    """`inputs` as a tf.string tensor of rank 0 or 1, else a ValueError.
+
+    Python str become UTF-8 by the rule of `_check_surrogates` (as in
+    `encode`), not by TensorFlow's strict conversion.
+    """
+    if isinstance(inputs, np.ndarray) and inputs.dtype.kind == "U":
+        inputs = inputs.tolist()
+    if isinstance(inputs, str):
+        inputs = _utf8(inputs, "inputs")
+    elif isinstance(inputs, (list, tuple)) and any(
+        isinstance(item, str) for item in inputs
+    ):
+        inputs = [
+            _utf8(item, f"inputs[{index}]")
+            if isinstance(item, str) else item
+            for index, item in enumerate(inputs)
+        ]
     if isinstance(inputs, (tf.Tensor, tf.RaggedTensor)):
         tensor = inputs
     else:
@@ -404,14 +570,34 @@ def _string_input(inputs):
     return tensor
 
 
-def _id_input(inputs):
-    """`inputs` as int ids of rank 1 or 2 (dense or ragged) and its rank."""
+def _id_input(inputs, vocabulary_size: int):
+    """`inputs` as int32 ids of rank 1 or 2 (ragged) and its rank.
+
+    An empty Python list (or a list of empty lists) has no dtype: it is
+    ids. Ids outside [0, vocabulary_size) are a ValueError when they are
+    known (eager, or constants in a graph), else a tf.debugging assertion
+    with the same words fails when the graph runs.
+    """
     if not isinstance(inputs, (tf.Tensor, tf.RaggedTensor)):
-        inputs = tf.ragged.constant(inputs) if (
-            isinstance(inputs, (list, tuple))
-            and inputs
-            and isinstance(inputs[0], (list, tuple, np.ndarray))
-        ) else tf.convert_to_tensor(inputs)
+        try:
+            if (
+                isinstance(inputs, (list, tuple))
+                and inputs
+                and isinstance(inputs[0], (list, tuple, np.ndarray))
+            ):
+                inputs = tf.ragged.constant(inputs)
+                if inputs.flat_values.shape[0] == 0:
+                    inputs = tf.cast(inputs, tf.int32)
+            elif isinstance(inputs, (list, tuple)) and not inputs:
+                inputs = tf.zeros([0], tf.int32)
+            else:
+                inputs = tf.convert_to_tensor(inputs)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                "`inputs` must be integer token ids of shape (N,) or (B, N). "
+                f"Received a {type(inputs).__name__} that cannot be converted "
+                f"to one: {error}"
+            ) from None
     if not inputs.dtype.is_integer:
         raise ValueError(
             f"`inputs` must be integer token ids. Received dtype "
@@ -423,6 +609,26 @@ def _id_input(inputs):
             "`inputs` must be ids of shape (N,) or (B, N). Received shape "
             f"{inputs.shape}."
         )
+    ragged = isinstance(inputs, tf.RaggedTensor)
+    values = inputs.flat_values if ragged else inputs
+    expected = f"`inputs` must be token ids in [0, vocabulary_size={vocabulary_size})"
+    known = tf.get_static_value(values)
+    if known is not None:
+        if known.size and (known.min() < 0 or known.max() >= vocabulary_size):
+            raise ValueError(
+                f"{expected}. Received values in [{known.min()}, {known.max()}]."
+            )
+    else:
+        wide = tf.cast(values, tf.int64)
+        checks = [
+            tf.debugging.assert_non_negative(wide, message=expected),
+            tf.debugging.assert_less(
+                wide, tf.constant(vocabulary_size, tf.int64), message=expected
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            values = tf.identity(values)
+        inputs = inputs.with_flat_values(values) if ragged else values
     if rank == 1:
         inputs = tf.expand_dims(inputs, 0)
     if not isinstance(inputs, tf.RaggedTensor):
@@ -454,6 +660,47 @@ def _with_eos(line_ids, eos_id, double_eos=False):
     pieces = [eos, lines, eos] if double_eos else [lines, eos]
     texts = line_ids.with_values(tf.concat(pieces, axis=1)).merge_dims(1, 2)
     return texts if double_eos else texts[:, :-1]
+
+
+def _fix_lines(lines, plain_pattern: str, fix):
+    """(N,) lines with `fix` applied to those that do not fully match
+    `plain_pattern` (few, in a corpus: the common case costs one scan)."""
+    plain = tf.strings.regex_full_match(lines, plain_pattern)
+    where = tf.where(tf.logical_not(plain))  # (K, 1)
+    return tf.tensor_scatter_nd_update(
+        lines, where, fix(tf.gather_nd(lines, where))
+    )
+
+
+def _as_utf8(lines):
+    """Bytes that are not UTF-8 as U+FFFD, one per maximal invalid
+    sequence (as `bytes.decode(..., "replace")`); identity on UTF-8."""
+    return tf.strings.unicode_transcode(
+        lines, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+
+
+def _split_words(lines, lower_case=False):
+    """(N,) lines -> (N, None) words: the word tokenizer's one split rule.
+
+    Words are split at runs of `UNICODE_WHITESPACE` (every character
+    `str.isspace()` accepts; `tensorflow_text.WhitespaceTokenizer` splits
+    inside the UTF-8 bytes of U+00A0 or U+3000 and keeps U+001C-U+001F
+    inside words). Bytes that are not UTF-8 are read as U+FFFD first, so
+    no word holds a partial UTF-8 sequence.
+    """
+    lines = _fix_lines(
+        lines,
+        _PLAIN_LINE,
+        lambda other: tf.strings.regex_replace(
+            _as_utf8(other), _OTHER_WHITESPACE, " "
+        ),
+    )
+    if lower_case:
+        lines = tf.strings.lower(lines, encoding="utf-8")
+    # Left: ASCII whitespace, which `tf.strings.split` with sep=None splits
+    # at (runs of " \t\n\v\f\r", no empty words).
+    return tf.strings.split(lines)
 
 
 def _split_documents(documents, drop_final_empty_line=False):
@@ -553,7 +800,9 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     - `tokenize(inputs)`: a string scalar gives 1-D int32 ids; a `(B,)`
       batch gives a `tf.RaggedTensor` `(B, None)` int32.
     - `detokenize(inputs)`: 1-D ids give a string scalar; `(B, N)` ids
-      (dense or ragged) give `(B,)` strings.
+      (dense or ragged) give `(B,)` strings. Ids outside
+      `[0, vocabulary_size())` are a `ValueError` (a failed assertion in
+      a graph).
 
     The convenience API for whole documents and corpora (eager, numpy):
     `encode(text) -> np.ndarray` (cut into pieces at newlines, so a corpus
@@ -613,7 +862,7 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
 
     def detokenize(self, inputs):
         self._check_ready()
-        ids, rank = _id_input(inputs)
+        ids, rank = _id_input(inputs, self.vocabulary_size())
         texts = self._detokenize_batch(ids)
         return texts[0] if rank == 1 else texts
 
@@ -688,9 +937,11 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     def _detokenize_batch(self, ids):
         raise NotImplementedError
 
-    def _tokenize_text(self, text: str) -> np.ndarray:
-        """Eager ids of one piece of text (see `encode`)."""
-        return self._tokenize_batch(tf.constant([_utf8(text)]))[0].numpy()
+    def _tokenize_text(self, text: str, offset: int = 0) -> np.ndarray:
+        """Eager ids of one piece of text, which starts at `offset` of
+        the `text` given to `encode`."""
+        data = tf.constant([_utf8(text, "text", offset)])
+        return self._tokenize_batch(data)[0].numpy()
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of `text`, a whole document, as int32 `(N,)`.
@@ -699,10 +950,10 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         each tokenized alone: the ids equal `tokenize(text)`.
         """
         self._check_ready()
-        pieces = [
-            self._tokenize_text(chunk)
-            for chunk in _line_chunks(_check_text(text))
-        ]
+        pieces, offset = [], 0
+        for chunk in _line_chunks(_check_text(text)):
+            pieces.append(self._tokenize_text(chunk, offset))
+            offset += len(chunk)
         if not pieces:
             return np.zeros([0], np.int32)
         return np.concatenate(pieces).astype(np.int32)
@@ -749,8 +1000,11 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         """The distinct characters of `text` that do not reach a model as
         themselves (they become `<unk>` or U+FFFD), in order of first
         appearance. Empty for kinds whose unknown pieces are words or
-        subwords (compare `decode(encode(text))` with `text` for those)."""
-        _check_text(text)
+        subwords (compare `decode(encode(text))` with `text` for those).
+
+        A lone surrogate outside U+DC80-U+DCFF (which stand for bytes that
+        are not UTF-8) is the ValueError `encode` raises."""
+        _check_surrogates(_check_text(text), "text")
         return []
 
     def check_model_vocabulary(self, vocabulary_size: int) -> None:
@@ -893,10 +1147,13 @@ class _VocabularyTokenizer(TransformerXLTokenizer):
 class ByteTokenizer(TransformerXLTokenizer):
     """UTF-8 bytes: ids 0-255, nothing to fit, lossless.
 
-    `encode` uses the `surrogateescape` error handler, so text decoded from
-    arbitrary bytes that way (as `corpora` does for raw enwik8) encodes to
-    exactly the original bytes. `decode` (and `detokenize`) replace invalid
-    UTF-8, which a model may generate, with U+FFFD.
+    `encode` and `tokenize` use the `surrogateescape` error handler, so
+    text decoded from arbitrary bytes that way (as `corpora` does for raw
+    enwik8) encodes to exactly the original bytes: a lone surrogate
+    U+DC80-U+DCFF is the byte 0x80-0xFF. Any other lone surrogate has no
+    bytes and is a `ValueError` (as for every tokenizer). `decode` (and
+    `detokenize`) replace invalid UTF-8, which a model may generate, with
+    U+FFFD.
 
     `tokenize`/`detokenize` use the same ops as keras-hub's
     `ByteTokenizer` but not the class: its eager calls give Python lists
@@ -939,13 +1196,15 @@ class ByteTokenizer(TransformerXLTokenizer):
         return "byte"
 
     def unknown_characters(self, text: str) -> list[str]:
-        # Every character is bytes here, except the lone surrogates that
-        # stand for bytes which are not UTF-8 (text read with
-        # `surrogateescape`, e.g. a prompt typed in a Latin-1 terminal):
-        # the model gets those bytes, and they decode as U+FFFD.
-        return list(dict.fromkeys(
-            c for c in _check_text(text) if "\ud800" <= c <= "\udfff"
-        ))
+        # Every character is bytes here, except the lone surrogates
+        # U+DC80-U+DCFF that stand for bytes which are not UTF-8 (text read
+        # with `surrogateescape`, e.g. a prompt typed in a Latin-1
+        # terminal): the model gets those bytes, and they decode as U+FFFD.
+        # Other lone surrogates raise a ValueError, as `encode` does.
+        text = _check_surrogates(_check_text(text), "text")
+        if text.isascii():
+            return []
+        return list(dict.fromkeys(_BYTE_ESCAPE.findall(text)))
 
     def _tokenize_batch(self, texts):
         values = tf.ragged.map_flat_values(
@@ -963,7 +1222,7 @@ class ByteTokenizer(TransformerXLTokenizer):
         )
 
     def encode(self, text: str) -> np.ndarray:
-        data = _check_text(text).encode("utf-8", "surrogateescape")
+        data = _utf8(_check_text(text))
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids) -> str:
@@ -1051,12 +1310,8 @@ class CharTokenizer(_VocabularyTokenizer):
             A `CharTokenizer`.
         """
         counts: dict = {}
-        splitter = tf_text.UnicodeCharTokenizer()
-        for text in _as_texts(texts):
-            for chunk in _line_chunks(text):
-                _add_counts(counts, splitter.tokenize(_utf8(chunk)))
-        # Code points -> characters; U+FFFD stands for invalid input.
-        counts = {chr(point): number for point, number in counts.items()}
+        for name, text in _as_texts(texts):
+            _count_tokens(counts, "char", text, False, name)
         vocabulary = select_vocabulary(
             [unk_token], counts, max_size=max_size, min_freq=min_freq
         )
@@ -1082,13 +1337,15 @@ class CharTokenizer(_VocabularyTokenizer):
         return "character"
 
     def unknown_characters(self, text: str) -> list[str]:
-        # Characters not in the vocabulary become <unk>; a lone surrogate
-        # is never itself in it (it is encoded as "?", see `_utf8`).
+        # Characters not in the vocabulary become <unk>. A vocabulary holds
+        # no surrogates: a surrogateescape byte U+DC80-U+DCFF reaches the
+        # model as U+FFFD (or <unk>), and other lone surrogates raise a
+        # ValueError, as `encode` does.
         self._check_ready()
         known = self._known
         return list(dict.fromkeys(
-            c for c in _check_text(text)
-            if c not in known or "\ud800" <= c <= "\udfff"
+            c for c in _check_surrogates(_check_text(text), "text")
+            if c not in known
         ))
 
     def get_config(self) -> dict:
@@ -1110,8 +1367,11 @@ class CharTokenizer(_VocabularyTokenizer):
 class WordTokenizer(_VocabularyTokenizer):
     """Whitespace-split words with `<eos>` for newlines (WikiText-103).
 
-    Lines are split on Unicode whitespace with
-    `tensorflow_text.WhitespaceTokenizer` and words are looked up in a
+    Lines end at `"\\n"` and are split into words at runs of Unicode
+    whitespace (`UNICODE_WHITESPACE`, what `str.split()` splits at: U+00A0,
+    U+3000, U+2028 and the rest, not only ASCII; the `"\\r"` of a CRLF
+    too) with tf.strings ops, the same in `fit`, `encode` and the graph.
+    Words are looked up in a
     `tf.lookup.StaticHashTable` (unknown words map to `<unk>`). With
     `add_eos=True` each newline of the text is an `<eos>` id; `decode` joins
     the words of a line with single spaces and ends lines with `"\\n"`, so
@@ -1168,7 +1428,6 @@ class WordTokenizer(_VocabularyTokenizer):
         self._lower_case = bool(lower_case)
         self._unk_token = unk_token
         self._eos_token = eos_token
-        self._splitter = tf_text.WhitespaceTokenizer()
         super().__init__(vocabulary, **kwargs)
 
     def _validate(self, vocabulary):
@@ -1224,17 +1483,9 @@ class WordTokenizer(_VocabularyTokenizer):
         Returns:
             A `WordTokenizer`.
         """
-        splitter = tf_text.WhitespaceTokenizer()
         counts: dict = {}
-        for text in _as_texts(texts):
-            for chunk in _line_chunks(text):
-                lines = tf.strings.split(tf.constant(_utf8(chunk)), sep="\n")
-                if lower_case:
-                    lines = tf.strings.lower(lines, encoding="utf-8")
-                _add_counts(counts, splitter.tokenize(lines).flat_values)
-        counts = {
-            token.decode("utf-8"): number for token, number in counts.items()
-        }
+        for name, text in _as_texts(texts):
+            _count_tokens(counts, "word", text, lower_case, name)
         specials = [eos_token, unk_token] if add_eos else [unk_token]
         vocabulary = select_vocabulary(
             specials, counts, max_size=max_size, min_freq=min_freq
@@ -1293,11 +1544,7 @@ class WordTokenizer(_VocabularyTokenizer):
     def _word_ids(self, texts):
         """(B,) strings -> (words, ids), each (B, lines, None)."""
         lines = _split_documents(texts, drop_final_empty_line=self._double_eos)
-        if self._lower_case:
-            lines = tf.ragged.map_flat_values(
-                tf.strings.lower, lines, encoding="utf-8"
-            )
-        words = lines.with_values(self._splitter.tokenize(lines.values))
+        words = lines.with_values(_split_words(lines.values, self._lower_case))
         ids = tf.ragged.map_flat_values(self._table.lookup, words)
         return words, tf.cast(ids, tf.int32)
 
@@ -1315,9 +1562,11 @@ class WordTokenizer(_VocabularyTokenizer):
             return _with_eos(ids, self._eos_id, self._double_eos)
         return ids.merge_dims(1, 2)
 
-    def _tokenize_text(self, text):
+    def _tokenize_text(self, text, offset=0):
         if self._unk_id is None:
-            words, ids = self._word_ids(tf.constant([_utf8(text)]))
+            words, ids = self._word_ids(
+                tf.constant([_utf8(text, "text", offset)])
+            )
             unknown = ids.flat_values.numpy() < 0
             if unknown.any():
                 word = words.flat_values.numpy()[unknown][0]
@@ -1325,7 +1574,7 @@ class WordTokenizer(_VocabularyTokenizer):
                     f"word {word.decode('utf-8')!r} is not in the "
                     "vocabulary, which has no unknown token."
                 )
-        return super()._tokenize_text(text)
+        return super()._tokenize_text(text, offset)
 
     def _detokenize_batch(self, ids):
         if not self._add_eos:
@@ -1476,10 +1725,13 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
                 f"`model_type` must be one of {model_types}. Received: "
                 f"model_type={model_type!r}."
             )
+        # Surrogateescape bytes (see `_check_surrogates`) are not UTF-8:
+        # the trainer gets them as U+FFFD (the op reads each such byte as
+        # U+FFFD).
         lines = [
             line
-            for text in _as_texts(texts)
-            for line in text.split("\n")
+            for name, text in _as_texts(texts)
+            for line in _as_valid_text(text, name).split("\n")
             if line.strip()
         ]
         model = io.BytesIO()
@@ -1658,10 +1910,12 @@ class WordPieceTokenizer(_VocabularyTokenizer):
         from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as vocab_learner
 
         checks.positive_int("vocabulary_size", vocabulary_size)
+        # Bytes that are not UTF-8 (surrogateescape, `_check_surrogates`)
+        # are U+FFFD for the learner, as `tokenize` reads them.
         lines = [
-            _utf8(line)
-            for text in _as_texts(texts)
-            for line in text.split("\n")
+            line.encode("utf-8")
+            for name, text in _as_texts(texts)
+            for line in _as_valid_text(text, name).split("\n")
             if line.strip()
         ]
         dataset = tf.data.Dataset.from_tensor_slices(lines).batch(1024)
@@ -1710,7 +1964,9 @@ class WordPieceTokenizer(_VocabularyTokenizer):
 
     def _tokenize_batch(self, texts):
         lines = _split_documents(texts)  # (B, lines)
-        values = lines.values
+        # Bytes that are not UTF-8 as U+FFFD: no piece holds part of a
+        # character (identity for UTF-8 text).
+        values = _fix_lines(lines.values, _VALID_LINE, _as_utf8)
         if self._normalizer is not None:
             values = self._normalizer.normalize(values)
         ids = lines.with_values(self._tokenizer.tokenize(values))
@@ -1805,17 +2061,21 @@ class OfficialSymbolTokenizer(_VocabularyTokenizer):
         """A vocabulary of the symbols of `texts` in decreasing frequency
         (the official order; ties by first appearance)."""
         counts: dict = {}
-        for text in _as_texts(texts):
-            for symbol in cls._symbols_of(text, dataset):
+        for name, text in _as_texts(texts):
+            for symbol in cls._symbols_of(text, dataset, name):
                 counts[symbol] = counts.get(symbol, 0) + 1
         return cls(_frequency_order(counts), dataset)
 
     @staticmethod
-    def _symbols_of(text: str, dataset: str) -> list:
+    def _symbols_of(text: str, dataset: str, name: str = "text") -> list:
+        # Lone surrogates by the rule of `_check_surrogates`: bytes that are
+        # not UTF-8 are read as `tokenize` reads them.
         if dataset == "enwik8":
-            data = text.encode("utf-8", "surrogateescape")
-            return [str(byte) for byte in data if byte != 10]
-        return ["_" if c == " " else c for c in text if c != "\n"]
+            return [str(byte) for byte in _utf8(text, name) if byte != 10]
+        return [
+            "_" if c == " " else c
+            for c in _as_valid_text(text, name) if c != "\n"
+        ]
 
     @property
     def newline_handling(self) -> str:

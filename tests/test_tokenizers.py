@@ -306,13 +306,15 @@ import keras_hub  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 # Newlines, an empty line, characters outside the vocabularies, the empty
-# string, non-ASCII text and no final newline.
+# string, non-ASCII text, no final newline, and whitespace that is not ASCII
+# (no-break, ideographic and em spaces, a line separator) with a CRLF.
 SAMPLES = [
     "the memory is not trained\n\nthe lazy dog\n",
     "",
     "  zebra ☃ café\n\n   x",
     "日本語 🙂 naïve",
     TEXT[:400],
+    "the\u00a0lazy\u3000dog\u2028the\u2003fox\u0085\u001cmemory \r\nthe",
 ]
 # The official text8 vocabulary has no unknown symbol: text it covers.
 OFFICIAL_TEXT = "anarchy originated as a term\nof abuse first used"
@@ -615,3 +617,163 @@ def test_a_kind_that_contradicts_the_class_is_an_error(fitted, tmp_path):
                         "Received: kind='char'"),
     ):
         tokenizers.load_tokenizer(tmp_path / "word")
+
+
+# === Unicode whitespace, lone surrogates, ids out of range ===
+
+# Bytes that are not UTF-8: a lone continuation byte, a cut 3-byte
+# character, a Latin-1 byte, an encoded surrogate (CESU-8), an overlong
+# "/" and a value past U+10FFFF.
+INVALID_UTF8 = [b"\x80", b"\xe6\x97", b"caf\xe9", b"\xed\xa0\x80", b"\xc0\xaf",
+                b"\xe0\x80\xaf", b"\xf4\x90\x80\x80"]
+
+
+def test_unicode_whitespace_is_what_str_isspace_says():
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert tokenizers.UNICODE_WHITESPACE == "".join(spaces)
+
+
+def test_word_tokenizer_splits_at_every_unicode_whitespace():
+    # The probe's case: U+00A0 was split inside its UTF-8 bytes.
+    tokenizer = tokenizers.WordTokenizer(["<eos>", "<unk>", "the", "cat"])
+    assert tokenizer.encode("the\u00a0cat").tolist() == [2, 3]
+    assert tokenizer.decode(tokenizer.encode("the\u00a0cat")) == "the cat"
+    fitted = tokenizers.WordTokenizer.fit("the\u00a0cat sat\n")
+    assert fitted.vocabulary == ["<eos>", "<unk>", "the", "cat", "sat"]
+
+    # Every whitespace character between words, twice (runs too); "\n"
+    # still ends a line (one <eos>), every other character only separates.
+    spaces = tokenizers.UNICODE_WHITESPACE
+    text = "".join(f"w{i}{c}{c}" for i, c in enumerate(spaces)) + "end\n"
+    tokenizer = tokenizers.WordTokenizer.fit(text)
+    lines = text.split("\n")
+    words = [word for line in lines for word in line.split()]
+    assert tokenizer.vocabulary == ["<eos>", "<unk>", *words]
+    ids = tokenizer.encode(text)
+    assert int(np.sum(ids == tokenizer.eos_id)) == text.count("\n") == 3
+    assert tokenizer.unk_id not in ids.tolist()
+    assert tokenizer.decode(ids) == "\n".join(" ".join(line.split()) for line in lines)
+    # The graph path gives the same ids: eager, tf.function, tf.data.
+    np.testing.assert_array_equal(tokenizer.tokenize(text).numpy(), ids)
+    np.testing.assert_array_equal(
+        tf.function(tokenizer.tokenize)(tf.constant(text)).numpy(), ids
+    )
+    (mapped,) = tf.data.Dataset.from_tensors(text).map(tokenizer)
+    np.testing.assert_array_equal(mapped.numpy(), ids)
+    # The public counting step (for corpora counted in chunks) agrees.
+    assert tokenizers.add_token_counts({}, "word", text) == dict.fromkeys(words, 1)
+
+
+def test_word_tokenizer_reads_bytes_that_are_not_utf8_as_u_fffd():
+    # Raw bytes in a string tensor, and the same bytes as surrogateescape
+    # text: no word holds part of a UTF-8 sequence, and fit agrees.
+    raw = b" ".join(INVALID_UTF8) + b"\n"
+    text = raw.decode("utf-8", "surrogateescape")
+    tokenizer = tokenizers.WordTokenizer.fit(text)
+    for word in tokenizer.vocabulary:
+        word.encode("utf-8")  # valid text
+    assert set(tokenizer.vocabulary[2:]) == set(raw.decode("utf-8", "replace").split())
+    ids = tokenizer.encode(text)
+    assert tokenizer.unk_id not in ids.tolist()
+    np.testing.assert_array_equal(tokenizer.tokenize(tf.constant(raw)).numpy(), ids)
+    np.testing.assert_array_equal(tokenizer.tokenize(text).numpy(), ids)
+    assert tokenizer.decode(ids) == raw.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_a_lone_surrogate_is_an_error_naming_the_argument(kind, layers, monkeypatch):
+    tokenizer = layers[kind]
+    message = (
+        "`{}` holds the lone surrogate '\\ud800' (U+D800) at position {}, "
+        "which is not encodable as UTF-8"
+    )
+    for call in (tokenizer.encode, tokenizer.unknown_characters):
+        with pytest.raises(ValueError, match=re.escape(message.format("text", 1))):
+            call("a\ud800b")
+    with pytest.raises(ValueError, match=re.escape(message.format("inputs", 1))):
+        tokenizer.tokenize("a\ud800b")
+    with pytest.raises(ValueError, match=re.escape(message.format("inputs[1]", 0))):
+        tokenizer.tokenize(["a", "\ud800"])
+    # The position is the one in the whole text, which encode cuts in pieces.
+    monkeypatch.setattr(tokenizers, "_CHUNK_CHARS", 8)
+    text = "a\n" * 20 + "\ud800"
+    with pytest.raises(ValueError, match=re.escape(message.format("text", 40))):
+        tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("kind", ["char", "word", "sentencepiece", "wordpiece"])
+def test_fit_rejects_a_lone_surrogate_naming_the_text(kind):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("`texts[1]` holds the lone surrogate '\\udfff' (U+DFFF) "
+                        "at position 1"),
+    ):
+        tokenizers.build_tokenizer(
+            kind, ["the cat sat\n", "a\udfffb\n"], **SMALL_OPTIONS[kind]
+        )
+
+
+def test_surrogateescape_bytes_are_bytes_for_every_tokenizer(fitted):
+    # U+DC80-U+DCFF stand for the bytes 0x80-0xFF (text decoded with
+    # surrogateescape): encode, tokenize and unknown_characters agree.
+    text = "caf\udce9 x\udce6\udc97\n"
+    escapes = ["\udce9", "\udce6", "\udc97"]
+    byte = fitted["byte"]
+    assert byte.encode(text).tolist() == list(text.encode("utf-8", "surrogateescape"))
+    assert byte.unknown_characters(text) == escapes
+    assert byte.decode(byte.encode(text)) == "caf\ufffd x\ufffd\n"
+    assert fitted["char"].unknown_characters(text) == [
+        c for c in dict.fromkeys(text) if c not in fitted["char"].vocabulary
+    ]
+    assert set(escapes) <= set(fitted["char"].unknown_characters(text))
+    for kind, tokenizer in fitted.items():
+        np.testing.assert_array_equal(
+            tokenizer.tokenize(text).numpy(), tokenizer.encode(text), err_msg=kind
+        )
+    # Fitted on such text, the char and word vocabularies hold U+FFFD
+    # (never a surrogate), and encode uses it.
+    char = tokenizers.build_tokenizer("char", text)
+    assert "\ufffd" in char.vocabulary and char.unk_id not in char.encode(text)
+    word = tokenizers.build_tokenizer("word", text)
+    assert "caf\ufffd" in word.vocabulary and word.unk_id not in word.encode(text)
+    with pytest.raises(ValueError, match="no lone surrogates"):
+        tokenizers.CharTokenizer(["<unk>", "\udce9"])
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_detokenize_rejects_ids_out_of_range(kind, layers):
+    tokenizer = layers[kind]
+    size = tokenizer.vocabulary_size()
+    expected = f"`inputs` must be token ids in [0, vocabulary_size={size})"
+    for ids, low, high in (([1, size], 1, size), ([-1, 0], -1, 0),
+                           ([[0], [size + 5, 1]], 0, size + 5)):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"{expected}. Received values in [{low}, {high}]"),
+        ):
+            tokenizer.detokenize(ids)
+    # int64 ids are checked before the cast to int32 (2**32 + 1 is not 1).
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        tokenizer.detokenize(np.array([2**32 + 1], np.int64))
+    # In a graph the ids are not known: an assertion with the same words.
+    # (An eager call first: the autouse seed fixture deleted the
+    # SentencePiece op's resource, which only an eager call rebuilds.)
+    assert tokenizer.detokenize([0, size - 1]).shape == ()
+    graph = tf.function(
+        tokenizer.detokenize, input_signature=[tf.TensorSpec([None], tf.int32)]
+    )
+    assert graph(tf.constant([0])).shape == ()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(expected)):
+        graph(tf.constant([0, size]))
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_detokenize_of_no_ids_is_empty_text(kind, layers):
+    tokenizer = layers[kind]
+    assert tokenizer.detokenize([]).numpy() == b""
+    assert tokenizer.detokenize(()).numpy() == b""
+    assert tokenizer.detokenize([[], []]).numpy().tolist() == [b"", b""]
+    assert tokenizer.decode([]) == ""
+    # A float tensor is still not ids, even an empty one.
+    with pytest.raises(ValueError, match="must be integer token ids"):
+        tokenizer.detokenize(tf.zeros([0], tf.float32))

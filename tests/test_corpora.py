@@ -339,3 +339,149 @@ def test_stdlib_docs_through_a_tokenizer(stdlib_folder):
     assert tokenizer.vocabulary[2] == "the"
     ids = tokenizer.encode(corpus.valid)
     assert np.mean(ids == tokenizer.unk_id) < 0.2
+
+
+# === Reading files: UTF-8, newlines, long lines ===
+
+# Words with multi-byte characters and runs of spaces: a text8-like line.
+_LINE_WORDS = ["the", "cat", "naïve", "日本語", "é", "x", "über", "a"]
+
+
+def _long_line(words, seed=0):
+    rng = np.random.default_rng(seed)
+    seps = rng.choice([" ", " ", " ", "  ", "\t "], size=words)
+    picked = rng.choice(_LINE_WORDS, size=words)
+    return " " + "".join(w + s for w, s in zip(picked, seps))
+
+
+def _streamed(source, split):
+    return [text for text, _ in source.chunks(split)]
+
+
+def test_invalid_utf8_is_refused_in_every_text_layout(tmp_path):
+    # The same bytes, one invalid byte at 5000, as a single file, as a
+    # folder's train.txt and as a raw text8 file: the same refusal, naming
+    # the file and the byte, at any chunk size.
+    data = bytearray(("word " * 2400).encode())
+    data[5000:5002] = b"\xff\xfe"
+    single = tmp_path / "book.txt"
+    single.write_bytes(bytes(data))
+    folder = _write_splits(tmp_path / "folder", TXT, ["", "valid\n", "test\n"])
+    (folder / "train.txt").write_bytes(bytes(data))
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "text8").write_bytes(bytes(data))
+    for source, path in ((single, single), (folder, folder / "train.txt"),
+                         (tmp_path / "raw", tmp_path / "raw" / "text8")):
+        message = re.escape(f"{path} is not valid UTF-8 text (near byte 5000)")
+        with pytest.raises(ValueError, match=message):
+            corpora.load_corpus(source, char_symbols=False)
+        for chunk_bytes in (7, 100, 1 << 22):
+            stream = corpora.open_corpus_source(source, chunk_bytes=chunk_bytes)
+            with pytest.raises(ValueError, match=message):
+                _streamed(stream, "train")
+    # A byte corpus (the raw enwik8 file, byte tokenizer) keeps any bytes.
+    (tmp_path / "bytes").mkdir()
+    (tmp_path / "bytes" / "enwik8").write_bytes(bytes(data))
+    corpus = corpora.load_corpus(tmp_path / "bytes")
+    byte = corpus.build_tokenizer()
+    ids = np.concatenate([byte.encode(corpus.split(s)) for s in corpora.SPLITS])
+    assert bytes(ids.astype(np.uint8)) == bytes(data)
+
+
+def test_txl_prepare_refuses_invalid_utf8_in_a_single_file(tmp_path, capsys):
+    from keras_txl.cli import main
+
+    path = tmp_path / "book.txt"
+    path.write_bytes(b"when here b" + b"\xff\xfe(" + b" bad words\n" * 300)
+    assert main(["prepare", "--data", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    assert f"{path} is not valid UTF-8 text (near byte 11)" in capsys.readouterr().err
+    assert not (tmp_path / "w" / "tokenizer").exists()
+
+
+def test_a_character_cut_by_the_raw_split_is_counted_as_encode_reads_it(tmp_path):
+    # The 90% cut of a raw text file falls inside "é": each side keeps its
+    # bytes (surrogateescape), and the streamed char vocabulary counts them as
+    # the tokenizer does (U+FFFD), not as "?".
+    from keras_txl.training.vocab import build_streaming_tokenizer
+
+    data = ("ab cd\n" * 107 + " é" * 100).encode()
+    train, _, _ = corpora.standard_split_sizes(len(data))
+    assert data[train - 1:train + 1] == "é".encode()
+    path = tmp_path / "book.txt"
+    path.write_bytes(data)
+    corpus = corpora.load_corpus(path)
+    assert corpus.train.endswith("\udcc3") and corpus.valid.startswith("\udca9")
+    streamed = build_streaming_tokenizer(
+        "char", (t for t, _ in corpora.open_corpus_source(path, chunk_bytes=8).chunks("train")))
+    fitted = tokenizers.build_tokenizer("char", corpus.train)
+    assert streamed.vocabulary == fitted.vocabulary
+    assert "?" not in streamed.vocabulary
+
+
+def test_newlines_folders_universal_single_files_byte_exact(tmp_path):
+    # Text files of a folder: "\r\n" and a lone "\r" are "\n", whatever the
+    # chunking (a chunk never ends between "\r" and "\n"). A single file (and
+    # raw enwik8/text8) is read byte for byte: "\r" is kept. docs/data.md says so.
+    text = ("one two\r\nthree\rfour\r\n" + _long_line(300).replace(" ", "\r\n", 7)
+            + "\r" + _long_line(300) + "\r\n")
+    folder = _write_splits(tmp_path / "c", TXT, ["", "v\n", "t\n"])
+    (folder / "train.txt").write_bytes(text.encode())
+    expected = text.replace("\r\n", "\n").replace("\r", "\n")
+    assert corpora.load_corpus(folder).train == expected
+    for chunk_bytes in range(1, 40):
+        stream = corpora.open_corpus_source(folder, chunk_bytes=chunk_bytes)
+        pieces = _streamed(stream, "train")
+        assert "".join(pieces) == expected, chunk_bytes
+    single = tmp_path / "crlf.txt"
+    single.write_bytes(text.encode())
+    corpus = corpora.load_corpus(single)
+    assert corpus.train + corpus.valid + corpus.test == text
+    docs = (corpora.pathlib.Path(__file__).parents[1] / "docs" / "data.md").read_text()
+    assert "Text files in a folder are read as UTF-8 with universal newlines" in docs
+    assert "A single file" in docs and "byte for byte" in docs
+
+
+@pytest.mark.parametrize("layout", ["folder", "text8", "single"])
+def test_a_long_line_is_cut_in_bounded_chunks_with_the_same_tokens(tmp_path, layout):
+    line = _long_line(2500)  # about 12 KB on one line, as text8 is
+    if layout == "folder":
+        source = _write_splits(tmp_path / "c", TXT, [line + "\n", "cat\n", "é\n"])
+    elif layout == "text8":
+        (tmp_path / "t8").mkdir()
+        (tmp_path / "t8" / "text8").write_bytes(line.encode())
+        source = tmp_path / "t8"
+    else:
+        source = tmp_path / "line.txt"
+        source.write_bytes(line.encode())
+    corpus = corpora.load_corpus(source, char_symbols=False)
+    word = tokenizers.build_tokenizer("word", corpus.train)
+    char = tokenizers.build_tokenizer("char", corpus.train)
+    for chunk_bytes in (64, 1000):
+        stream = corpora.open_corpus_source(source, chunk_bytes=chunk_bytes,
+                                            char_symbols=False)
+        pieces = _streamed(stream, "train")
+        assert "".join(pieces) == corpus.train
+        assert len(pieces) > len(corpus.train.encode()) // (2 * chunk_bytes)
+        assert max(len(p.encode("utf-8", "surrogateescape")) for p in pieces) <= 2 * chunk_bytes
+        # Cut at whitespace: the same words and characters as the whole line,
+        # across every cut.
+        for tokenizer in (word, char):
+            np.testing.assert_array_equal(
+                np.concatenate([tokenizer.encode(p) for p in pieces]),
+                tokenizer.encode(corpus.train))
+        # Resuming at any cursor gives the rest.
+        chunks = list(stream.chunks("train"))
+        middle = len(chunks) // 2
+        assert list(stream.chunks("train", chunks[middle][1])) == chunks[middle + 1:]
+
+
+def test_a_long_line_without_spaces_is_cut_at_character_boundaries(tmp_path):
+    line = "日本語é" * 1500 + "\n"
+    folder = _write_splits(tmp_path / "c", TXT, [line, "v\n", "t\n"])
+    char = tokenizers.build_tokenizer("char", line)
+    stream = corpora.open_corpus_source(folder, chunk_bytes=64)
+    pieces = _streamed(stream, "train")
+    assert "".join(pieces) == line
+    assert max(len(p.encode()) for p in pieces) <= 128
+    np.testing.assert_array_equal(
+        np.concatenate([char.encode(p) for p in pieces]), char.encode(line))

@@ -25,7 +25,10 @@
 `build_local_tfds(name, folder, data_dir)` stores a local corpus as a TFDS
 dataset with its line order kept, so that the TFDS path works offline.
 
-Every split is one string. Files are read as UTF-8 with universal newlines.
+Every split is one string. The files of a folder are read as UTF-8 with
+universal newlines; a single file (and raw enwik8/text8) is read byte for
+byte, cut at byte positions, and must be UTF-8 too, except the raw enwik8,
+which is read as bytes for the byte tokenizer (see `CorpusSource`).
 Each `Corpus` also names the tokenizer the reference code uses for it
 (`tokenizer_kind`, `tokenizer_options`) and the splits its vocabulary is
 counted on (`vocabulary_splits`: train only for WikiText-103, all three for
@@ -825,20 +828,21 @@ def prepare_stdlib_docs(
 
 # Bytes read per chunk before cutting at the next newline.
 DEFAULT_CHUNK_BYTES = 4 << 20
-# A chunk is extended up to this far to end at a newline; a longer line is
-# cut at the last space (or UTF-8 boundary) instead, so that memory stays
-# bounded on single-line corpora such as text8.
-_MAX_LINE_BYTES = 64 << 20
+# A chunk is extended by at most min(chunk_bytes, this) bytes to end at a
+# newline. A longer line is cut inside (before a run of spaces, else at a
+# UTF-8 character boundary), so a chunk never holds more than about
+# chunk_bytes + 1 MiB, also on a single-line corpus such as text8.
+_MAX_LINE_BYTES = 1 << 20
+# Sources whose lines must not be cut (LM1B's `double_eos`: "<S> words <S>"
+# per line, so a cut inside a line would add two <S>) extend up to this far.
+_MAX_SENTENCE_BYTES = 64 << 20
+# Bytes read at a time while looking for the end of a line.
+_READ_BYTES = 1 << 20
 
 
-def _cut_point(block: bytes, prefer_space: bool) -> int:
-    """Where to end a chunk inside `block`: after its last newline, else
-    after its last space, else at its last UTF-8 character boundary."""
-    cut = block.rfind(b"\n")
-    if cut < 0 and prefer_space:
-        cut = block.rfind(b" ")
-    if cut >= 0:
-        return cut + 1
+def _character_boundary(block) -> int:
+    """The last UTF-8 character boundary of `block`: its end, or the start of
+    a last character that is not complete."""
     end = len(block)
     for back in range(1, min(4, end) + 1):
         byte = block[end - back]
@@ -848,6 +852,32 @@ def _cut_point(block: bytes, prefer_space: bool) -> int:
             needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
             return end if back >= needed else end - back
     return end
+
+
+def _long_line_cut(block, *, prefer_space: bool, universal_newlines: bool) -> int:
+    """Where to end a chunk inside `block`, a window of a line too long to
+    extend to its end: after the last line end in `block` (a lone `"\r"`
+    too, for text read with universal newlines); else, with `prefer_space`,
+    before its last run of spaces and tabs (the words of a whitespace split
+    and the characters are the same on both sides of such a cut, and a
+    SentencePiece piece does not start inside a word); else at its last
+    UTF-8 character boundary. Never between a `"\r"` and a `"\n"` that may
+    follow it."""
+    cut = block.rfind(b"\n") + 1
+    if universal_newlines:  # a "\r" at the very end may be half of "\r\n"
+        cut = max(cut, block.rfind(b"\r", 0, len(block) - 1) + 1)
+    if cut > 0:
+        return cut
+    if prefer_space:
+        start = max(block.rfind(b" "), block.rfind(b"\t"))
+        while start > 0 and block[start - 1] in b" \t":
+            start -= 1
+        if start > 0:
+            return start
+    cut = _character_boundary(block)
+    if universal_newlines and cut > 1 and block[cut - 1] == 0x0D:
+        cut -= 1  # keep a final "\r" for the next chunk
+    return cut if cut > 0 else len(block)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -861,12 +891,25 @@ class CorpusSource:
     """A corpus that is read in chunks, never as a whole.
 
     What `load_corpus` returns as three strings, `open_corpus_source`
-    returns as three streams: `chunks(split)` yields pieces of text that
-    each end after a newline (or, for a line longer than 64 MiB, after a
-    space or at a character boundary), together with a cursor from which
-    `chunks(split, cursor)` resumes. Concatenated, the chunks are the split's
-    text as `load_corpus` reads it; encoded one by one they give the same
-    token ids as the whole text (the tokenizers encode line by line).
+    returns as three streams: `chunks(split)` yields pieces of text of about
+    `chunk_bytes` that each end after a newline, together with a cursor from
+    which `chunks(split, cursor)` resumes. A line that does not end within
+    `min(chunk_bytes, 1 MiB)` bytes past `chunk_bytes` is cut before its last
+    run of spaces and tabs in that window, else at a UTF-8 character
+    boundary, so no chunk is larger than that window (a single-line corpus
+    such as text8 included). Concatenated, the chunks are the split's text
+    as `load_corpus` reads it; encoded one by one they give the same token
+    ids as the whole text (the tokenizers encode line by line, words are
+    split at whitespace, characters are independent).
+
+    Text files (`errors="strict"`) must be UTF-8: anything else is a
+    ValueError naming the file and the byte. With `universal_newlines`
+    (the files of a folder) `"\r\n"` and a lone `"\r"` are read as `"\n"`;
+    a raw file cut into three (a single file, `text8`) keeps every byte, and
+    the bytes of a character that the cut falls inside stay on each side
+    (as `surrogateescape` stand-ins). A raw `enwik8` (`errors=
+    "surrogateescape"`) may hold any bytes: the byte tokenizer encodes them
+    back exactly.
 
     Attributes as in `Corpus`: `name`, `layout`, `source`, `char_symbols`,
     `tokenizer_kind`, `tokenizer_options`, `vocabulary_splits`.
@@ -876,7 +919,11 @@ class CorpusSource:
                  char_symbols=False, tokenizer_kind="word",
                  tokenizer_options=None, vocabulary_splits=("train",),
                  errors="strict", chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 data_dir=None, text_feature=None, split_names=None):
+                 data_dir=None, text_feature=None, split_names=None,
+                 universal_newlines=True):
+        if errors not in ("strict", "surrogateescape"):
+            raise ValueError("`errors` must be 'strict' (text) or 'surrogateescape' "
+                             f"(bytes). Received: errors={errors!r}.")
         self.name = name
         self.layout = layout
         self.source = source
@@ -887,6 +934,8 @@ class CorpusSource:
         self.chunk_bytes = chunk_bytes
         self._parts = parts or {}
         self._errors = errors
+        self._universal_newlines = bool(universal_newlines)
+        self._cut_characters: dict = {}
         self._tfds = tfds_spec
         self._data_dir = data_dir
         self._text_feature = text_feature
@@ -993,53 +1042,112 @@ class CorpusSource:
             return
         part_index, offset = cursor or (0, 0)
         parts = self._parts[split]
-        prefer_space = not self.tokenizer_options.get("double_eos", False)
+        double_eos = bool(self.tokenizer_options.get("double_eos", False))
+        size = self.chunk_bytes
+        limit = size + (_MAX_SENTENCE_BYTES if double_eos
+                        else max(4, min(size, _MAX_LINE_BYTES)))
         while part_index < len(parts):
             part = parts[part_index]
             with _open_binary(part.path) as handle:
                 handle.seek(part.start + offset)
+                left = None if part.stop is None else part.stop - part.start - offset
+                window, ended = bytearray(), left == 0
                 while True:
-                    remaining = None
-                    if part.stop is not None:
-                        remaining = part.stop - part.start - offset
-                        if remaining <= 0:
-                            break
-                    budget = self.chunk_bytes
-                    if remaining is not None:
-                        budget = min(budget, remaining)
-                    block = handle.read(budget)
-                    if not block:
+                    # `size` bytes, then on to the first newline after them,
+                    # reading at most up to `limit` bytes.
+                    cut, scan = None, size - 1
+                    while cut is None:
+                        want = size if len(window) < size else min(limit, len(window) + _READ_BYTES)
+                        if not ended and len(window) < want:
+                            count = want - len(window)
+                            if left is not None:
+                                count = min(count, left)
+                            data = handle.read(count)
+                            if left is not None:
+                                left -= len(data)
+                            ended = len(data) < count or left == 0
+                            window += data
+                        if len(window) < size:
+                            cut = len(window) if ended else None
+                            continue
+                        newline = window.find(b"\n", scan)
+                        scan = len(window)
+                        if newline >= 0:
+                            cut = newline + 1
+                        elif ended:
+                            cut = len(window)
+                        elif len(window) >= limit:
+                            cut = _long_line_cut(
+                                window, prefer_space=not double_eos,
+                                universal_newlines=self._universal_newlines)
+                    if not cut:
                         break
-                    more = remaining is None or len(block) < remaining
-                    if more and not block.endswith(b"\n"):
-                        # Extend to the end of the line, up to _MAX_LINE_BYTES.
-                        limit = _MAX_LINE_BYTES
-                        if remaining is not None:
-                            limit = min(limit, remaining - len(block))
-                        rest = handle.readline(limit)
-                        block += rest
-                        if (len(rest) == _MAX_LINE_BYTES and not block.endswith(b"\n")
-                                and (remaining is None or len(block) < remaining)):
-                            cut = _cut_point(block, prefer_space)
-                            if 0 < cut < len(block):
-                                block = block[:cut]
-                                handle.seek(part.start + offset + len(block))
-                    offset += len(block)
-                    try:
-                        text = block.decode("utf-8", self._errors)
-                    except UnicodeDecodeError as error:
-                        raise ValueError(
-                            f"{part.path} is not valid UTF-8 text (near byte "
-                            f"{part.start + offset - len(block) + error.start}). "
-                            "Raw byte corpora such as enwik8 are read from the "
-                            "unsplit `enwik8` file."
-                        ) from None
-                    if "\r" in text and self._errors == "strict":
-                        # Text files: universal newlines, as read_text does
-                        # (raw files keep every byte).
-                        text = text.replace("\r\n", "\n").replace("\r", "\n")
-                    yield text, [part_index, offset]
+                    block = bytes(window[:cut])
+                    del window[:cut]
+                    position = part.start + offset
+                    offset += cut
+                    yield self._decode(block, part, position), [part_index, offset]
             part_index, offset = part_index + 1, 0
+
+    def _decode(self, block: bytes, part: _FilePart, position: int) -> str:
+        """The text of `block`, the bytes of `part` from file offset
+        `position` (see the class docstring for the rules)."""
+        if self._errors == "surrogateescape":
+            return block.decode("utf-8", "surrogateescape")
+        low, high = 0, len(block)
+        # A raw file cut at byte positions: the part of a character that a
+        # cut falls inside is kept as bytes (not an error) on each side.
+        if part.start and position < part.start + 3 and max(block[:3], default=0) >= 0x80:
+            _, end = self._cut_character(part.path, part.start)
+            low = min(high, max(0, end - position))
+        if (part.stop is not None and position + len(block) > part.stop - 3
+                and max(block[-3:], default=0) >= 0x80):
+            lead, _ = self._cut_character(part.path, part.stop)
+            high = min(high, max(low, lead - position))
+        try:
+            text = block[low:high].decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{part.path} is not valid UTF-8 text (near byte "
+                f"{position + low + error.start}). Text corpora must be UTF-8; "
+                "only a raw `enwik8` file (or enwik8.zip) is read as bytes, for "
+                "the byte tokenizer."
+            ) from None
+        if low or high < len(block):
+            text = (block[:low].decode("utf-8", "surrogateescape") + text
+                    + block[high:].decode("utf-8", "surrogateescape"))
+        if self._universal_newlines and "\r" in text:
+            # Text files: universal newlines, as read_text does. A chunk
+            # never ends between "\r" and "\n".
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return text
+
+    def _cut_character(self, path: str, at: int) -> tuple[int, int]:
+        """`(start, end)` of the valid UTF-8 character of `path` that byte
+        offset `at` falls strictly inside, else `(at, at)`."""
+        key = (path, at)
+        if key not in self._cut_characters:
+            first = max(0, at - 3)
+            with _open_binary(path) as handle:
+                handle.seek(first)
+                around = handle.read(at + 3 - first)
+            found = (at, at)
+            for lead in range(at - 1, first - 1, -1):
+                byte = around[lead - first]
+                if 0x80 <= byte < 0xC0:
+                    continue  # a continuation byte: the lead is further back
+                if byte >= 0xC0:
+                    size = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                    piece = around[lead - first:lead - first + size]
+                    if lead + size > at and len(piece) == size:
+                        try:
+                            piece.decode("utf-8")
+                            found = (lead, lead + size)
+                        except UnicodeDecodeError:
+                            pass
+                break
+            self._cut_characters[key] = found
+        return self._cut_characters[key]
 
     def _tfds_chunks(self, split, cursor):
         import tensorflow as tf
@@ -1112,18 +1220,21 @@ def _raw_source(path: pathlib.Path, layout: str, **common) -> CorpusSource:
     train, valid, _ = standard_split_sizes(total)
     cuts = (0, train, train + valid, total)
     # Cuts are at byte positions (as in the prep scripts) and may fall inside a UTF-8
-    # character: surrogateescape keeps such bytes, and the byte tokenizer encodes them
-    # back exactly.
+    # character: its bytes stay on each side (surrogateescape), and the byte tokenizer
+    # encodes them back exactly. Raw files keep every byte ("\r" included); only the
+    # raw enwik8, the byte-level corpus, may hold bytes that are not UTF-8.
     parts = {split: [_FilePart(str(path), cuts[i], cuts[i + 1])]
              for i, split in enumerate(SPLITS)}
     if layout == "enwik8":
-        kind, vocabulary = "byte", SPLITS
+        kind, vocabulary, errors = "byte", SPLITS, "surrogateescape"
     else:
-        kind, vocabulary = "char", SPLITS if layout == "text8" else ("train",)
+        kind, errors = "char", "strict"
+        vocabulary = SPLITS if layout == "text8" else ("train",)
     return CorpusSource(
         name=path.stem if path.suffix == ".zip" else path.name, layout=layout,
         source=str(path), parts=parts, tokenizer_kind=kind,
-        vocabulary_splits=vocabulary, errors="surrogateescape", **common)
+        vocabulary_splits=vocabulary, errors=errors, universal_newlines=False,
+        **common)
 
 
 def _lm1b_source(folder: pathlib.Path, **common):

@@ -35,11 +35,17 @@ UNK_TOKEN = getattr(tokenizers, "UNK_TOKEN", "<unk>")
 
 # Text the subword trainers see at most.
 DEFAULT_SAMPLE_BYTES = 256 << 20
-_LOG_EVERY_BYTES = 256 << 20
+_LOG_EVERY_CHARS = 256 << 20
 
 
 def count_tokens(kind, chunks, *, lower_case=False):
     """Counts words (`kind="word"`) or characters (`"char"`) over chunks.
+
+    Each chunk is counted by `keras_txl.tokenizers.add_token_counts`, the
+    counting step of the tokenizers' own `fit`: the same whitespace split
+    and the same reading of bytes that are not UTF-8 (the bytes of a
+    character cut by a raw file's split, kept as surrogateescape stand-ins,
+    count as U+FFFD, as `encode` reads them).
 
     Args:
         kind: str. `"word"` (whitespace-split, as `WordTokenizer`) or
@@ -51,35 +57,18 @@ def count_tokens(kind, chunks, *, lower_case=False):
     Returns:
         A dict token -> count in order of first appearance.
     """
-    import tensorflow as tf
-    import tensorflow_text as tf_text
-
     if kind not in ("word", "char"):
         raise ValueError(f"`kind` must be 'word' or 'char'. Received: kind={kind!r}.")
-    splitter = (tf_text.WhitespaceTokenizer() if kind == "word"
-                else tf_text.UnicodeCharTokenizer())
     counts: dict = {}
     seen = next_log = 0
     for text in chunks:
-        data = text.encode("utf-8", "replace")
-        if kind == "word":
-            lines = tf.strings.split(tf.constant(data), sep="\n")
-            if lower_case:
-                lines = tf.strings.lower(lines, encoding="utf-8")
-            values = splitter.tokenize(lines).flat_values
-        else:
-            values = splitter.tokenize(data)
-        unique, _, number = tf.unique_with_counts(values)
-        for token, n in zip(unique.numpy().tolist(), number.numpy().tolist()):
-            counts[token] = counts.get(token, 0) + n
-        seen += len(data)
+        tokenizers.add_token_counts(counts, kind, text, lower_case=lower_case)
+        seen += len(text)
         if seen >= next_log:
-            logger.info("vocabulary: %.0f MB counted, %d distinct %ss",
+            logger.info("vocabulary: %.0fM characters counted, %d distinct %ss",
                         seen / 1e6, len(counts), kind)
-            next_log = seen + _LOG_EVERY_BYTES
-    if kind == "word":
-        return {token.decode("utf-8"): n for token, n in counts.items()}
-    return {chr(point): n for point, n in counts.items()}
+            next_log = seen + _LOG_EVERY_CHARS
+    return counts
 
 
 def read_vocabulary_file(path):

@@ -343,7 +343,7 @@ def test_a_pg19_format_tfds_dataset_trains_and_evaluates_book_by_book(tmp_path, 
     assert main(["train", *flags, "--workdir", str(workdir), "--preset", "tiny",
                  "--tokenizer", "word", "--steps", "2", "--batch-size", "2",
                  "--segment-length", "16", "--memory-length", "16",
-                 "--shard-tokens", "500"]) == 0
+                 "--shard-tokens", "1024"]) == 0
     from keras_txl.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(workdir / "tokenizer")
@@ -381,6 +381,97 @@ def test_a_checkpoint_of_another_train_split_is_refused(tmp_path, capsys):
     assert "was written while reading a train split" in capsys.readouterr().err
 
 
+def test_the_tokens_key_depends_on_the_tokens_not_on_the_shards(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 1000, size=5000).astype(np.int32)
+    keys = {(size, dtype): make_shards(tmp_path / f"{size}{dtype}", tokens, size, dtype).key
+            for size in (300, 700, 5000) for dtype in ("<u2", "<i4")}
+    assert len(set(keys.values())) == 1
+    import hashlib
+
+    stream = hashlib.sha256(tokens.astype("<i4").tobytes()).hexdigest()
+    index = json.loads((tmp_path / "300<u2" / "s" / "index.json").read_text())
+    assert index["tokens_sha256"] == stream
+    assert keys[300, "<u2"] == f"tokens-sha256:{stream}"
+    changed = tokens.copy()
+    changed[4321] += 1
+    assert make_shards(tmp_path / "other", changed, 300).key != keys[300, "<u2"]
+
+
+def test_re_sharding_a_trained_workdir_keeps_the_resume_exact(tmp_path, capsys):
+    folder = write_corpus(tmp_path / "c", lines=(600, 40, 40))
+    # A constant learning rate: 2 steps then 3 follow the 3-step run exactly.
+    common = ["--preset", "tiny", "--tokenizer", "char", "--batch-size", "2",
+              "--segment-length", "8", "--memory-length", "8", "--set", "dropout=0.0",
+              "--set", "checkpoint_every=1", "--set", "log_every=1",
+              "--set", "warmup_steps=0", "--set", "min_lr_ratio=1.0"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    assert main(["train", "--data", folder, "--workdir", straight, "--steps", "3",
+                 *common]) == 0
+    assert main(["train", "--data", folder, "--workdir", resumed, "--steps", "2",
+                 *common]) == 0
+    train = pathlib.Path(resumed) / "data" / "train"
+    assert len(shards.ShardedTokens(train).index["shards"]) == 1
+    before = np.asarray(shards.ShardedTokens(train))
+    # The same tokens cut into other shards: the checkpoint's position holds.
+    assert main(["prepare", "--data", folder, "--workdir", resumed,
+                 "--shard-tokens", "1024"]) == 0
+    assert len(shards.ShardedTokens(train).index["shards"]) > 5
+    np.testing.assert_array_equal(np.asarray(shards.ShardedTokens(train)), before)
+    capsys.readouterr()
+    assert main(["train", "--workdir", resumed, "--steps", "3", *common]) == 0, \
+        capsys.readouterr().err[-2000:]
+    reference, losses = train_losses(straight), train_losses(resumed)
+    assert sorted(losses) == [1, 2, 3]
+    for step in (1, 2, 3):
+        assert losses[step] == pytest.approx(reference[step], rel=1e-6), step
+
+
+def test_tokenizer_flags_other_than_the_workdirs_are_said_in_flags(tmp_path, capsys):
+    folder = write_corpus(tmp_path / "c")
+    workdir = str(tmp_path / "w")
+    assert main(["prepare", "--data", folder, "--workdir", workdir,
+                 "--vocab-size", "6", "--min-freq", "2"]) == 0
+    capsys.readouterr()
+    assert main(["prepare", "--data", folder, "--workdir", workdir,
+                 "--vocab-size", "10"]) == 2
+    err = capsys.readouterr().err
+    assert ("tokenizer was built with --tokenizer word --vocab-size 6 --min-freq 2; "
+            "this run asks for --vocab-size 10.") in err
+    assert "None" not in err and "max_size" not in err
+    other = str(tmp_path / "plain")
+    assert main(["prepare", "--data", folder, "--workdir", other]) == 0
+    capsys.readouterr()
+    assert main(["prepare", "--data", folder, "--workdir", other, "--tokenizer", "word",
+                 "--lower-case"]) == 2
+    err = capsys.readouterr().err
+    assert "built with --tokenizer word and no vocabulary flag" in err
+    assert "this run asks for --tokenizer word --lower-case." in err
+
+
+@pytest.mark.parametrize("kind,what", [("word", "word"), ("char", "character")])
+def test_a_min_freq_that_keeps_only_the_special_tokens_is_refused(
+        tmp_path, capsys, kind, what):
+    folder = write_corpus(tmp_path / "c")
+    text = (pathlib.Path(folder) / "train.txt").read_text()
+    import collections
+
+    counts = collections.Counter(text.split() if kind == "word" else text)
+    top = max(counts.values())
+    workdir = str(tmp_path / "w")
+    assert main(["prepare", "--data", folder, "--workdir", workdir, "--tokenizer", kind,
+                 "--min-freq", str(top + 1)]) == 2
+    err = capsys.readouterr().err
+    assert f"txl prepare: error: --min-freq {top + 1} keeps no {what}" in err
+    assert f"occurs {top} times ({len(counts)} distinct {what}s" in err
+    assert f"Pass --min-freq {top} or less." in err
+    assert not os.path.exists(os.path.join(workdir, "tokenizer"))
+    # The count it names works, in the same workdir.
+    assert main(["prepare", "--data", folder, "--workdir", workdir, "--tokenizer", kind,
+                 "--min-freq", str(top)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["vocabulary_size"] > (2 if kind == "word" else 1)
+
+
 def test_a_changed_shard_byte_is_detected(tmp_path, capsys):
     folder = write_corpus(tmp_path / "c")
     workdir = tmp_path / "w"
@@ -408,8 +499,7 @@ def test_the_lm1b_folder_follows_the_reference_protocol(tmp_path, capsys):
     (heldout / "news.en.heldout-00001-of-00050").write_text("c c c c .\n")
     (root / "1b_word_vocab.txt").write_text("<S>\t0\n<UNK>\t0\n.\t9\na\t5\nb\t4\nc\t3\n")
     workdir = tmp_path / "w"
-    assert main(["prepare", "--data", str(root), "--workdir", str(workdir),
-                 "--shard-tokens", "4"]) == 0
+    assert main(["prepare", "--data", str(root), "--workdir", str(workdir)]) == 0
     from keras_txl.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(workdir / "tokenizer")
@@ -448,7 +538,7 @@ def test_two_workers_read_disjoint_streams_of_the_prepared_shards(tmp_path):
     workdirs = {name: tmp_path / name for name in ("single", "multi")}
     for workdir in workdirs.values():  # prepared once, small shards
         assert main(["prepare", "--data", folder, "--workdir", str(workdir),
-                     "--tokenizer", "char", "--shard-tokens", "1000"]) == 0
+                     "--tokenizer", "char", "--shard-tokens", "1024"]) == 0
     before = shard_files(workdirs["multi"])
     subprocess.run([*command, "--workdir", str(workdirs["single"])], env=env(),
                    check=True, capture_output=True, timeout=300)
@@ -502,6 +592,8 @@ def test_hostile_inputs_get_clear_errors(tmp_path, capsys):
     folder = pathlib.Path(write_corpus(tmp_path / "c"))
     workdir = str(tmp_path / "w")
     for flags, message in ((["--shard-tokens", "0"], "--shard-tokens must be a positive"),
+                           (["--shard-tokens", "1"], "--shard-tokens must be at least 1024"),
+                           (["--shard-tokens", "1023"], "Received: 1023"),
                            (["--vocab-size", "-3"], "--vocab-size must be a positive"),
                            (["--min-freq", "0"], "--min-freq must be a positive"),
                            (["--tokenizer", "char", "--lower-case"], "--lower-case applies")):

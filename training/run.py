@@ -57,24 +57,119 @@ def _sha256_tree(path):
     return digest.hexdigest()
 
 
+# The sections of a `--config` file, and the settings of its "eval" one:
+# how `txl train` evaluates at the end (0, -1: the model's own).
+CONFIG_SECTIONS = ("model", "train", "eval")
+EVAL_DEFAULTS = {"segment_length": 0, "memory_length": 0, "clamp_length": -1,
+                 "same_length": False, "batch_size": 1}
+_CONFIG_MAX_BYTES = 16 << 20
+
+
+def _unknown_keys(where, what, data, known):
+    """Refuses keys of `data` not in `known`, naming each (with the
+    nearest known key) and listing the known ones."""
+    import difflib
+
+    unknown = sorted(set(data) - set(known), key=str)
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        near = difflib.get_close_matches(str(key), list(known), n=1)
+        named.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
+    raise ValueError(f"{where}: unknown {what} {', '.join(named)}. Valid: {sorted(known)}.")
+
+
+def _check_eval_section(where, evaluation):
+    """The types and ranges of a --config file's "eval" settings."""
+    lowest = {"segment_length": 0, "memory_length": 0, "clamp_length": -1, "batch_size": 1}
+    for key, value in evaluation.items():
+        if key == "same_length":
+            if not isinstance(value, bool):
+                raise ValueError(f'{where}: "eval" {key} must be true or false. '
+                                 f"Received: {value!r}.")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < lowest[key]:
+            raise ValueError(f'{where}: "eval" {key} must be an integer >= '
+                             f"{lowest[key]}. Received: {value!r}.")
+
+
+def read_config_file(path):
+    """`--config FILE` as `(model, train, eval)` dicts.
+
+    The file is a JSON object: a model config (the keys of
+    `TransformerXLConfig`, as `WORKDIR/config.json`), or sections
+    `{"model": {...}, "train": {...}, "eval": {...}}` ("model" required;
+    "train": `TrainConfig` keys; "eval": the keys of `EVAL_DEFAULTS`).
+    An unknown section or key, and every problem reading the file, is a
+    ValueError naming --config and the path.
+    """
+    where = f"--config {path!r}"
+    if os.path.isdir(path):
+        raise ValueError(f"{where} is a folder: pass a JSON file (a model config, or "
+                         '{"model": ..., "train": ..., "eval": ...}).')
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(_CONFIG_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError(f"{where}: no such file.") from None
+    except OSError as error:
+        raise ValueError(f"{where} cannot be read ({error.strerror or error}).") from None
+    if len(raw) > _CONFIG_MAX_BYTES:
+        raise ValueError(f"{where} is larger than {_CONFIG_MAX_BYTES >> 20} MB: "
+                         "not a config file.")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{where} is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+            f"{error.start}): expected a JSON file.") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        detail = (f"{error.msg} at line {error.lineno} column {error.colno}"
+                  if isinstance(error, json.JSONDecodeError) else str(error))
+        raise ValueError(f"{where} is not valid JSON: {detail}.") from None
+    shape = ('a model config {"num_layers": ..., ...}, or sections '
+             '{"model": {...}, "train": {...}, "eval": {...}}')
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(data), "number")
+        raise ValueError(f"{where} holds a JSON {kind}; expected an object: {shape}.")
+    model_keys = [f.name for f in dataclasses.fields(TransformerXLConfig)]
+    if not set(data) & set(CONFIG_SECTIONS):
+        _unknown_keys(f'{where} (read as a model config: it has no "model" section)',
+                      "model config key(s)", data, model_keys)
+        return dict(data), {}, {}
+    _unknown_keys(where, "section(s)", data, CONFIG_SECTIONS)
+    if "model" not in data:
+        raise ValueError(
+            f'{where} has the section(s) {sorted(data)} but no "model" section: '
+            f"expected {shape}.")
+    for name in data:
+        if not isinstance(data[name], dict):
+            raise ValueError(f'{where}: the "{name}" section must be a JSON object. '
+                             f"Received: {data[name]!r}.")
+    _unknown_keys(where, 'key(s) in "model"', data["model"], model_keys)
+    _unknown_keys(where, 'key(s) in "train"', data.get("train", {}),
+                  [f.name for f in dataclasses.fields(TrainConfig)])
+    _unknown_keys(where, 'key(s) in "eval"', data.get("eval", {}), EVAL_DEFAULTS)
+    _check_eval_section(where, data.get("eval", {}))
+    return dict(data["model"]), dict(data.get("train", {})), dict(data.get("eval", {}))
+
+
 def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
     """Builds (model dict, TrainConfig, eval settings, explicit model keys).
 
-    Order: preset (or --config JSON with optional "model"/"train"/"eval"
-    parts, or a plain model dict), then `--set key=value` overrides (a key
-    may be prefixed `model.`, `train.` or `eval.`; unprefixed keys go to
-    whichever config has them), then the plain flags.
+    Order: preset (or a --config file: a model config, or sections
+    "model"/"train"/"eval", see `read_config_file`), then `--set
+    key=value` overrides (a key may be prefixed `model.`, `train.` or
+    `eval.`; unprefixed keys go to whichever config has them), then the
+    plain flags.
     """
     model, train, evaluation = {}, {}, {}
     from_preset = False
     if config_path:
-        with open(config_path) as f:
-            data = json.load(f)
-        if "model" in data:
-            model, train = dict(data["model"]), dict(data.get("train", {}))
-            evaluation = dict(data.get("eval", {}))
-        else:
-            model = data
+        model, train, evaluation = read_config_file(config_path)
     elif preset:
         if preset not in PRESETS:
             raise ValueError(f"Unknown preset {preset!r}. Available: {sorted(PRESETS)}.")
@@ -88,8 +183,7 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
                              if f.default is not dataclasses.MISSING else model.get(f.name, 0))
                     for f in dataclasses.fields(TransformerXLConfig)}
     train_fields = {**TrainConfig().to_dict(), **train}
-    eval_fields = {"segment_length": 0, "memory_length": 0, "clamp_length": -1,
-                   "same_length": False, "batch_size": 1, **evaluation}
+    eval_fields = {**EVAL_DEFAULTS, **evaluation}
     explicit = set()
     for text in overrides:
         key = text.split("=", 1)[0]
@@ -209,21 +303,113 @@ def _save_tokenizer_atomically(tokenizer, tokenizer_dir):
     os.replace(tmp, tokenizer_dir)
 
 
-def _check_tokenizer_options(workdir, meta, kind, options):
+# A tokenizer option and the `txl prepare`/`train` flag that sets it.
+_OPTION_FLAGS = {"max_size": "--vocab-size", "vocabulary_size": "--vocab-size",
+                 "min_freq": "--min-freq", "lower_case": "--lower-case",
+                 "vocabulary_file": "--vocabulary-file"}
+
+
+def _as_flags(kind, options):
+    """Tokenizer `kind` and `options` as the flags that ask for them
+    (options with no flag, e.g. a corpus's own `double_eos`, as
+    `name=value`)."""
+    words = [f"--tokenizer {kind}"] if kind else []
+    for name, value in sorted(options.items()):
+        flag = _OPTION_FLAGS.get(name)
+        if flag == "--lower-case":
+            words.append(flag if value else "no --lower-case")
+        elif flag:
+            words.append(f"{flag} {value}")
+        else:
+            words.append(f"{name}={value!r}")
+    return " ".join(words)
+
+
+def _check_tokenizer_options(workdir, meta, kind, options, built_kind=None):
     """Explicit options (--vocab-size, --min-freq, ...) that contradict the
-    ones the workdir's tokenizer was built with are an error."""
+    ones the workdir's tokenizer was built with are an error, said in
+    flags."""
     if not meta or not options:
         return
     built = (meta.get("tokenizer") or {})
     old = built.get("options", {})
+    old_kind = built.get("kind") or built_kind
     differ = {k: v for k, v in options.items() if old.get(k) != v}
-    if differ or (kind and built.get("kind") not in (None, kind)):
+    if differ or (kind and old_kind not in (None, kind)):
+        had = _as_flags(old_kind, old)
+        if not old:
+            had += (" and no vocabulary flag (no --vocab-size, --min-freq, "
+                    "--lower-case or --vocabulary-file)")
         raise ValueError(
-            f"{workdir}'s tokenizer was built as {built.get('kind')!r} with "
-            f"options {old}; this run asks for {kind!r} with {options}. Its "
-            "shards belong to that tokenizer: use a new --workdir (or delete "
-            f"{os.path.join(workdir, 'tokenizer')} and {os.path.join(workdir, 'data')})."
+            f"{workdir}'s tokenizer was built with {had}; this run asks for "
+            f"{_as_flags(kind, options)}. Its shards belong to that tokenizer: "
+            "run without these flags (or with the ones it was built with), use a "
+            f"new --workdir, or delete {os.path.join(workdir, 'tokenizer')} and "
+            f"{os.path.join(workdir, 'data')} to build them again."
         )
+
+
+def _build_tokenizer(build, kind, corpus_source, options):
+    """`build(kind, texts, **options)` on the vocabulary splits; a counted
+    vocabulary left with only its special tokens (every word `<unk>`: a
+    --min-freq above every count) is refused, naming --min-freq and the
+    counts."""
+    from keras_txl.training.vocab import EOS_TOKEN
+    from keras_txl.training.vocab import UNK_TOKEN
+
+    def texts():
+        return (text for split in corpus_source.vocabulary_splits
+                for text, _ in corpus_source.chunks(split))
+
+    counted = kind in ("word", "char") and not options.get("vocabulary_file")
+    specials = [options.get("unk_token", UNK_TOKEN)]
+    if kind == "word" and options.get("add_eos", True):
+        specials.insert(0, options.get("eos_token", EOS_TOKEN))
+    try:
+        tokenizer = build(kind, texts(), **options)
+    except Exception:
+        # A char vocabulary of <unk> alone fails in the tokenizer's lookup
+        # table: say why when a --min-freq above every count is the cause.
+        message = (_specials_only(kind, texts(), options, specials, corpus_source,
+                                  min_freq_only=True)
+                   if counted and options.get("min_freq", 1) > 1 else None)
+        if message is None:
+            raise
+        raise ValueError(message) from None
+    if counted and set(tokenizer.vocabulary) <= set(specials):
+        message = _specials_only(kind, texts(), options, specials, corpus_source)
+        raise ValueError(message or (
+            f"the {kind} vocabulary holds only the special tokens {specials}: every "
+            f"{kind} of the text would be {specials[-1]}."))
+    return tokenizer
+
+
+def _specials_only(kind, texts, options, specials, corpus_source, min_freq_only=False):
+    """Why a counted vocabulary kept nothing but `specials` (a second pass
+    over the text: only on this error), or None when --min-freq is not
+    the cause (and, with `min_freq_only`, when the text holds no token)."""
+    from keras_txl.training.vocab import count_tokens
+
+    what = "word" if kind == "word" else "character"
+    splits = "+".join(corpus_source.vocabulary_splits)
+    extra = {"lower_case": bool(options.get("lower_case"))} if kind == "word" else {}
+    counts = {token: n for token, n in count_tokens(kind, texts, **extra).items()
+              if token not in specials}
+    min_freq = options.get("min_freq", 1)
+    if not counts:
+        if min_freq_only:
+            return None
+        return (f"the {splits} text holds no {what} besides the special tokens "
+                f"{specials}: a vocabulary of those alone reads every {what} as "
+                f"{specials[-1]}.")
+    top_token, top = max(counts.items(), key=lambda item: item[1])
+    if top >= min_freq:
+        return None
+    return (f"--min-freq {min_freq} keeps no {what}: the most frequent {what} of the "
+            f"{splits} text, {top_token!r}, occurs {top} times ({len(counts)} distinct "
+            f"{what}s, {sum(counts.values())} in all), so the vocabulary would hold only "
+            f"the special tokens {specials} and read every {what} as {specials[-1]}. "
+            f"Pass --min-freq {top} or less.")
 
 
 def vocabulary_flags(args):
@@ -347,6 +533,11 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         raise ValueError(
             f"--shard-tokens must be a positive integer (tokens per shard file). "
             f"Received: {shard_tokens!r}.")
+    if shard_tokens is not None and shard_tokens < shards.MIN_SHARD_TOKENS:
+        raise ValueError(
+            f"--shard-tokens must be at least {shards.MIN_SHARD_TOKENS} (tokens per "
+            f"shard file; each shard is a file written and fsynced on its own). "
+            f"Received: {shard_tokens}. The default is {shards.DEFAULT_SHARD_TOKENS}.")
     tokenizer_options = dict(tokenizer_options or {})
     tokenizer_dir = os.path.join(workdir, "tokenizer")
     data_cache = os.path.join(workdir, "data")
@@ -363,7 +554,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                 f"{workdir} already has a {kind} tokenizer; "
                 f"--tokenizer {tokenizer_kind} does not match it (use a new workdir)."
             )
-        _check_tokenizer_options(workdir, meta, tokenizer_kind, tokenizer_options)
+        _check_tokenizer_options(workdir, meta, tokenizer_kind, tokenizer_options, kind)
         if (meta is not None and meta.get("tokenizer_sha256") is not None
                 and meta["tokenizer_sha256"] != _sha256_tree(tokenizer_dir)):
             raise ValueError(
@@ -398,7 +589,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     options.update(_kind_options(kind, vocabulary or {}))
     if tokenizer is not None:
         _check_tokenizer_options(workdir, meta, tokenizer_kind,
-                                 {**tokenizer_options, **_kind_options(kind, vocabulary or {})})
+                                 {**tokenizer_options, **_kind_options(kind, vocabulary or {})},
+                                 kind)
     if sha is None:
         sha = corpus_source.content_sha256()
         if write:  # before the tokenizer: a kill in between cannot mix corpora
@@ -414,9 +606,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     if tokenizer is None:
         logger.info("Building the %s vocabulary on %s (streamed)", kind,
                     "+".join(corpus_source.vocabulary_splits))
-        texts = (text for split in corpus_source.vocabulary_splits
-                 for text, _ in corpus_source.chunks(split))
-        tokenizer = build_streaming_tokenizer(kind, texts, **options)
+        tokenizer = _build_tokenizer(build_streaming_tokenizer, kind, corpus_source, options)
         if write:
             _save_tokenizer_atomically(tokenizer, tokenizer_dir)
         else:

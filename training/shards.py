@@ -10,7 +10,8 @@ Layout of one split's folder (`WORKDIR/data/{split}/`):
                           sha256, where in the source the next one starts)
     index.json            written last: the finished split (files, tokens,
                           sha256 of each; the total, the dtype, the largest
-                          id, the key)
+                          id, the key, and `tokens_sha256`: the sha256 of
+                          the whole token stream, whatever its shards)
 
 Why flat files: the ordered batches read, at every step, one window of
 `T + 1` tokens at a known offset of each of `B` streams, and a resumed run
@@ -30,6 +31,14 @@ chunk sizes. It is written as `*.tmp`, fsynced, renamed, and
 only then recorded in `progress.json` (atomically) with the cursor of the
 next chunk. A killed run restarts from the last recorded shard, so it
 finishes with the same bytes as an uninterrupted run.
+
+Two identities: the index's `key` says what the shards were made from and
+how (the source, the tokenizer and the shard size: `txl prepare` rewrites
+shards of another key); `ShardedTokens.key` says which tokens they hold,
+`tokens-sha256:<tokens_sha256>`, the same for any shard size. A
+checkpoint records the second (its data position is an offset in the
+token stream: the ordered batches read by offset, never by shard), so
+re-sharding the same tokens keeps a resume exact.
 """
 
 import hashlib
@@ -48,13 +57,20 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_SHARD_TOKENS",
     "FORMAT",
+    "MIN_SHARD_TOKENS",
     "ShardedTokens",
     "is_complete",
+    "tokens_sha256",
     "write_split",
 ]
 
 FORMAT = "keras-txl-shards/1"
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens: 128 MB (uint16) or 256 MB (int32)
+# The smallest `--shard-tokens` (`txl prepare`/`train`): every shard is a
+# file, fsynced and recorded once, so one token per shard would make a file
+# (and an fsync) per token. `write_split` itself takes any size (tests cut
+# tiny splits into many shards).
+MIN_SHARD_TOKENS = 1024
 INDEX = "index.json"
 PROGRESS = "progress.json"
 
@@ -92,6 +108,12 @@ class ShardedTokens:
     `len()`, `read(start, stop)`, `read_windows(starts, length)`;
     `np.asarray(shards)` reads it all (small splits, tests).
 
+    `key` identifies the tokens, not their files: `tokens-sha256:<hex>`
+    (the index's `tokens_sha256`, the same for any shard size), or the
+    index's `key` for an index written before `tokens_sha256` existed.
+    Training records it in every checkpoint and refuses to resume on
+    another.
+
     Args:
         folder: str. A split folder with an `index.json` (see the module).
     """
@@ -108,7 +130,8 @@ class ShardedTokens:
         self.index = index
         self.dtype = np.dtype(index["dtype"])
         self.max_id = int(index.get("max_id", -1))
-        self.key = index.get("key")
+        content = index.get("tokens_sha256")
+        self.key = f"tokens-sha256:{content}" if content else index.get("key")
         sizes, self._paths = [], []
         for shard in index["shards"]:
             file = os.path.join(self.folder, os.path.basename(shard["file"]))
@@ -194,6 +217,20 @@ class ShardedTokens:
                     "(`txl prepare` with the same --data and --workdir).")
 
 
+def tokens_sha256(paths, dtype):
+    """sha256 of the token stream held by the shard files `paths` (in
+    order): the ids as little-endian int32, so it depends on the tokens
+    only, not on where the shards cut them nor on their `dtype`."""
+    dtype = np.dtype(dtype)
+    digest = hashlib.sha256()
+    block = (1 << 22) * dtype.itemsize  # whole tokens: 4M per read
+    for path in paths:
+        with open(path, "rb") as handle:
+            for data in iter(lambda handle=handle: handle.read(block), b""):
+                digest.update(np.frombuffer(data, dtype).astype("<i4").tobytes())
+    return digest.hexdigest()
+
+
 class _Progress:
     """Progress lines on the log (stderr): MB read, tokens, MB/s."""
 
@@ -233,6 +270,10 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
     Returns:
         `ShardedTokens` of the finished split.
     """
+    if (isinstance(shard_tokens, bool) or not isinstance(shard_tokens, (int, np.integer))
+            or shard_tokens < 1):
+        raise ValueError(f"`shard_tokens` must be a positive integer. Received: "
+                         f"shard_tokens={shard_tokens!r}.")
     os.makedirs(folder, exist_ok=True)
     index_path = os.path.join(folder, INDEX)
     progress_path = os.path.join(folder, PROGRESS)
@@ -323,8 +364,13 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
     # Where to resume depends on how the source was chunked: not part of
     # the finished split, which depends only on its tokens.
     listed = [{k: v for k, v in s.items() if k != "resume"} for s in shards]
+    # Read back once (the files were just written: from the page cache):
+    # the stream's own hash, which a resumed run checks, cannot be carried
+    # across a kill in the middle of the writing.
+    content = tokens_sha256([os.path.join(folder, s["file"]) for s in shards], dtype)
     _write_json(index_path, {"format": FORMAT, "key": key, "dtype": dtype,
-                             "num_tokens": total, "max_id": max_id, "shards": listed})
+                             "num_tokens": total, "max_id": max_id,
+                             "tokens_sha256": content, "shards": listed})
     if os.path.exists(progress_path):
         os.remove(progress_path)
     return ShardedTokens(folder)

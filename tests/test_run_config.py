@@ -1,0 +1,105 @@
+"""`txl train --config FILE`: unknown sections and keys are refused, and
+every problem with the file is an error naming --config and the path."""
+
+import json
+import re
+
+import pytest
+
+from keras_txl import TransformerXLConfig
+from keras_txl.cli import main
+from keras_txl.training.run import resolve_configs
+
+MODEL = {"num_layers": 2, "hidden_dim": 16, "num_heads": 2, "head_dim": 8,
+         "intermediate_dim": 32, "segment_length": 8, "memory_length": 8}
+
+
+def write(tmp_path, data, name="config.json"):
+    path = tmp_path / name
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"model": MODEL, "trian": {"steps": 2}},
+     r"unknown section\(s\) 'trian' \(did you mean 'train'\?\)\. "
+     r"Valid: \['eval', 'model', 'train'\]"),
+    ({"model": MODEL, "eval": {"memroy_length": 64}},
+     r"unknown key\(s\) in \"eval\" 'memroy_length' \(did you mean 'memory_length'\?\)\. "
+     r"Valid: \['batch_size', 'clamp_length', 'memory_length', 'same_length', "
+     r"'segment_length'\]"),
+    ({"model": MODEL, "train": {"stpes": 2}},
+     r"unknown key\(s\) in \"train\" 'stpes' \(did you mean 'steps'\?\)\. Valid: \[.*'warmup_steps'"),
+    ({"model": {**MODEL, "hiden_dim": 8}},
+     r"unknown key\(s\) in \"model\" 'hiden_dim' \(did you mean 'hidden_dim'\?\)"),
+    ({**MODEL, "num_layerz": 2},
+     r"read as a model config: it has no \"model\" section\): unknown model config "
+     r"key\(s\) 'num_layerz'"),
+    ({"train": {"steps": 2}}, r"has the section\(s\) \['train'\] but no \"model\" section"),
+    ({"model": MODEL, "train": [1]}, r"the \"train\" section must be a JSON object"),
+    ({"model": MODEL, "eval": {"memory_length": "64"}},
+     r"\"eval\" memory_length must be an integer >= 0\. Received: '64'"),
+    ({"model": MODEL, "eval": {"batch_size": 0}}, r"\"eval\" batch_size must be an integer >= 1"),
+    ({"model": MODEL, "eval": {"same_length": 1}}, r"\"eval\" same_length must be true or false"),
+    ([1, 2], r"holds a JSON list; expected an object: a model config"),
+    ("null", r"holds a JSON null; expected an object"),
+    ('{"model": {"num_layers": 2,\n', r"is not valid JSON: Expecting property name enclosed "
+     r"in double quotes at line 2 column 1\.$"),
+    ("", r"is not valid JSON: Expecting value at line 1 column 1"),
+    (b"\xff\xfe{}", r"is not UTF-8 text \(byte 0xff at offset 0\): expected a JSON file"),
+])
+def test_a_config_file_problem_names_the_file_and_the_key(tmp_path, data, message):
+    path = write(tmp_path, data)
+    with pytest.raises(ValueError, match=message) as info:
+        resolve_configs(config_path=path)
+    assert str(info.value).startswith(f"--config {path!r}")
+
+
+def test_a_missing_file_or_a_folder_is_named(tmp_path):
+    missing = str(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match=re.escape(f"--config {missing!r}: no such file.")):
+        resolve_configs(config_path=missing)
+    with pytest.raises(ValueError, match=re.escape(f"--config {str(tmp_path)!r} is a folder")):
+        resolve_configs(config_path=str(tmp_path))
+
+
+def test_the_documented_config_shapes_still_work(tmp_path):
+    # Sections (docs/paper_claims.md), with a UTF-8 byte order mark.
+    sections = {"model": {**MODEL, "vocabulary_size": 256},
+                "train": {"batch_size": 16, "learning_rate": 0.001, "warmup_steps": 100,
+                          "steps": 3000, "report_bpc": True},
+                "eval": {"segment_length": 64, "memory_length": 64, "same_length": False,
+                         "batch_size": 8}}
+    path = write(tmp_path, b"\xef\xbb\xbf" + json.dumps(sections).encode(), "s.json")
+    model, train, evaluation, _ = resolve_configs(
+        config_path=path, overrides=["eval.clamp_length=10"])
+    assert model == sections["model"]
+    assert train.steps == 3000 and train.report_bpc is True
+    assert evaluation == {**sections["eval"], "clamp_length": 10}
+    # A plain model config, as a workdir's config.json.
+    plain = TransformerXLConfig(vocabulary_size=40, **MODEL).to_dict()
+    model, train, evaluation, _ = resolve_configs(config_path=write(tmp_path, plain, "p.json"))
+    assert model == plain and evaluation == {} and train.steps == 1000
+    # "model" alone, or with an empty "train".
+    for data in ({"model": MODEL}, {"model": MODEL, "train": {}}):
+        model, _, _, _ = resolve_configs(config_path=write(tmp_path, data, "m.json"))
+        assert model["num_layers"] == 2
+
+
+def test_txl_train_refuses_a_config_typo_before_training(tmp_path, capsys):
+    path = write(tmp_path, {"model": MODEL, "trian": {"steps": 2}})
+    workdir = tmp_path / "w"
+    assert main(["train", "--data", str(tmp_path / "no-corpus"), "--workdir", str(workdir),
+                 "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert f"txl train: error: --config {path!r}: unknown section(s) 'trian'" in err
+    assert "Traceback" not in err
+    assert not (workdir / "checkpoints").exists()
+    for bad in ([1], "{\n"):
+        assert main(["train", "--workdir", str(workdir),
+                     "--config", write(tmp_path, bad, "bad.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("txl train: error: --config ") and "Traceback" not in err

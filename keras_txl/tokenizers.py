@@ -417,6 +417,14 @@ def select_vocabulary(specials, counts: dict, *, max_size=None, min_freq=1) -> l
             break
         if token not in special_set:
             vocabulary.append(token)
+    if len(vocabulary) == len(specials) and any(t not in special_set for t in counts):
+        top = next(t for t in _frequency_order(counts) if t not in special_set)
+        raise ValueError(
+            f"`min_freq` (--min-freq) {min_freq} keeps no token: the most frequent "
+            f"one, {top!r}, occurs {counts[top]} times, so the vocabulary would hold "
+            f"only {list(specials)} and read everything as unknown. Pass "
+            f"min_freq={counts[top]} or less."
+        )
     return vocabulary
 
 

@@ -777,3 +777,12 @@ def test_detokenize_of_no_ids_is_empty_text(kind, layers):
     # A float tensor is still not ids, even an empty one.
     with pytest.raises(ValueError, match="must be integer token ids"):
         tokenizer.detokenize(tf.zeros([0], tf.float32))
+
+
+@pytest.mark.parametrize("kind", ["char", "word"])
+def test_a_min_freq_that_keeps_no_token_is_refused_by_fit(kind):
+    # A vocabulary of the special tokens alone read everything as unknown (and
+    # the char tokenizer's empty lookup table failed inside TensorFlow).
+    with pytest.raises(ValueError, match=r"`min_freq` \(--min-freq\) 100 keeps no token: "
+                       r"the most frequent one, .* occurs 2 times.*Pass min_freq=2 or less"):
+        tokenizers.build_tokenizer(kind, ["abc abc\n"], min_freq=100)

@@ -33,6 +33,7 @@ import tensorflow as tf
 from keras_txl import checks
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
+from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.safe_files import default_mode
 
 logger = logging.getLogger(__name__)
@@ -91,15 +92,20 @@ def write_side_files(directory, model, *, tokenizer_dir=None, info=None):
             raise ValueError(
                 f"`tokenizer_dir`={tokenizer_dir!r} is not a folder."
             )
-        # Loaded and saved again, not copied: the folder may be a whole
-        # model preset (its tokenizer.json and assets/ beside the weights),
-        # and only the tokenizer's own files belong in the export.
-        from keras_txl.tokenizers import load_tokenizer
-
         target = os.path.join(directory, TOKENIZER_DIR)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        load_tokenizer(tokenizer_dir).save(target)
+        if os.path.isfile(os.path.join(tokenizer_dir, CONFIG_FILE)):
+            # A whole model preset (`txl train`'s WORKDIR/model holds its
+            # tokenizer beside the weights): only the tokenizer's own files
+            # (keras-hub's tokenizer.json and assets/tokenizer/) belong in
+            # the export, not the model's weights.
+            os.makedirs(target, exist_ok=True)
+            shutil.copy2(os.path.join(tokenizer_dir, PRESET_TOKENIZER_FILE), target)
+            assets = os.path.join(tokenizer_dir, "assets", "tokenizer")
+            if os.path.isdir(assets):
+                shutil.copytree(assets, os.path.join(target, "assets", "tokenizer"),
+                                dirs_exist_ok=True)
+        else:
+            shutil.copytree(tokenizer_dir, target, dirs_exist_ok=True)
 
 
 def _json_table(table):

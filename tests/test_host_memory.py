@@ -109,7 +109,8 @@ def test_keras_fit_releases_once_per_compiled_function(monkeypatch):
 def test_tensorflow_text_is_loaded_on_first_use_only():
     # keras-hub imports tensorflow-text eagerly (117 MB of op libraries);
     # keras-txl defers it: a model without a text tokenizer never maps it,
-    # the first tokenizer use (ours or through keras-hub's binding) does.
+    # nor does the word tokenizer (TensorFlow's own string ops); the first
+    # use of one built on it (ours or through keras-hub's binding) does.
     import subprocess
     import sys
 
@@ -126,9 +127,12 @@ model = keras_txl.TransformerXLCausalLM(tiny_config())
 model.call_with_memory([[1, 2, 3]])
 import keras_hub.src.utils.tensor_utils as hub_utils
 print("model", type(sys.modules["tensorflow_text"]).__name__, mapped())
+from keras_txl.tokenizers import CharTokenizer
 from keras_txl.tokenizers import WordTokenizer
 tokenizer = WordTokenizer(vocabulary=["<eos>", "<unk>", "the", "cat"])
-print("ids", tokenizer.tokenize("the cat dog").numpy().tolist(), mapped())
+print("word", tokenizer.tokenize("the cat dog").numpy().tolist(), mapped())
+tokenizer = CharTokenizer(vocabulary=["<unk>", "a", "b"])
+print("ids", tokenizer.tokenize("abc").numpy().tolist(), mapped())
 import tensorflow_text
 print("hub", hub_utils.tf_text.WhitespaceTokenizer is tensorflow_text.WhitespaceTokenizer)
 """
@@ -139,7 +143,8 @@ print("hub", hub_utils.tf_text.WhitespaceTokenizer is tensorflow_text.Whitespace
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["model"] == "_DeferredModule False"
-    assert lines["ids"] == "[2, 3, 1] True"
+    assert lines["word"] == "[2, 3, 1] False"
+    assert lines["ids"] == "[1, 2, 0] True"
     assert lines["hub"] == "True"
 
 

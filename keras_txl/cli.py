@@ -442,6 +442,7 @@ def _eval(args):
     from keras_txl.training.loop import evaluate
     from keras_txl.training.run import bits_named
     from keras_txl.training.run import encode_split_to_shards
+    from keras_txl.training.run import warn_unknown_tokens
 
     model, tokenizer = _official_model(args)
     if not args.data or tokenizer is None:
@@ -460,10 +461,12 @@ def _eval(args):
         kwargs["same_length"] = True
     try:
         result = evaluate(model, tokens, max_segments=args.max_segments or 0,
-                          **kwargs)
+                          unknown_id=tokenizer.unk_id, **kwargs)
     finally:
         tokens.close()
         scratch.cleanup()
+    warn_unknown_tokens(result.pop("unknown_tokens", 0), result["tokens"], args.data,
+                        tokenizer)
     settings = {k: getattr(model.txl_config, k) for k in (
         "segment_length", "memory_length", "clamp_length", "same_length")}
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),

@@ -286,6 +286,21 @@ def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys, cap
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(evaluated) == sorted(["split", "loss", "ppl", "bits_per_word", "tokens",
                                         "settings"])
+    # A text the tokenizer does not know: every word is <unk>, and so said.
+    other = tmp_path / "other"
+    other.mkdir()
+    for split in ("train", "valid", "test"):
+        (other / f"{split}.txt").write_text("zebras graze quietly near rivers\n" * 20)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert main(["eval", "--workdir", str(workdir), "--data", str(other),
+                     "--split", "valid"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "unknown_tokens" not in evaluated
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("83.2% of the 119 scored tokens of "
+                                                         f"--data {other} are <unk>"), warnings
+    caplog.clear()
     # An unknown word reaches the model as <unk>: printed so, and said once.
     with caplog.at_level("WARNING"):
         assert main(["generate", "--workdir", str(workdir), "--prompt", "the zebra  sat",

@@ -773,7 +773,8 @@ def _checked_ids(tokens, V):
 
 def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=None,
              clamp_length=None, same_length=None, max_segments=0,
-             reset_every_segment=False, reuse=None, jit_compile="auto", stop=None):
+             reset_every_segment=False, reuse=None, jit_compile="auto", stop=None,
+             unknown_id=None):
     """Token-weighted NLL over a whole split, the paper's way.
 
     The text is cut into `batch_size` streams that are read segment by
@@ -797,8 +798,13 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
     trainer passes its SIGINT/SIGTERM flag, so a signal does not wait for
     the whole split).
 
+    `unknown_id`: None, or the tokenizer's unknown-token id: the result
+    then also counts the targets that are that id (`unknown_tokens`), a
+    perplexity over text the tokenizer does not know being no measure of
+    the model.
+
     Returns:
-        dict with loss (nats/token), ppl, bpc, tokens.
+        dict with loss (nats/token), ppl, bpc, tokens (and unknown_tokens).
     """
     cfg = model.txl_config
     changes = {}
@@ -853,15 +859,19 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
         return eval_model.build_cache(batch_size=batch_size, segment_length=T)
 
     cache = fresh_cache()
-    total, count = 0.0, 0
+    total, count, unknown = 0.0, 0, 0
     for x, y in segments:
         if reset_every_segment:
             cache = fresh_cache()
         nll, cache = step(x, y, cache)
         total += float(tf.reduce_sum(nll))
         count += int(x.shape[0] * x.shape[1])
+        if unknown_id is not None:
+            unknown += int(tf.reduce_sum(tf.cast(tf.equal(y, unknown_id), tf.int32)))
         if stop is not None and stop():
             raise EvaluationStopped(f"evaluation stopped after {count} tokens")
     loss = total / count
-    return {"loss": loss, "ppl": perplexity(loss), "bpc": loss / LN2,
-            "tokens": count}
+    result = {"loss": loss, "ppl": perplexity(loss), "bpc": loss / LN2, "tokens": count}
+    if unknown_id is not None:
+        result["unknown_tokens"] = unknown
+    return result

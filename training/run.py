@@ -850,6 +850,7 @@ def eval_main(args):
     import tempfile
 
     scratch = tempfile.TemporaryDirectory(prefix="txl-eval-")
+    tokenizer = None
     if args.data:
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
@@ -864,16 +865,37 @@ def eval_main(args):
             kwargs[key] = value
     if args.same_length:
         kwargs["same_length"] = True
+    unknown_id = None if tokenizer is None else tokenizer.unk_id
     try:
-        result = evaluate(model, tokens, max_segments=args.max_segments or 0, **kwargs)
+        result = evaluate(model, tokens, max_segments=args.max_segments or 0,
+                          unknown_id=unknown_id, **kwargs)
     finally:
         if hasattr(tokens, "close"):
             tokens.close()
         scratch.cleanup()
+    warn_unknown_tokens(result.pop("unknown_tokens", 0), result["tokens"], args.data,
+                        tokenizer)
     has_tokenizer = os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json"))
     result = bits_named(result, load_tokenizer(tokenizer_dir) if has_tokenizer else None)
     print(json.dumps({"split": args.split, **result, "settings": kwargs}))
     return 0
+
+
+# Above this share of <unk> targets, `txl eval --data` says so.
+UNKNOWN_WARNING_SHARE = 0.01
+
+
+def warn_unknown_tokens(unknown, tokens, data, tokenizer):
+    """Warns when many of the scored targets of `--data` are the tokenizer's
+    unknown token: a text the tokenizer was not fitted on (another language
+    or corpus) gives a perplexity that measures the tokenizer, not the
+    model."""
+    if tokens and unknown / tokens >= UNKNOWN_WARNING_SHARE:
+        logger.warning(
+            "%.1f%% of the %d scored tokens of --data %s are %s (unknown to the "
+            "%s tokenizer): the perplexity says little about the model on this text.",
+            100 * unknown / tokens, tokens, data, tokenizer.decode([tokenizer.unk_id]),
+            tokenizer.kind)
 
 
 def workdir_split(workdir, split):

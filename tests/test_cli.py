@@ -125,14 +125,9 @@ def test_unknown_characters_and_bits_metric_of_each_tokenizer():
 @pytest.fixture(scope="module")
 def char_workdir(tmp_path_factory):
     """A training-run folder with a char tokenizer that knows a, b, c, space."""
-    keras.utils.set_random_seed(0)
-    tmp = tmp_path_factory.mktemp("char_run")
-    tokenizer = CharTokenizer.fit(["abc cab bca\n"])
-    tokenizer.save(tmp / "tokenizer")
-    model = keras_txl.TransformerXLCausalLM(
-        tiny_config(vocabulary_size=tokenizer.vocabulary_size(), segment_length=4, memory_length=4))
-    keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tmp / "tokenizer"))
-    return tmp / "run"
+    from testing import write_char_run
+
+    return write_char_run(tmp_path_factory.mktemp("char_run"))[0]
 
 
 def test_generate_warns_once_and_prints_what_the_model_received(char_workdir, capsys, caplog):

@@ -10,7 +10,6 @@ import tensorflow as tf
 from testing import byte_causal_lm
 from testing import tiny_config
 
-import keras_txl
 from keras_txl import TransformerXLCausalLM
 from keras_txl import generation
 from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
@@ -285,16 +284,9 @@ def test_generate_iter_checks_its_arguments_when_called():
 @pytest.fixture(scope="module")
 def char_workdir(tmp_path_factory):
     """A training-run folder with a char tokenizer (a, b, c, space, newline)."""
-    from keras_txl.tokenizers import CharTokenizer
+    from testing import write_char_run
 
-    keras.utils.set_random_seed(0)
-    tmp = tmp_path_factory.mktemp("char_run")
-    tokenizer = CharTokenizer.fit(["abc cab bca\n"])
-    tokenizer.save(tmp / "tokenizer")
-    model = TransformerXLCausalLM(tiny_config(
-        vocabulary_size=tokenizer.vocabulary_size(), segment_length=4, memory_length=4))
-    keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tmp / "tokenizer"))
-    return tmp / "run", tokenizer.vocabulary_size()
+    return write_char_run(tmp_path_factory.mktemp("char_run"))
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -415,3 +415,7 @@ def test_a_signal_during_an_evaluation_stops_it_after_the_segment(tmp_path, monk
     # evaluate() itself, asked to stop:
     with pytest.raises(EvaluationStopped, match="after 8 tokens"):
         real(run.model, corpus(400), segment_length=8, stop=lambda: True)
+    with pytest.raises(TypeError, match="`stop` must be None or a callable"):
+        real(run.model, corpus(400), stop=True)
+    with pytest.raises(ValueError, match=r"`unknown_id` must be None or an id in \[0, "):
+        real(run.model, corpus(400), unknown_id=-1)

@@ -122,6 +122,24 @@ def write_word_corpus(folder, train_words=3000, eval_words=40, seed=0):
     return folder
 
 
+def write_char_run(folder):
+    """A training-run folder `folder/run` whose model (tiny, T = M = 4) has a
+    char tokenizer fitted on "abc cab bca" (a, b, c, space, newline);
+    returns (run folder, vocabulary size)."""
+    import keras_txl
+    from keras_txl.tokenizers import CharTokenizer
+
+    keras.utils.set_random_seed(0)
+    folder = pathlib.Path(folder)
+    tokenizer = CharTokenizer.fit(["abc cab bca\n"])
+    tokenizer.save(folder / "tokenizer")
+    model = keras_txl.TransformerXLCausalLM(tiny_config(
+        vocabulary_size=tokenizer.vocabulary_size(), segment_length=4, memory_length=4))
+    keras_txl.save_pretrained(model, str(folder / "run" / "model"),
+                              tokenizer=str(folder / "tokenizer"))
+    return folder / "run", tokenizer.vocabulary_size()
+
+
 def free_ports(n):
     """`n` free TCP ports on 127.0.0.1 (for a local MultiWorker cluster)."""
     import socket

@@ -825,6 +825,15 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
             "`max_segments` must be an integer >= 0 (0: the whole text), "
             f"received max_segments={max_segments!r}."
         )
+    if stop is not None and not callable(stop):
+        raise TypeError(
+            f"`stop` must be None or a callable, received {type(stop).__name__}.")
+    if unknown_id is not None and (
+            isinstance(unknown_id, bool) or not isinstance(unknown_id, int)
+            or not 0 <= unknown_id < cfg.vocabulary_size):
+        raise ValueError(
+            f"`unknown_id` must be None or an id in [0, {cfg.vocabulary_size}), "
+            f"received unknown_id={unknown_id!r}.")
     if reuse is not None and not isinstance(reuse, dict):
         raise TypeError(
             f"`reuse` must be a dict kept by the caller (or None), received "

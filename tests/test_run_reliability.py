@@ -419,3 +419,52 @@ def test_a_signal_during_an_evaluation_stops_it_after_the_segment(tmp_path, monk
         real(run.model, corpus(400), stop=True)
     with pytest.raises(ValueError, match=r"`unknown_id` must be None or an id in \[0, "):
         real(run.model, corpus(400), unknown_id=-1)
+
+
+@pytest.mark.parametrize("training_loop", ["custom", "fit"])
+def test_txl_train_evaluates_the_validation_split_once_at_the_end(
+        tmp_path, monkeypatch, capsys, caplog, training_loop):
+    # The custom loop's trainer evaluated the split after its last step, then
+    # `txl train` evaluated it again (outside any signal handler) for what it
+    # printed. Now the trainer's final evaluation uses the eval settings over
+    # the whole split and is the one printed; with `fit` (whose validation is
+    # Keras') the final one can be stopped by a signal like training.
+    import signal
+
+    from testing import write_word_corpus
+
+    from keras_txl.training import loop
+
+    (tmp_path / "corpus").mkdir()
+    corpus_dir = write_word_corpus(tmp_path / "corpus", train_words=400, eval_words=60)
+    real, calls = loop.evaluate, []
+
+    def counted(model, tokens, stop=None, **kwargs):
+        calls.append(kwargs)
+        return real(model, tokens, stop=stop, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", counted)
+    argv = ["train", "--data", str(corpus_dir), "--workdir", str(tmp_path / "run"),
+            "--preset", "tiny", "--tokenizer", "char", "--batch-size", "2",
+            "--segment-length", "8", "--memory-length", "8", "--steps", "3",
+            "--loop", training_loop, "--set", "eval_every=0",
+            "--set", "eval_max_segments=2", "--set", "eval.memory_length=16"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(calls) == 1, calls
+    assert calls[0]["memory_length"] == 16 and calls[0].get("max_segments", 0) == 0
+    assert printed["settings"]["memory_length"] == 16 and "step" not in printed
+    if training_loop == "custom":
+        logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+        final = [r for r in logged if r.get("split") == "valid"]
+        assert len(final) == 1 and final[0]["loss"] == printed["loss"]
+        return
+
+    def stopped(model, tokens, stop=None, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(model, tokens, stop=stop, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", stopped)
+    argv[argv.index("--steps") + 1] = "4"
+    assert main(argv) == 143
+    assert "Stopped on SIGTERM during the final evaluation" in caplog.text

@@ -190,6 +190,7 @@ class Trainer:
             self._train_step_fn, jit_compile=self.jit_scope == "step")
         self._eval_reuse = {}  # compiled evaluation steps, kept across evaluations
         self.history = []
+        self.final_eval = None  # train(final_eval_settings=...)'s result
 
     # --- memory ---------------------------------------------------------
     def _zero_memory(self):
@@ -451,8 +452,15 @@ class Trainer:
         )
 
     def train(self, train_tokens, valid_tokens=None, steps=None,
-              eval_settings=None):
+              eval_settings=None, final_eval_settings=None):
         """Runs until `steps` (default: the config's) optimizer steps.
+
+        `eval_settings` are `evaluate`'s keyword arguments for the periodic
+        evaluations and, unless `final_eval_settings` is given, the last one
+        (the config's `eval_max_segments` applies unless they set
+        `max_segments`). `final_eval_settings` evaluate the whole validation
+        split after the last step instead (what `txl train` reports), still
+        cut short by SIGINT/SIGTERM; its result is `self.final_eval`.
 
         Returns the list of per-step losses of this call.
         """
@@ -524,7 +532,11 @@ class Trainer:
             if signals.received:  # during the last step
                 self._stop_on_signal(signals.received, total)
             if valid_tokens is not None:
-                self._evaluate_or_stop(valid_tokens, eval_settings, writer, signals, total)
+                final = eval_settings
+                if final_eval_settings is not None:
+                    final = {"max_segments": 0, **final_eval_settings}
+                self.final_eval = self._evaluate_or_stop(valid_tokens, final, writer,
+                                                         signals, total)
             self.save_checkpoint()
             self.save_model()
         return losses
@@ -539,8 +551,8 @@ class Trainer:
         """An evaluation that a SIGINT/SIGTERM cuts short (after the current
         segment) like a training step: checkpoint, model folder, stop."""
         try:
-            self._evaluate_and_log(valid_tokens, eval_settings, writer,
-                                   stop=lambda: signals.received)
+            return self._evaluate_and_log(valid_tokens, eval_settings, writer,
+                                          stop=lambda: signals.received)
         except EvaluationStopped:
             self._stop_on_signal(signals.received, total)
 

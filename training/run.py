@@ -775,6 +775,8 @@ def _train(args):
 def _train_locked(args, strategy, chief, model_dict, train_config,
                   eval_settings, explicit):
     from keras_txl.training.fit import train_with_fit
+    from keras_txl.training.loop import EvaluationStopped
+    from keras_txl.training.loop import StopOnSignals
     from keras_txl.training.loop import Trainer
     from keras_txl.training.loop import TrainingInterrupted
     from keras_txl.training.loop import evaluate
@@ -800,7 +802,10 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
                               workdir=args.workdir, tokenizer=tokenizer_dir,
                               verbose=args.progress)
             trainer.restore()
-            trainer.train(splits["train"], splits["valid"], eval_settings=None)
+            # The trainer's last evaluation is the final one, over the whole
+            # split with the eval settings (one pass, cut short by a signal).
+            trainer.train(splits["train"], splits["valid"], eval_settings=None,
+                          final_eval_settings=eval_kwargs)
             model = trainer.model
     except TrainingInterrupted as stop:
         logger.warning(
@@ -814,8 +819,24 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     except FloatingPointError as e:
         logger.error("txl train: %s", e)
         return 1
-    result = evaluate(model, splits["valid"], **eval_kwargs)
-    result = {"split": "valid", **bits_named(result, tokenizer), "settings": eval_kwargs}
+    if train_config.loop == "fit":
+        # Keras validated with the training settings; the final evaluation
+        # uses the eval settings, and a signal stops it like training's.
+        with StopOnSignals() as signals:
+            try:
+                result = evaluate(model, splits["valid"], stop=lambda: signals.received,
+                                  **eval_kwargs)
+            except EvaluationStopped:
+                logger.warning(
+                    "Stopped on %s during the final evaluation; the model folder %s "
+                    "and the checkpoints are complete (txl eval --workdir %s evaluates "
+                    "again).", signals.received, os.path.join(args.workdir, "model"),
+                    args.workdir)
+                return 130 if signals.received == "SIGINT" else 143
+        result = bits_named(result, tokenizer)
+    else:
+        result = {k: v for k, v in trainer.final_eval.items() if k != "step"}
+    result = {"split": "valid", **result, "settings": eval_kwargs}
     print(json.dumps(result))
     return 0
 

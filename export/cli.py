@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--overwrite", action="store_true",
-        help="replace an existing SavedModel version folder",
+        help="replace an existing SavedModel version folder or TFLite file",
     )
     return parser
 
@@ -183,6 +183,22 @@ def check_arguments(args):
         raise ValueError(
             f"--out {args.out!r} is a file: it must be a folder (new or existing) "
             "for the exports.")
+    # What would be replaced, refused before anything is loaded or written
+    # (with --format all, a half-done export is worse than none).
+    if not args.overwrite:
+        targets = []
+        if args.format in ("saved_model", "all"):
+            targets.append(os.path.join(args.out, args.name, str(args.version)))
+        if args.format in ("tflite", "all"):
+            targets.append(os.path.join(
+                args.out, tflite_file_name(args.name, args.quantize, args.stateful)))
+        existing = [t for t in targets if os.path.lexists(t)]
+        if existing:
+            raise ValueError(
+                f"{' and '.join(existing)} already "
+                f"{'exists' if len(existing) == 1 else 'exist'}: pass --overwrite to "
+                "replace, or choose another --version (TF Serving serves the "
+                "highest), --name or --out.")
     # Shapes meant for one format and given with the other are refused, not
     # dropped: the user expected them to fix something.
     if args.format == "saved_model":

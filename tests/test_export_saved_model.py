@@ -362,6 +362,20 @@ def test_cli_reports_missing_model_and_existing_version(exported, tmp_path):
         run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "afile")
     assert (tmp_path / "afile").read_text() == "mine"
     assert not (tmp_path / "x").exists()
+    # A TFLite file already there was replaced in silence (a re-export of
+    # another model over a deployed one); with --format all, refused before
+    # the SavedModel is written.
+    (tmp_path / "tfl").mkdir()
+    (tmp_path / "tfl" / "txl-stateful.tflite").write_bytes(b"deployed")
+    with pytest.raises(ValueError, match=r"txl-stateful.tflite already exists: pass "
+                       "--overwrite to replace"):
+        run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "tfl",
+                "--format", "all", "--stateful")
+    assert os.listdir(tmp_path / "tfl") == ["txl-stateful.tflite"]
+    assert (tmp_path / "tfl" / "txl-stateful.tflite").read_bytes() == b"deployed"
+    with pytest.raises(ValueError, match=r"txl/1 already exists: pass --overwrite"):
+        run_cli("--workdir", exported.tmp / "run", "--out", exported.tmp / "out",
+                "--format", "all")
 
 
 def test_stateful_model_is_exported_through_a_pure_copy(exported):

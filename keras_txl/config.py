@@ -224,6 +224,14 @@ class TransformerXLConfig:
                 raise ValueError(
                     f"`{name}` must be an integer, received {name}={value!r}."
                 )
+        if self.clamp_length < -1:
+            # The reference clamps only for clamp_len > 0: any other value
+            # meant "none", so a typo such as -5 passed for a clamp in silence.
+            raise ValueError(
+                "`clamp_length` must be -1 (no clamping), 0 (no clamping, as the "
+                "reference reads it) or a positive distance, received "
+                f"clamp_length={self.clamp_length}."
+            )
         if self.memory_length < 0:
             raise ValueError(
                 "`memory_length` must be >= 0 (0 disables the recurrence), "

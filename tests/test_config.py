@@ -39,6 +39,7 @@ def test_missing_keys_are_named():
     ({"num_layers": -1}, "num_layers` must be a positive integer"),
     ({"vocabulary_size": 0}, "vocabulary_size` must be a positive integer"),
     ({"memory_length": -2}, "memory_length` must be >= 0"),
+    ({"clamp_length": -5}, r"clamp_length` must be -1 \(no clamping\).*clamp_length=-5"),
     ({"dropout": 1.5}, r"dropout` must be in \[0, 1\)"),
     ({"cutoffs": [8, 5]}, "strictly increasing"),
     ({"cutoffs": [5, 11]}, "strictly between 0 and vocabulary_size=11"),

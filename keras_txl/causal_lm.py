@@ -670,6 +670,17 @@ class TransformerXLCausalLM(CausalLM):
                     f"Could not read the preset {preset!r}: {error} (a missing, "
                     "truncated or corrupted file?)"
                 ) from None
+            except ValueError as error:
+                if "could not be loaded" not in str(error):
+                    raise
+                # Keras names the layer, not the file (a shape or a variable
+                # count that differs from what config.json builds).
+                files = sorted(n for n in os.listdir(preset) if n.endswith(".weights.h5"))
+                raise ValueError(
+                    f"The preset {preset!r}: the weights in {' and '.join(files)} "
+                    "are not those of the model its config.json describes "
+                    f"(another model's weights, or a damaged file). Keras: {error}"
+                ) from None
             if load_weights:
                 checks.finite_weights(model, f"The preset {preset!r}")
         else:

@@ -462,7 +462,7 @@ def test_a_preset_task_config_must_match_its_config(tmp_path):
         TransformerXLCausalLM.from_preset(str(folder))
 
 
-@pytest.mark.parametrize("damage", ["nan", "int"])
+@pytest.mark.parametrize("damage", ["nan", "int", "shape"])
 def test_a_preset_with_non_finite_or_integer_weights_is_refused(tmp_path, damage):
     import h5py
 
@@ -474,10 +474,14 @@ def test_a_preset_with_non_finite_or_integer_weights_is_refused(tmp_path, damage
         if damage == "nan":
             value[0] = np.nan
             f[key] = value
-        else:
+        elif damage == "int":
             f[key] = value.astype("int32")
-    expected = ("the loaded weights hold NaN or Inf" if damage == "nan"
-                else rf"{key} \(int32\): a weight must be one of")
+        else:  # another model's tensor: Keras named the layer, not the file
+            f[key] = np.concatenate([value, value])
+    expected = {"nan": "the loaded weights hold NaN or Inf",
+                "int": rf"{key} \(int32\): a weight must be one of",
+                "shape": r"the weights in model.weights.h5 and task.weights.h5 are not "
+                         "those of the model its config.json describes"}[damage]
     for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained):
         with pytest.raises(ValueError, match=expected):
             load(str(folder))

@@ -1673,6 +1673,11 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
         )
 
     def _call(self, method: str, values):
+        if not tf.executing_eagerly():
+            # Traced (tf.function, tf.data's map): the op is built inside the
+            # graph. A handle to the eager resource would be captured, and
+            # tf.random.set_seed deletes that resource for good (below).
+            return getattr(self._new_tf_tokenizer(), method)(values)
         try:
             return getattr(self._tokenizer, method)(values)
         except tf.errors.NotFoundError:

@@ -289,3 +289,36 @@ def test_txl_generate_uses_the_generate_signature_of_a_saved_model(exported, cap
     new, _ = alone(model, PROMPTS[1], 9)
     expected = PROMPTS[1] + model.preprocessor.tokenizer.detokenize(new.tolist())
     assert capsys.readouterr().out == expected + "\n"
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_a_subword_tokenizer_generates_from_a_saved_model_after_a_seed_reset(tmp_path, kind):
+    """The generate signature holds the tokenizer's graph ops: greedy text from
+    the reloaded SavedModel, after keras.utils.set_random_seed (which deleted
+    the eager SentencePiece resource a traced graph had captured), equals
+    model.generate's."""
+    import tensorflow_text  # noqa: F401 - registers the tokenizer ops to load
+    from testing import BYTE
+
+    from keras_txl import TransformerXLCausalLM
+    from keras_txl import TransformerXLConfig
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import build_tokenizer
+
+    text = "the quick brown fox jumps over the lazy dog\n" * 40 + "a memory of the past\n" * 20
+    tokenizer = build_tokenizer(kind, text, vocabulary_size=60)
+    keras.utils.set_random_seed(0)
+    config = TransformerXLConfig.from_dict(
+        {**BYTE, "vocabulary_size": tokenizer.vocabulary_size()})
+    model = TransformerXLCausalLM(config, preprocessor=TransformerXLCausalLMPreprocessor(
+        tokenizer, sequence_length=config.segment_length))
+    model.compile(sampler="greedy")
+    prompts = ["the quick", "a memory of"]
+    expected = [str(model.generate(p, max_length=len(tokenizer.encode(p)) + 5,
+                                   strip_prompt=True)) for p in prompts]
+    path = saved_model.export_saved_model(model, str(tmp_path), warmup=False)
+    keras.utils.set_random_seed(1)
+    generate = tf.saved_model.load(path).signatures["generate"]
+    served = call(generate, prompts, 5, temperature=0.0, top_k=0)
+    assert [t.decode() for t in served[sig.TEXTS]] == expected
+    assert served[sig.LENGTHS].tolist() == [5, 5] and all(expected)

@@ -184,6 +184,23 @@ def test_sentencepiece_survives_set_random_seed(fitted):
     keras.utils.set_random_seed(1)
     np.testing.assert_array_equal(tokenizer.encode(TEXT), before)
     assert tokenizer.decode(before) == TEXT
+    # Traced (tf.function, a tf.data map) after a reset, before any eager
+    # call: the graph captured the deleted resource (NotFoundError), and a
+    # graph traced before a reset failed after it.
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(2)
+    lines = tf.constant(TEXT.split("\n")[:3])
+    traced = tf.function(lambda x: tokenizer.tokenize(x))
+    expected = tokenizer.tokenize(lines).to_list()
+    keras.utils.set_random_seed(3)
+    assert traced(lines).to_list() == expected
+    keras.utils.set_random_seed(4)
+    assert traced(lines).to_list() == expected
+    mapped = tf.data.Dataset.from_tensor_slices(lines).map(tokenizer.tokenize)
+    assert [list(x) for x in mapped.as_numpy_iterator()] == expected
+    back = tf.function(lambda x: tokenizer.detokenize(x))(tokenizer.tokenize(lines))
+    assert [t.decode() for t in back.numpy()] == [t.decode() for t in lines.numpy()]
 
 
 def test_wordpiece_lowercases_and_splits_punctuation(fitted):

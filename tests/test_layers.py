@@ -515,3 +515,75 @@ def test_inference_probabilities_equal_the_float32_path(relative, mask_kind, pol
         probabilities = ops.convert_to_numpy(details["probabilities"])
         np.testing.assert_allclose(probabilities[1, :, 2], 1.0 / (M + T), rtol=1e-6)
     assert keras.config.dtype_policy().name == "float32"
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"div_val": 1, "embedding_dim": 6},
+    {"cutoffs": (), "div_val": 1},
+    {"tie_projections": (True, False, True)},
+    {"tie_embeddings": False},
+])
+@pytest.mark.parametrize("jit", [False, True])
+def test_adaptive_softmax_nll_equals_the_full_log_probs_with_the_same_gradients(changes, jit):
+    # The training and evaluation loss: tail clusters only for the rows whose
+    # target is in them, no (B, T, V) tensor. Every cluster gets targets.
+    cfg = _config(**changes)
+    embedding, softmax = AdaptiveEmbedding(cfg), AdaptiveSoftmax(cfg)
+    embedding.build()
+    softmax.build()
+    for w in softmax.weights:
+        w.assign(np.random.default_rng(2).normal(size=w.shape).astype("float32"))
+    rng = np.random.default_rng(4)
+    hidden = tf.constant(rng.normal(size=(3, 7, 8)).astype("float32"))
+    targets = tf.constant(np.r_[np.arange(20), [0]].reshape(3, 7).astype("int32"))
+    weights = [w.value for w in (*embedding.weights, *softmax.weights)]
+
+    def both(hidden, targets):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(hidden)
+            full = -tf.gather(softmax(hidden, embedding.tables, embedding.projections),
+                              targets, batch_dims=2)
+            nll = softmax.nll(hidden, targets, embedding.tables, embedding.projections)
+        grads = [tape.gradient(tf.reduce_sum(loss), [hidden, *weights],
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                 for loss in (full, nll)]
+        return full, nll, grads
+
+    full, nll, (g_full, g_nll) = tf.function(both, jit_compile=jit)(hidden, targets)
+    assert nll.shape == (3, 7) and nll.dtype == tf.float32
+    np.testing.assert_allclose(nll, full, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g_full, g_nll):
+        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-6)
+
+
+def test_adaptive_softmax_nll_in_bfloat16_and_with_a_vocabulary_past_int32_indexing():
+    # mixed_bfloat16: the same logits as the full path, so the same NLL.
+    cfg = _config()
+    embedding = AdaptiveEmbedding(cfg)
+    softmax = AdaptiveSoftmax(cfg, dtype="mixed_bfloat16")
+    embedding.build()
+    softmax.build()
+    hidden = np.random.default_rng(5).normal(size=(2, 10, 8)).astype("float32")
+    targets = np.arange(20).reshape(2, 10).astype("int32")
+    full = -np.take_along_axis(ops.convert_to_numpy(
+        softmax(hidden, embedding.tables, embedding.projections)), targets[..., None], -1)[..., 0]
+    nll = softmax.nll(hidden, targets, embedding.tables, embedding.projections)
+    np.testing.assert_allclose(ops.convert_to_numpy(nll), full, rtol=1e-6)
+    # B * T * V above 2**31 (WikiText-103's vocabulary at batch 60 x 150): the
+    # gradient of picking from the full log-probs overflowed int32 in its
+    # scatter; the NLL's gradient graph traces (shapes only, nothing is run).
+    big = _config(vocabulary_size=300_000, cutoffs=(20_000, 40_000), embedding_dim=8)
+    big_embedding, big_softmax = AdaptiveEmbedding(big), AdaptiveSoftmax(big)
+
+    @tf.function
+    def loss_and_grads(hidden, targets):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(big_softmax.nll(hidden, targets, big_embedding.tables,
+                                                 big_embedding.projections))
+        return tape.gradient(loss, big_softmax.trainable_weights)
+
+    big_embedding.build()
+    big_softmax.build()
+    loss_and_grads.get_concrete_function(tf.TensorSpec((60, 150, 8), tf.float32),
+                                         tf.TensorSpec((60, 150), tf.int32))

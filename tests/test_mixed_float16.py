@@ -357,3 +357,29 @@ def test_a_mixed_precision_model_evaluates_with_other_settings(precision):
     same = evaluate(trainer.model, corpus(200))
     shorter = evaluate(trainer.model, corpus(200), memory_length=4)
     assert np.isfinite([same["loss"], shorter["loss"]]).all()
+
+
+def test_the_replica_xla_step_traces_the_optimizer_update_outside_the_compiled_function(
+        monkeypatch):
+    # On GPUs ("replica" scope) the forward and backward passes are compiled per
+    # replica, the update is not: Keras' step counter is an ONLY_FIRST_REPLICA
+    # variable whose update merge_calls, which a compiled replica function
+    # cannot do (RuntimeError "merge_call called while defining a new graph",
+    # seen on an H100). Tracing is checked here with the GPU test of
+    # tensorflow's mirrored_run faked on one CPU replica; the compiled function
+    # then fails only where XLA compiles the CPU's collective, which it cannot
+    # (tests/test_gpu.py runs the step on a GPU).
+    from tensorflow.python.distribute import mirrored_run
+    from tensorflow.python.distribute import mirrored_strategy as tf_mirrored
+
+    import keras_txl.training.strategy as strategy_module
+
+    for module in (mirrored_run, tf_mirrored):
+        monkeypatch.setattr(module, "_is_gpu_device", lambda device: True)
+    monkeypatch.setattr(strategy_module, "all_gpu_devices", lambda devices: True)
+    trainer = make_trainer(tf.distribute.MirroredStrategy(["/cpu:0"]), steps=2,
+                           jit_compile=True)
+    assert trainer.jit_scope == "replica"
+    with pytest.raises(tf.errors.OpError, match="Only compiling NCCL/auto collective"):
+        trainer.train(corpus())
+

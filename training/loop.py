@@ -41,7 +41,6 @@ from keras_txl.training.data import LMBatches
 from keras_txl.training.data import distributed_lm_dataset
 from keras_txl.training.data import lm_dataset
 from keras_txl.training.metrics import LN2
-from keras_txl.training.metrics import token_nll
 from keras_txl.training.optimizers import inner_optimizer
 from keras_txl.training.optimizers import loss_scale_optimizer
 from keras_txl.training.optimizers import setup_model_and_optimizer
@@ -221,7 +220,7 @@ class Trainer:
         # adjusts its scale (`apply_gradients`); None otherwise.
         scaler = self.loss_scaler
 
-        def replica_fn(x, y, mem):
+        def gradients_fn(x, y, mem):
             global_tokens = float(cfg.batch_size * x.shape[-1])
             variables = model.trainable_variables
             # The scale this step's gradients carry (read before the update
@@ -229,8 +228,7 @@ class Trainer:
             loss_scale = scaler.dynamic_scale.value if scaler is not None else None
             with tf.GradientTape() as tape:
                 hidden, new_memory = model.backbone(x, mem, training=True)
-                log_probs = model.log_probs_from_hidden(hidden)
-                loss = tf.reduce_sum(token_nll(log_probs, y)) / global_tokens
+                loss = tf.reduce_sum(model.nll_from_hidden(hidden, y)) / global_tokens
                 scaled_loss = scaler.scale_loss(loss) if scaler is not None else loss
             grads = tape.gradient(scaled_loss, variables)
             context = tf.distribute.get_replica_context()
@@ -278,16 +276,33 @@ class Trainer:
                     lambda: ([tf.fill(tf.shape(g), nan) for g in grads],
                              tf.zeros_like(new_memory)),
                 )
-            self.optimizer.apply_gradients(zip(grads, variables))
+            return total_loss, norm, new_memory, grads
+
+        def apply_fn(grads):
+            self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        def replica_fn(x, y, mem):
+            total_loss, norm, new_memory, grads = gradients_fn(x, y, mem)
+            apply_fn(grads)
             return total_loss, norm, new_memory
 
         if self.jit_scope == "replica":
-            # XLA on each GPU replica: TensorFlow all-reduces with NCCL
-            # collectives, without merge_call, inside the compiled function.
-            replica_fn = tf.function(replica_fn, jit_compile=True)
-        loss, norm, new_memory = self.strategy.run(
-            replica_fn, args=(inputs, targets, memory)
-        )
+            # XLA on each GPU replica compiles the forward and backward passes
+            # and the all-reduce (NCCL collectives, no merge_call). The update
+            # runs after it, outside: Keras' optimizer counts its steps in an
+            # ONLY_FIRST_REPLICA variable, whose update TensorFlow broadcasts
+            # with a merge_call even where merge_call is otherwise dropped,
+            # and a compiled replica function cannot merge_call ("merge_call
+            # called while defining a new graph"; measured on an H100).
+            compiled = tf.function(gradients_fn, jit_compile=True)
+            loss, norm, new_memory, grads = self.strategy.run(
+                compiled, args=(inputs, targets, memory)
+            )
+            self.strategy.run(apply_fn, args=(grads,))
+        else:
+            loss, norm, new_memory = self.strategy.run(
+                replica_fn, args=(inputs, targets, memory)
+            )
         first = lambda v: self.strategy.experimental_local_results(v)[0]  # noqa: E731
         return first(loss), first(norm), new_memory
 
@@ -762,8 +777,8 @@ def make_eval_step(model, jit_compile="auto"):
         # (layer norms, masked scores) are XLA-compiled (`fused_kernels`);
         # with it they are fused anyway.
         with fused_kernels(not jit):
-            out = model.call_with_cache(x, cache)
-        return token_nll(out["log_probs"], y), out["cache"]
+            out = model.call_with_cache(x, cache, targets=y)
+        return out["nll"], out["cache"]
 
     return CompiledFunction(step, jit_compile=jit)
 

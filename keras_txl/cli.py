@@ -167,8 +167,11 @@ def build_parser():
                    help="custom: tf.function step under strategy.run; fit: "
                    "Keras fit with the stateful model (default: the config's, "
                    "else custom)")
-    p.add_argument("--jit-compile", dest="jit_compile", action="store_true",
-                   help="compile the training step with XLA")
+    p.add_argument("--jit-compile", dest="jit_compile",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the training step with XLA (default: the "
+                   "config's, else auto: on GPUs and TPUs, not on CPUs, where "
+                   "it is slower)")
     p.add_argument("--precision", default=None,
                    choices=["float32", "mixed_bfloat16", "mixed_float16",
                             "auto"],

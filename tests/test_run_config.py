@@ -103,3 +103,40 @@ def test_txl_train_refuses_a_config_typo_before_training(tmp_path, capsys):
                      "--config", write(tmp_path, bad, "bad.json")]) == 2
         err = capsys.readouterr().err
         assert err.startswith("txl train: error: --config ") and "Traceback" not in err
+
+
+def test_jit_compile_is_true_false_or_auto_everywhere_it_is_set(tmp_path):
+    import tensorflow as tf
+
+    from keras_txl.cli import build_parser
+    from keras_txl.training.config import TrainConfig
+    from keras_txl.training.strategy import resolve_jit_compile
+
+    assert TrainConfig().jit_compile == "auto"
+    for value in (True, False, "auto"):
+        assert TrainConfig(jit_compile=value).jit_compile == value
+    for value in ("yes", 1, None):
+        with pytest.raises(ValueError, match="`jit_compile` must be true, false or 'auto'"):
+            TrainConfig(jit_compile=value)
+    for text, expected in (("auto", "auto"), ("true", True), ("false", False)):
+        _, train, _, _ = resolve_configs("tiny", None, [f"train.jit_compile={text}"], {})
+        assert train.jit_compile == expected
+    with pytest.raises(ValueError, match="--set jit_compile: expected true, false or auto"):
+        resolve_configs("tiny", None, ["jit_compile=maybe"], {})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": {}, "train": {"jit_compile": "sometimes"}}))
+    with pytest.raises(ValueError, match="jit_compile"):
+        resolve_configs(None, str(path), [], {})
+    # The flags: --jit-compile, --no-jit-compile, or the config's (auto).
+    parser = build_parser()
+    base = ["train", "--workdir", str(tmp_path), "--preset", "tiny", "--data", "x"]
+    assert parser.parse_args(base).jit_compile is None
+    assert parser.parse_args(base + ["--jit-compile"]).jit_compile is True
+    assert parser.parse_args(base + ["--no-jit-compile"]).jit_compile is False
+    _, train, _, _ = resolve_configs("tiny", None, [], {"jit_compile": False})
+    assert train.jit_compile is False
+    # "auto" on this CPU host: graph mode (XLA made CPU training slower).
+    cpu = tf.distribute.get_strategy()
+    assert not tf.config.list_logical_devices("GPU")
+    assert resolve_jit_compile("auto", cpu) is False
+    assert resolve_jit_compile(True, cpu) is True and resolve_jit_compile(False, cpu) is False

@@ -37,6 +37,7 @@ from keras_txl.training.loop import TrainingInterrupted
 from keras_txl.training.metrics import BitsPerCharacter
 from keras_txl.training.metrics import TokenNLL
 from keras_txl.training.optimizers import setup_model_and_optimizer
+from keras_txl.training.strategy import resolve_jit_compile
 from keras_txl.training.strategy import strategy_jit_scope
 
 logger = logging.getLogger(__name__)
@@ -133,9 +134,15 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
     # Keras compiles the function strategy.run runs on each replica: XLA
     # with one replica, or with several when all are GPUs
     # (keras_txl.training.strategy.jit_compile_scope).
-    jit = train_config.jit_compile and (
+    # "auto" (resolve_jit_compile: on GPUs and TPUs) only with one replica:
+    # Keras' compiled step applies the update inside the replica function,
+    # where TensorFlow's merge_call for the optimizer's step counter fails on
+    # GPUs (the custom loop applies it outside, training/loop.py).
+    requested = train_config.jit_compile is True or (
+        resolve_jit_compile(train_config.jit_compile, strategy) and replicas == 1)
+    jit = requested and (
         replicas == 1 or strategy_jit_scope(strategy) == "replica")
-    if train_config.jit_compile and not jit:
+    if requested and not jit:
         logger.warning(
             "jit_compile is not used under %s on CPU (XLA cannot reach the "
             "other replicas' variables, shared/TF_NOTES.md section 2); it is "

@@ -47,6 +47,7 @@ from keras_txl.training.optimizers import setup_model_and_optimizer
 from keras_txl.training.progress import TrainingProgress
 from keras_txl.training.schedules import learning_rate_schedule
 from keras_txl.training.strategy import is_chief
+from keras_txl.training.strategy import resolve_jit_compile
 from keras_txl.training.strategy import strategy_jit_scope
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class Trainer:
         # the whole step; or, under Mirrored/MultiWorker on GPUs, the replica
         # function given to strategy.run; not at all with CPU replicas.
         self.jit_scope = "none"
-        if train_config.jit_compile:
+        if resolve_jit_compile(train_config.jit_compile, strategy):
             self.jit_scope = strategy_jit_scope(strategy)
             if self.jit_scope == "none":
                 logger.warning(

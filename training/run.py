@@ -761,7 +761,7 @@ def _train(args):
         args.preset, args.config, args.set,
         {"segment_length": args.segment_length, "memory_length": args.memory_length,
          "batch_size": args.batch_size, "steps": args.steps, "strategy": args.strategy,
-         "loop": args.loop, "jit_compile": args.jit_compile or None,
+         "loop": args.loop, "jit_compile": args.jit_compile,
          "precision": args.precision},
     )
     strategy = get_strategy(train_config.strategy, getattr(args, "tpu", ""))

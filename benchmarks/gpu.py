@@ -8,7 +8,8 @@ fresh process, alternating for `--rounds` rounds:
 - keras-txl: the library's own training step (`keras_txl.training.loop.Trainer`, memory
   carried as loop state, Adam, clip 0.25; mixed_float16 with Keras' LossScaleOptimizer)
   and evaluation step (`make_eval_step`, the memory carried as its key/value cache), as
-  `benchmarks/throughput.py` does on the CPU;
+  `benchmarks/throughput.py` does on the CPU: `keras` in graph mode (`tf.function`),
+  `keras-xla` with both steps XLA-compiled (`jit_compile=True`);
 - the reference, Hugging Face `TransfoXLLMHeadModel` on `cuda`, eager; the protocol of
   `shared/bench/bench_hf_torch.py` (forward with labels and memory, backward, Adam;
   evaluation without grad, memory carried), mixed precisions through `torch.autocast`
@@ -34,9 +35,15 @@ reference's mixed-precision runs are left out there: its adaptive softmax fails 
 CPU autocast).
 
     python benchmarks/gpu.py --peer-python ../peer-venv-cuda/bin/python
-        [--precision float32,mixed_bfloat16,mixed_float16] [--tf32] [--jit] [--rounds 3]
+        [--precision float32,mixed_bfloat16,mixed_float16] [--tf32] [--rounds 3]
         [--preset wt103_base --batch 60 --segment 150 --memory 150]
-        [--frameworks keras,torch-eager,torch-compiled] [--peak-tflops 989]
+        [--frameworks keras,keras-xla,torch-eager,torch-compiled] [--peak-tflops 989]
+    python benchmarks/gpu.py --merge ours.jsonl peers.jsonl [same configuration options]
+
+A run that fails (out of memory, a compiler error) is reported with its error and the
+others go on (exit status 1 at the end). `--merge` runs nothing: it summarises the per-run
+JSON lines that earlier invocations printed (say, the reference measured while ours was
+being installed), for the configuration its options give.
 
 Needs the CUDA builds: keras-txl[cuda] here, a CUDA torch + transformers==4.37.2 in the peer's
 venv (the CPU-only torch wheel of `make bench` cannot run it).
@@ -58,7 +65,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "bench_hf_torch.py")
-FRAMEWORKS = ("keras", "torch-eager", "torch-compiled")
+FRAMEWORKS = ("keras", "keras-xla", "torch-eager", "torch-compiled")
+OURS = ("keras", "keras-xla")  # keras-txl in graph mode (tf.function) and XLA-compiled
 EXIT_NO_GPU = 3  # apart from argparse's 2
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -244,7 +252,7 @@ def step_report(prefix, tokens_per_step, warm, timed):
 
 
 # --- the children ------------------------------------------------------------------
-def child_keras(args, cfg, data):
+def child_keras(args, cfg, data, jit):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
@@ -274,7 +282,7 @@ def child_keras(args, cfg, data):
     B, T = args.batch, cfg["segment_length"]
     steps = args.warmup + args.timed
     train_config = TrainConfig(batch_size=B, learning_rate=2.5e-4, warmup_steps=0, steps=steps,
-                               clip_norm=0.25, jit_compile=args.jit, precision=args.precision)
+                               clip_norm=0.25, jit_compile=jit, precision=args.precision)
     trainer = Trainer(TransformerXLConfig.from_dict(cfg), train_config,
                       tf.distribute.get_strategy(), verbose=False)
     model = trainer.model
@@ -282,7 +290,7 @@ def child_keras(args, cfg, data):
     train_memory = memory_mb()
     if device:
         tf.config.experimental.reset_memory_stats(device)
-    eval_times = time_eval_steps(tf, model, data, T, steps, args.jit)
+    eval_times = time_eval_steps(tf, model, data, T, steps, jit)
     scaler = trainer.loss_scaler
     result = dict(framework="keras-txl", precision=args.precision, tensorflow=tf.__version__,
                   matmul_tflops_measured=round(matmul_tflops, 3),
@@ -291,7 +299,7 @@ def child_keras(args, cfg, data):
                           if gpus else "cpu"),
                   n_params=model.count_params(), train_loss_first_last=[losses[0], losses[-1]],
                   train_peak_memory_mb=train_memory, eval_peak_memory_mb=memory_mb(),
-                  jit_compile=args.jit)
+                  jit_compile=jit)
     result.update(step_report("train", B * T, times[:args.warmup], times[args.warmup:]))
     result.update(step_report("eval", B * T, eval_times[:args.warmup], eval_times[args.warmup:]))
     return result
@@ -409,7 +417,8 @@ def parse(argv):
     parser.add_argument("--tf32", action="store_true",
                         help="float32 matmuls on the tensor cores (TF32) in both frameworks; "
                              "MFU then against the TF32 peak")
-    parser.add_argument("--jit", action="store_true", help="XLA-compile keras-txl's steps")
+    parser.add_argument("--jit", action="store_true",
+                        help="shorthand: keras-txl's runs XLA-compiled (keras-xla for keras)")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                         help=f"comma-separated, of {', '.join(FRAMEWORKS)}")
     parser.add_argument("--peer-python", default=sys.executable,
@@ -429,6 +438,10 @@ def parse(argv):
                         help="run the children on a CPU host, with --preset tiny or "
                              "char_small only: proves the script end to end (the same code "
                              "as on a GPU); its figures are not a benchmark")
+    parser.add_argument("--merge", nargs="+", metavar="JSONL", default=None,
+                        help="run nothing: summarise the per-run JSON lines these files "
+                             "hold (earlier runs' stdout, e.g. ours and the reference "
+                             "measured in separate invocations) with this configuration")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--data-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -442,6 +455,9 @@ def parse(argv):
         return list(dict.fromkeys(items))
 
     args.frameworks = listed("--frameworks", args.frameworks, FRAMEWORKS)
+    if args.jit:
+        args.frameworks = list(dict.fromkeys(
+            "keras-xla" if f == "keras" else f for f in args.frameworks))
     args.precisions = listed("--precision", args.precision, PRECISIONS)
     args.precision = args.precisions[0]  # a child runs one
     if args.child and len(args.precisions) != 1:
@@ -462,111 +478,57 @@ CPU_PRESETS = ("tiny", "char_small")
 
 
 def run_child(python, framework, precision, argv, data_file):
+    """One run in a fresh process: its result dict, or {"error": ...} if it failed.
+
+    A run that fails (an out-of-memory, a compiler error in one framework) is
+    reported and the others go on; a child that finds no GPU stops the benchmark.
+    """
     command = [python, os.path.abspath(__file__), *argv, "--precision", precision,
                "--child", framework, "--data-file", data_file]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode == EXIT_NO_GPU:
         sys.stderr.write(out.stderr)
         sys.exit(EXIT_NO_GPU)
-    if out.returncode:
-        raise RuntimeError(f"{framework} {precision} exited with {out.returncode}:\n"
-                           f"{out.stderr[-3000:]}")
-    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        return {"error": f"exited with {out.returncode}: {out.stderr[-3000:]}"}
+    return json.loads(lines[-1])
 
 
 def run_label(framework, precision):
     return f"{framework} {precision}"
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse(argv)
-    cfg = resolve_config(args)
-    if args.child:
-        import numpy as np
+def read_runs(paths, precisions, frameworks):
+    """{(framework, precision): [result, ...]} from files of per-run JSON lines."""
+    runs = {(f, p): [] for p in precisions for f in frameworks}
+    labels = {run_label(*key): key for key in runs}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                record = json.loads(line)
+                key = labels.get(record.get("run")) if record.get("bench") == "gpu" else None
+                if key and "error" not in record:
+                    runs[key].append(record)
+    return runs
 
-        data = np.load(args.data_file)
-        if args.child == "keras":
-            result = child_keras(args, cfg, data)
-        else:
-            result = child_torch(args, cfg, data, compiled=args.child == "torch-compiled")
-        print(json.dumps(result))
-        return 0
 
-    from hostinfo import host_block
-
-    dtypes = {p: peak_dtype(p, args.tf32) for p in args.precisions}
-    steps = args.warmup + args.timed
-    gpus = [] if args.dry_run else list_gpus()
-    device_name = args.device_name if args.dry_run else (gpus[0]["name"] if gpus else None)
-    peaks = lookup_peaks(device_name)
-    peak = {p: args.peak_tflops or (peaks or {}).get(d) for p, d in dtypes.items()}
-    plan = {"bench": "gpu", "preset": args.preset, "batch": args.batch, "config": cfg,
-            "hf_config": hf_config(cfg), "precisions": args.precisions, "tf32": args.tf32,
-            "peak_dtype": dtypes, "device": device_name, "peaks_tflops": peaks,
-            "peak_tflops_used": peak, "frameworks": args.frameworks, "rounds": args.rounds,
-            "warmup_steps": args.warmup, "timed_steps": args.timed, "data": args.data,
-            "peer_python": args.peer_python, "jit_compile": args.jit,
-            "cpu_smoke_test": bool(args.allow_cpu and not gpus)}
-    if args.dry_run:
-        data = make_tokens(cfg, args.batch, steps, args.data)
-        fractions = cluster_fractions(cfg, data[:, 1:])
-        plan["cluster_fractions"] = [round(f, 4) for f in fractions]
-        plan["forward_gflop_per_token"] = round(forward_flops_per_token(cfg, fractions) / 1e9, 4)
-        plan["dry_run"] = True
-        print(json.dumps(plan))
-        return 0
-    if not gpus and not args.allow_cpu:
-        refuse("no GPU visible (nvidia-smi is missing or lists no GPU, or "
-               "CUDA_VISIBLE_DEVICES hides them).")
-    missing = [p for p, value in peak.items() if value is None]
-    if missing and gpus:
-        print(f"gpu.py: no data-sheet peak known for {device_name!r} at {missing}; MFU "
-              "against the data sheet is left out there (give --peak-tflops); MFU against "
-              "the measured matmul rate is reported", file=sys.stderr)
-    data = make_tokens(cfg, args.batch, steps, args.data)
-    fractions = cluster_fractions(cfg, data[:, 1:])
-    flops = forward_flops_per_token(cfg, fractions)
-    pythons = {"keras": sys.executable, "torch-eager": args.peer_python,
-               "torch-compiled": args.peer_python}
-    runs = {(f, p): [] for p in args.precisions for f in args.frameworks}
-    skipped = []
-    if not gpus:
-        # CPU smoke test: Hugging Face's TransfoXL head fails under CPU autocast
-        # ("Index put requires the source and destination dtypes match"): the reference
-        # runs in float32 there (on a GPU, autocast keeps its log-softmax in float32).
-        skipped = [run_label(*k) for k in runs if k[0] != "keras" and k[1] != "float32"]
-        runs = {k: v for k, v in runs.items() if run_label(*k) not in skipped}
-        if skipped:
-            print(f"gpu.py: CPU smoke test, not run: {', '.join(skipped)} (the reference's "
-                  "adaptive softmax fails under CPU autocast)", file=sys.stderr)
-    plan["skipped_runs"] = skipped
-    started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        data_file = os.path.join(tmp, "tokens.npy")
-        import numpy as np
-
-        np.save(data_file, data)
-        for round_index in range(args.rounds):
-            for framework, precision in runs:
-                result = run_child(pythons[framework], framework, precision, argv, data_file)
-                runs[framework, precision].append(result)
-                # One JSON line per run, as it finishes.
-                print(json.dumps({"bench": "gpu", "run": run_label(framework, precision),
-                                  "round": round_index + 1, **result}), flush=True)
-                print(f"round {round_index + 1}/{args.rounds} "
-                      f"{run_label(framework, precision)}: train "
-                      f"{result['train_tokens_per_s']} tok/s, eval {result['eval_tokens_per_s']}"
-                      f" tok/s, memory {result['train_peak_memory_mb']} / "
-                      f"{result['eval_peak_memory_mb']} MB", file=sys.stderr)
+def summarize(runs, peak, flops):
+    """Medians per run (tokens/s, MFU, memory) and keras-txl's ratios to each peer."""
     keys = ("train_tokens_per_s", "train_tokens_per_s_from_median_step", "eval_tokens_per_s",
             "eval_tokens_per_s_from_median_step", "train_peak_memory_mb", "eval_peak_memory_mb",
             "train_compile_s", "eval_compile_s", "matmul_tflops_measured")
     medians = {}
     for (framework, precision), results in runs.items():
+        if not results:
+            continue
         m = {k: statistics.median(r[k] for r in results) if results[0].get(k) is not None
              else None for k in keys}
-        if peak[precision]:
+        m["rounds"] = len(results)
+        if peak.get(precision):
             m["train_mfu"] = round(3 * flops * m["train_tokens_per_s"]
                                    / (peak[precision] * 1e12), 4)
             m["eval_mfu"] = round(flops * m["eval_tokens_per_s"] / (peak[precision] * 1e12), 4)
@@ -576,37 +538,176 @@ def main(argv=None):
             m["eval_mfu_vs_measured"] = round(flops * m["eval_tokens_per_s"] / measured, 4)
         medians[run_label(framework, precision)] = m
     ratios = {}
-    for precision in args.precisions:
-        ours = medians.get(run_label("keras", precision))
-        if not ours:
+    for (framework, precision) in runs:
+        ours = medians.get(run_label(framework, precision))
+        if framework not in OURS or not ours:
             continue
-        for peer in (f for f in args.frameworks if f != "keras"):
-            theirs = medians.get(run_label(peer, precision))
-            if not theirs:
+        for peer, peer_precision in runs:
+            theirs = medians.get(run_label(peer, peer_precision))
+            if peer in OURS or peer_precision != precision or not theirs:
                 continue
-            ratios[run_label(peer, precision)] = {
+            ratios[f"{run_label(framework, precision)} / {peer}"] = {
                 k: round(ours[k] / theirs[k], 3)
                 for k in ("train_tokens_per_s", "eval_tokens_per_s",
                           "train_peak_memory_mb", "eval_peak_memory_mb")
                 if ours[k] and theirs[k]}
+    return medians, ratios
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    cfg = resolve_config(args)
+    if args.child:
+        import numpy as np
+        from hostinfo import host_block
+
+        data = np.load(args.data_file)
+        if args.child in OURS:
+            result = child_keras(args, cfg, data, jit=args.child == "keras-xla")
+        else:
+            result = child_torch(args, cfg, data, compiled=args.child == "torch-compiled")
+        # The host each run measured on: merged runs name theirs.
+        host = host_block(None)
+        result["host"] = {"cpu": host["cpu"], "cores": host["cores"], "gpus": list_gpus()}
+        print(json.dumps(result))
+        return 0
+
+    from hostinfo import host_block
+
+    dtypes = {p: peak_dtype(p, args.tf32) for p in args.precisions}
+    steps = args.warmup + args.timed
+    data = make_tokens(cfg, args.batch, steps, args.data)
+    fractions = cluster_fractions(cfg, data[:, 1:])
+    flops = forward_flops_per_token(cfg, fractions)
+    merged = read_runs(args.merge, args.precisions, args.frameworks) if args.merge else None
+    if args.dry_run or merged is not None:
+        gpus = []
+        device_name = args.device_name or next(
+            (r["device"] for results in (merged or {}).values() for r in results), None)
+    else:
+        gpus = list_gpus()
+        device_name = gpus[0]["name"] if gpus else None
+    peaks = lookup_peaks(device_name)
+    peak = {p: args.peak_tflops or (peaks or {}).get(d) for p, d in dtypes.items()}
+    plan = {"bench": "gpu", "preset": args.preset, "batch": args.batch, "config": cfg,
+            "hf_config": hf_config(cfg), "precisions": args.precisions, "tf32": args.tf32,
+            "peak_dtype": dtypes, "device": device_name, "peaks_tflops": peaks,
+            "peak_tflops_used": peak, "frameworks": args.frameworks, "rounds": args.rounds,
+            "warmup_steps": args.warmup, "timed_steps": args.timed, "data": args.data,
+            "peer_python": args.peer_python,
+            "cluster_fractions": [round(f, 4) for f in fractions],
+            "forward_gflop_per_token": round(flops / 1e9, 4),
+            "cpu_smoke_test": bool(args.allow_cpu and not gpus and merged is None)}
+    if args.dry_run:
+        plan["dry_run"] = True
+        print(json.dumps(plan))
+        return 0
+    if merged is None and not gpus and not args.allow_cpu:
+        refuse("no GPU visible (nvidia-smi is missing or lists no GPU, or "
+               "CUDA_VISIBLE_DEVICES hides them).")
+    missing = [p for p, value in peak.items() if value is None]
+    if missing and device_name:
+        print(f"gpu.py: no data-sheet peak known for {device_name!r} at {missing}; MFU "
+              "against the data sheet is left out there (give --peak-tflops); MFU against "
+              "the measured matmul rate is reported", file=sys.stderr)
+    failed = []
+    started = time.time()
+    if merged is not None:
+        runs, skipped = merged, []
+        plan["merged_from"] = args.merge
+    else:
+        runs, skipped = collect_runs(args, argv, gpus, data, failed)
+    plan["skipped_runs"] = skipped
+    medians, ratios = summarize(runs, peak, flops)
     host = host_block(None)
     host["gpus"] = gpus
-    plan.update(host=host, cluster_fractions=[round(f, 4) for f in fractions],
-                forward_gflop_per_token=round(flops / 1e9, 4), medians=medians,
-                ratios_keras_to=ratios,
+    if merged is not None:
+        # The runs' own host (where they recorded it), not the one merging.
+        recorded = [r["host"] for results in runs.values() for r in results if r.get("host")]
+        host = dict(recorded[0]) if recorded else {"cpu": "not recorded", "cores": "?",
+                                                   "gpus": []}
+        gpus = host["gpus"]
+    plan.update(host=host, medians=medians, ratios_keras_to=ratios, failed_runs=failed,
                 runs={run_label(*key): value for key, value in runs.items()},
                 seconds=round(time.time() - started))
     print(json.dumps(plan))
+    print_table(args, cfg, gpus, device_name, dtypes, peak, host, medians, ratios, failed,
+                merged is not None)
+    return 1 if failed else 0
+
+
+def collect_runs(args, argv, gpus, data, failed):
+    """Every (framework, precision) run, `args.rounds` alternating rounds, in fresh
+    processes; one JSON line each on stdout as it ends. Failed runs go to `failed`."""
+    pythons = {"keras": sys.executable, "keras-xla": sys.executable,
+               "torch-eager": args.peer_python, "torch-compiled": args.peer_python}
+    runs = {(f, p): [] for p in args.precisions for f in args.frameworks}
+    skipped = []
+    if not gpus:
+        # CPU smoke test: Hugging Face's TransfoXL head fails under CPU autocast
+        # ("Index put requires the source and destination dtypes match"): the reference
+        # runs in float32 there (on a GPU, autocast keeps its log-softmax in float32).
+        skipped = [run_label(*k) for k in runs if k[0] not in OURS and k[1] != "float32"]
+        runs = {k: v for k, v in runs.items() if run_label(*k) not in skipped}
+        if skipped:
+            print(f"gpu.py: CPU smoke test, not run: {', '.join(skipped)} (the reference's "
+                  "adaptive softmax fails under CPU autocast)", file=sys.stderr)
+    # A child's own argv: this run's, less the options only the parent reads.
+    child_argv = []
+    skip = 0
+    for i, item in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        if item in ("--precision", "--frameworks"):
+            skip = 1
+            continue
+        if item.startswith(("--precision=", "--frameworks=")):
+            continue
+        child_argv.append(item)
+    with tempfile.TemporaryDirectory() as tmp:
+        data_file = os.path.join(tmp, "tokens.npy")
+        import numpy as np
+
+        np.save(data_file, data)
+        for round_index in range(args.rounds):
+            for framework, precision in runs:
+                label = run_label(framework, precision)
+                result = run_child(pythons[framework], framework, precision, child_argv,
+                                   data_file)
+                # One JSON line per run, as it finishes.
+                print(json.dumps({"bench": "gpu", "run": label, "round": round_index + 1,
+                                  **result}), flush=True)
+                if "error" in result:
+                    failed.append({"run": label, "round": round_index + 1,
+                                   "error": result["error"][-600:]})
+                    print(f"round {round_index + 1}/{args.rounds} {label}: FAILED, "
+                          f"{result['error'][-600:]}", file=sys.stderr)
+                    continue
+                runs[framework, precision].append(result)
+                print(f"round {round_index + 1}/{args.rounds} {label}: train "
+                      f"{result['train_tokens_per_s']} tok/s, eval {result['eval_tokens_per_s']}"
+                      f" tok/s, memory {result['train_peak_memory_mb']} / "
+                      f"{result['eval_peak_memory_mb']} MB", file=sys.stderr, flush=True)
+    return runs, skipped
+
+
+def print_table(args, cfg, gpus, device_name, dtypes, peak, host, medians, ratios, failed,
+                merged):
+    """The human-readable summary on stderr: the GPU and host, one row per run, ratios."""
     gpu_text = ", ".join(f"{g['name']} ({g['memory_mib']} MiB, driver {g['driver']})" for g in gpus)
+    if merged:
+        gpu_text = f"{gpu_text or device_name} (merged runs)"
     peaks_text = ", ".join(f"{dtypes[p]} {peak[p]}" for p in args.precisions)
     print(f"GPU: {gpu_text or 'none (CPU smoke test: not a benchmark)'}; data-sheet peaks "
           f"TFLOP/s: {peaks_text}; CPU: {host['cpu']}, {host['cores']} cores",
           file=sys.stderr)
+    rounds = max((m["rounds"] for m in medians.values()), default=0)
     print(f"{args.preset}, batch {args.batch}, T {cfg['segment_length']}, M "
-          f"{cfg['memory_length']}{', XLA' if args.jit else ''}"
-          f"{', TF32' if args.tf32 else ''}; medians of {args.rounds} rounds",
-          file=sys.stderr)
-    header = ("run", "train tok/s", "eval tok/s", "train MFU", "eval MFU",
+          f"{cfg['memory_length']}{', TF32' if args.tf32 else ''}; medians of up to "
+          f"{rounds} rounds", file=sys.stderr)
+    header = ("run", "rounds", "train tok/s", "eval tok/s", "train MFU", "eval MFU",
               "matmul TFLOP/s measured", "train MFU vs measured", "train MB", "eval MB",
               "warm-up extra s (compile)")
 
@@ -620,13 +721,17 @@ def main(argv=None):
     print("|---" * len(header) + "|", file=sys.stderr)
     for label, m in medians.items():
         compile_s = (m["train_compile_s"] or 0) + (m["eval_compile_s"] or 0)
-        cells = [label, f"{m['train_tokens_per_s']:,.0f}", f"{m['eval_tokens_per_s']:,.0f}",
+        cells = [label, str(m["rounds"]), f"{m['train_tokens_per_s']:,.0f}",
+                 f"{m['eval_tokens_per_s']:,.0f}",
                  cell(m.get("train_mfu")), cell(m.get("eval_mfu")),
                  cell(m["matmul_tflops_measured"]), cell(m.get("train_mfu_vs_measured")),
                  mb(m["train_peak_memory_mb"]), mb(m["eval_peak_memory_mb"]),
                  f"{compile_s:.1f}"]
         print("| " + " | ".join(cells) + " |", file=sys.stderr)
-    return 0
+    for label, r in ratios.items():
+        print(f"{label}: " + ", ".join(f"{k} {v}x" for k, v in r.items()), file=sys.stderr)
+    for f in failed:
+        print(f"FAILED {f['run']} (round {f['round']})", file=sys.stderr)
 
 
 if __name__ == "__main__":

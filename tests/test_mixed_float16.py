@@ -383,3 +383,28 @@ def test_the_replica_xla_step_traces_the_optimizer_update_outside_the_compiled_f
     with pytest.raises(tf.errors.OpError, match="Only compiling NCCL/auto collective"):
         trainer.train(corpus())
 
+
+def test_gpu_benchmark_merges_saved_runs_and_goes_on_past_a_failed_one(tmp_path):
+    import json
+
+    from testing import REPO
+
+    gpu = load_gpu_benchmark()
+    # The H100 runs of 2026-11-25 (ours and the reference were measured in
+    # separate invocations): the medians and ratios come from their lines.
+    files = sorted(str(p) for p in (REPO / "benchmarks" / "results").glob("gpu_h100_*.jsonl"))
+    records = [json.loads(line) for f in files for line in open(f)]
+    runs = gpu.read_runs(files, ["mixed_bfloat16", "float32"], list(gpu.FRAMEWORKS))
+    assert sum(len(v) for v in runs.values()) == len(records) == 6
+    medians, ratios = gpu.summarize(runs, {"mixed_bfloat16": 989.4, "float32": 66.9}, 1e9)
+    by_run = {r["run"]: r for r in records}
+    ours, theirs = by_run["keras-xla mixed_bfloat16"], by_run["torch-compiled mixed_bfloat16"]
+    assert medians["keras-xla mixed_bfloat16"]["train_tokens_per_s"] == ours["train_tokens_per_s"]
+    assert ratios["keras-xla mixed_bfloat16 / torch-compiled"]["eval_tokens_per_s"] == round(
+        ours["eval_tokens_per_s"] / theirs["eval_tokens_per_s"], 3)
+    assert medians["keras-xla mixed_bfloat16"]["train_mfu"] == round(
+        3 * 1e9 * ours["train_tokens_per_s"] / 989.4e12, 4)
+    assert "keras float32" not in medians  # not measured: no row, no ratio
+    # A run that fails is reported and the others go on.
+    failed = gpu.run_child("false", "keras", "float32", [], str(tmp_path / "none.npy"))
+    assert failed["error"].startswith("exited with 1")

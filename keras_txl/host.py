@@ -342,6 +342,36 @@ def check_cpu_precision(precision, info=None):
             f"unset the variable or raise it to that level.")
 
 
+def native_bfloat16(info=None):
+    """Whether TensorFlow's oneDNN kernels have bfloat16 instructions on this
+    CPU (AVX512_BF16 or AMX, after any cap); elsewhere bfloat16 is emulated."""
+    info = cpu_info() if info is None else info
+    level = (info.get("effective_isa_by_framework") or {}).get(
+        "tensorflow", info.get("effective_isa"))
+    return level is not None and LEVELS.index(level) >= LEVELS.index("AVX512_BF16")
+
+
+def xla_evaluation_pays(info=None):
+    """Whether XLA-compiling a whole float32 evaluation step beats graph mode
+    at any memory length on this CPU: where TensorFlow's oneDNN kernels run
+    below AVX-512 (an AVX2 CPU, or a cap below AVX512_CORE).
+
+    There oneDNN's small batched matmuls (the attention's products, a 32-deep
+    contraction) run far below its dense matmuls: on a real AVX2 AMD EPYC
+    (Zen 3, 2 cores) one (64 x 128 x 32) x (32 x 256) batch took 9.4 ms with
+    oneDNN, 5.0 ms in XLA and 5.7 ms in PyTorch, and the whole XLA-compiled
+    evaluation step ran 1.34x-1.45x the graph-mode one (T = M = 128, batch 8,
+    fp32), with no higher peak RSS (docs/benchmarks.md). With AVX-512 or AMX,
+    oneDNN's matmuls win at short memories and graph mode stays.
+    """
+    info = cpu_info() if info is None else info
+    level = (info.get("effective_isa_by_framework") or {}).get(
+        "tensorflow", info.get("effective_isa"))
+    if level is None:
+        return False
+    return LEVELS.index(level) < LEVELS.index("AVX512")
+
+
 def gpu_auto_precision(compute_capability):
     """The training precision "auto" picks on an NVIDIA GPU of `compute_capability`.
 

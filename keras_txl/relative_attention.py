@@ -87,6 +87,20 @@ def masked_scores(content, padded_position, mask, dtype):
     return tf.reshape(scores, tf.shape(content))
 
 
+def _native_bfloat16(dtype):
+    """Whether `dtype` is bfloat16 and this host computes it natively: a GPU,
+    or a CPU whose oneDNN reaches AVX512_BF16 or AMX (`keras_txl.host`)."""
+    if dtype != "bfloat16":
+        return False
+    import tensorflow as tf
+
+    from keras_txl import host
+
+    if tf.config.list_logical_devices("GPU"):
+        return True
+    return host.native_bfloat16()
+
+
 def masking_bias(attention_mask):
     """Bool mask -> float32 additive bias (0 or the lowest float), shaped to
     add to (B, N, T, K) scores: a (T, K) mask (the same for every row) gives
@@ -317,6 +331,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         two passes of about 0.4 ms each per layer on the benchmark's
         config (AMX Xeon, 2 cores); here a select masks in bfloat16 instead.
 
+        Both bfloat16 shortcuts (the select, the bfloat16 softmax) are taken
+        only where the matmuls have bfloat16 instructions (`_native_bfloat16`):
+        on a CPU without them oneDNN's bfloat16 softmax is emulated, gives
+        other bits (1-2 bfloat16 ulps on an AVX2 AMD EPYC) and saves nothing,
+        so the float32 path runs there (under `fused_kernels` its kernel masks
+        in float32).
+
         Either way the softmax runs in bfloat16 for a bfloat16 model
         (oneDNN's, which gives the same bits as the float32 softmax rounded
         to bfloat16: the scores were already rounded to bfloat16 by their
@@ -325,9 +346,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         out bit-identical to the float32-softmax path (docs/benchmarks.md).
         Training keeps the float32 softmax, whose gradient needs it.
         """
-        softmax_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
+        softmax_dtype = "bfloat16" if _native_bfloat16(self.compute_dtype) else "float32"
         mask = None if attention_mask is None else scores_mask(attention_mask)
-        if self.relative and fusion.enabled():
+        # The kernel sums the two products in the compute dtype and XLA may
+        # keep that sum in float32 (excess precision): only where the softmax
+        # runs in the compute dtype is that the graph's rounding.
+        if (self.relative and fusion.enabled()
+                and softmax_dtype == self.compute_dtype):
             content, padded_position = self._score_products(q, k, r, u, w)
             scores = masked_scores(content, padded_position, mask, softmax_dtype)
         else:
@@ -403,7 +428,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             u = ops.cast(content_bias, dtype)
             w = ops.cast(position_bias, dtype)
         if not training and not return_scores and (
-                dtype == "bfloat16" or (self.relative and fusion.enabled())):
+                _native_bfloat16(dtype) or (self.relative and fusion.enabled())):
             probabilities = self._inference_probabilities(
                 q, k, r, u, w, attention_mask)
             return self._output(self._mix(probabilities, v), training)

@@ -275,3 +275,23 @@ def test_a_half_precision_model_is_refused_at_construction_under_such_a_cap(monk
                                              "ONEDNN_MAX_CPU_ISA=AVX2"):
             keras_txl.TransformerXLCausalLM(tiny_config(), dtype=precision)
     keras_txl.TransformerXLCausalLM(tiny_config())  # float32 builds under the same cap
+
+
+def test_xla_evaluation_pays_below_avx512_only():
+    # oneDNN's small batched matmuls are slow below AVX-512: an AVX2 CPU, or
+    # oneDNN capped there (XLA's dots are not capped by ONEDNN_MAX_CPU_ISA).
+    assert host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=EPYC_AVX2, environ={}))
+    for text in (XEON_AVX512, XEON_BF16, EPYC_GENOA, SPR_AMX):
+        assert not host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=text, environ={}))
+        capped = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+        assert host.xla_evaluation_pays(capped)
+    # A CPU whose level is unknown (arm64) keeps graph mode.
+    assert not host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=ARM, environ={}))
+
+
+def test_native_bfloat16_from_avx512_bf16_on():
+    for text, native in ((EPYC_AVX2, False), (XEON_AVX512, False), (XEON_BF16, True),
+                         (EPYC_GENOA, True), (SPR_AMX, True), (ARM, False)):
+        assert host.native_bfloat16(host.cpu_info(cpuinfo_text=text, environ={})) is native
+    capped = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
+    assert host.native_bfloat16(capped) is False

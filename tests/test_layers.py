@@ -473,7 +473,9 @@ def test_inference_probabilities_equal_the_float32_path(relative, mask_kind, pol
     # and mask are one XLA-compiled kernel; `return_scores` keeps the
     # float32 path (cast up, additive mask, float32 softmax, cast down).
     # Same output, to the bit, a row whose keys are all blocked included
-    # (uniform).
+    # (uniform). On a CPU without bfloat16 instructions (AVX2) the bfloat16
+    # model takes the float32 path there too (its emulated bfloat16 softmax
+    # differed by 1-2 ulps): the same bits by construction.
     import keras
     import tensorflow as tf
 
@@ -505,7 +507,12 @@ def test_inference_probabilities_equal_the_float32_path(relative, mask_kind, pol
     compiled = [op for op in graph.get_operations()
                 if op.type in ("StatefulPartitionedCall", "PartitionedCall")
                 and op.get_attr("_XlaMustCompile")]
-    assert len(compiled) == (1 if fused and relative else 0)
+    # Without bfloat16 instructions a bfloat16 model's scores stay in graph
+    # mode (XLA could keep their sum in float32: other bits).
+    from keras_txl import host
+
+    native = policy == "float32" or host.native_bfloat16()
+    assert len(compiled) == (1 if fused and relative and native else 0)
     reference, details = layer(query, memory, return_scores=True, **kwargs)
     assert fast.dtype == reference.dtype == layer.compute_dtype
     np.testing.assert_array_equal(

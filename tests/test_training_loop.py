@@ -211,7 +211,9 @@ def test_evaluate_with_the_cache_equals_recomputing_the_memory(attention_type, p
     np.testing.assert_allclose(result["loss"], expected, rtol=2e-6)
 
 
-def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_keys():
+def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_keys(
+        monkeypatch):
+    import keras_txl.training.loop as loop
     from keras_txl.training.loop import EVAL_JIT_MIN_KEYS
     from keras_txl.training.loop import eval_jit_compile
 
@@ -224,12 +226,17 @@ def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_k
         assert result["tokens"] == count == 200
         np.testing.assert_allclose(result["loss"], expected, rtol=1e-5, err_msg=str(changes))
     model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0))
-    # "auto": graph mode for this short memory, XLA from EVAL_JIT_MIN_KEYS keys.
+    # "auto" on a CPU with AVX-512: graph mode for this short memory, XLA from
+    # EVAL_JIT_MIN_KEYS keys; below AVX-512 XLA at any length.
+    monkeypatch.setattr(loop, "xla_evaluation_pays", lambda: False)
     assert eval_jit_compile(model) is False
     long = keras_txl.TransformerXLCausalLM(model_config(
         dropout=0.0, memory_length=EVAL_JIT_MIN_KEYS - 8))
     assert eval_jit_compile(long) is True
     assert eval_jit_compile(long, False) is False
+    monkeypatch.setattr(loop, "xla_evaluation_pays", lambda: True)
+    assert eval_jit_compile(model) is True
+    assert eval_jit_compile(model, False) is False
     with pytest.raises(ValueError, match="`jit_compile` must be 'auto', True or False"):
         evaluate(model, tokens, jit_compile="yes")
 

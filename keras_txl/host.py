@@ -8,7 +8,7 @@ MKL's `MKL_ENABLE_INSTRUCTIONS` (PyTorch's CPU BLAS). The "effective ISA" is the
 of what the CPU has and what the cap allows.
 
 `auto_precision()` picks the training precision from it: `"mixed_bfloat16"` where the
-effective ISA has AMX, or AVX512_BF16 on an AMD Zen 4 (the hosts where bf16 was measured
+effective ISA has AMX, or AVX512_BF16 on an AMD Zen 4 or Zen 5 (the hosts where bf16 was measured
 faster than fp32; not on Intel CPUs with AVX512_BF16 alone: see its docstring),
 `"float32"` elsewhere. `gpu_auto_precision()` does the same for
 an NVIDIA GPU from its compute capability.
@@ -79,7 +79,10 @@ AUTO_BF16_LEVELS = ("AMX",)
 # AMD family 0x19 with AVX-512 is Zen 4 (Zen 3, the same family, has no AVX-512). Zen 4
 # runs a 512-bit FMA as two 256-bit halves, so its fp32 matmul peak is half an AVX-512
 # Intel core's per clock, while `vdpbf16ps` does twice the multiply-adds per instruction.
-AUTO_BF16_AVX512_BF16_CPUS = (("AuthenticAMD", 25),)
+# AMD family 0x1A is Zen 5: full-width 512-bit FMAs, and still TensorFlow's bf16 matmuls
+# ran at 2x its fp32 ones there (870 against 439 GFLOP/s on 2 cores), unlike the Intel
+# Xeons without AMX (twelfth session, docs/benchmarks.md "Precision per host").
+AUTO_BF16_AVX512_BF16_CPUS = (("AuthenticAMD", 25), ("AuthenticAMD", 26))
 
 
 def _read(path):
@@ -241,10 +244,15 @@ def auto_precision(info=None):
       measured mixed_bfloat16 1.40x fp32 in training (third session, 5,029 vs 3,584
       tokens/s) and, in the seventh session, 1.54x in training and 1.43x in evaluation
       (3,888 vs 2,525 and 13,642 vs 9,547 tokens/s, medians of 5; docs/benchmarks.md).
+    - AVX512_BF16 on an AMD Zen 5 (family 26): bf16. Its fp32 FMAs are full-width, yet
+      TensorFlow's bf16 matmuls ran at 2x its fp32 ones (870 vs 439 GFLOP/s), and the
+      throughput benchmark measured mixed_bfloat16 1.37x fp32 in training and 1.49x in
+      evaluation (6,290 vs 4,600 and 29,596 vs 19,921 tokens/s, medians of 3, twelfth
+      session), with a lower peak RSS.
     - AVX512_BF16 elsewhere (the Intel Xeons of sessions 4 and 6): float32. Their fp32
       FMAs are full-width, bf16 measured 0.66x fp32 in training (1,764 vs 2,654): the
       casts around every element-wise pass cost more than the dot product saves. An
-      unmeasured CPU with AVX512_BF16 (e.g. AMD's next family) stays here too.
+      unmeasured CPU with AVX512_BF16 stays here too.
     - Without bf16 instructions oneDNN emulates bf16 (convert to fp32, multiply, round
       back): slower than fp32 (an AVX2-only AMD EPYC: 1,035 training tokens/s in
       mixed_bfloat16 against ~1,400 in float32). float32.

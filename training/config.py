@@ -62,7 +62,7 @@ class TrainConfig:
     jit_compile: Any = "auto"
     # "float32", "mixed_bfloat16", "mixed_float16" (with dynamic loss
     # scaling), or "auto": on a CPU mixed_bfloat16 with AMX or on an AMD
-    # Zen 4 (keras_txl.host.auto_precision), else float32; on a GPU by compute
+    # Zen 4 / Zen 5 (keras_txl.host.auto_precision), else float32; on a GPU by compute
     # capability (keras_txl.host.gpu_auto_precision).
     precision: str = "float32"
     # mixed_float16 only: the first loss scale of Keras' LossScaleOptimizer

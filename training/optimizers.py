@@ -77,7 +77,7 @@ def resolve_precision(precision):
     (`keras_txl.host.gpu_auto_precision`): "mixed_bfloat16" from 8.0 (bf16
     tensor cores, no loss scaling needed), "mixed_float16" on 7.x (fp16
     tensor cores only, with loss scaling), "float32" below. On a CPU it is
-    "mixed_bfloat16" with AMX tiles, or AVX512_BF16 on an AMD Zen 4
+    "mixed_bfloat16" with AMX tiles, or AVX512_BF16 on an AMD Zen 4 or Zen 5
     (`keras_txl.host.auto_precision`, after any `ONEDNN_MAX_CPU_ISA` cap),
     and "float32" elsewhere, where bf16 was measured slower than float32
     (emulated without bf16 instructions, and with AVX512_BF16 on Intel

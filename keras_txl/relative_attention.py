@@ -4,6 +4,9 @@ Shape legend: B batch, T segment (queries), M memory, K = M + T keys,
 N heads, H head_dim, D hidden_dim.
 """
 
+import functools
+import os
+
 import keras
 from keras import ops
 
@@ -94,10 +97,17 @@ def _native_bfloat16(dtype):
         return False
     import tensorflow as tf
 
-    from keras_txl import host
-
     if tf.config.list_logical_devices("GPU"):
         return True
+    return _cpu_native_bfloat16(os.environ.get("ONEDNN_MAX_CPU_ISA"))
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_native_bfloat16(onednn_cap):
+    # Read /proc/cpuinfo once per cap (it is ~1.5 KB per core), not at every
+    # eager call of every layer; `onednn_cap` keys the cache on the cap in force.
+    from keras_txl import host
+
     return host.native_bfloat16()
 
 

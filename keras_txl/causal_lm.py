@@ -305,13 +305,13 @@ class TransformerXLCausalLM(CausalLM):
         self.memory.assign(ops.zeros(self.memory.shape, dtype="float32"))
 
     # --- validation -------------------------------------------------------
-    def _check_token_ids(self, token_ids):
+    def _check_token_ids(self, token_ids, name="token_ids"):
         cfg = self.txl_config
         if not (tf.is_tensor(token_ids) or isinstance(token_ids, keras.KerasTensor)):
             array = np.asarray(token_ids)
             if array.dtype == object:
                 raise ValueError(
-                    "`token_ids` must be an integer array of shape "
+                    f"`{name}` must be an integer array of shape "
                     "(batch, segment_length)."
                 )
             token_ids = array
@@ -319,18 +319,18 @@ class TransformerXLCausalLM(CausalLM):
                     else token_ids.dtype)
         if "int" not in dtype:
             raise ValueError(
-                "`token_ids` must be an integer tensor (int32 or int64) of "
+                f"`{name}` must be an integer tensor (int32 or int64) of "
                 f"shape (batch, segment_length), received dtype {dtype}."
             )
         shape = tuple(token_ids.shape)
         if len(shape) != 2:
             raise ValueError(
-                "`token_ids` must have rank 2, (batch, segment_length), "
+                f"`{name}` must have rank 2, (batch, segment_length), "
                 f"received shape {shape}."
             )
         if shape[1] == 0:
             raise ValueError(
-                "`token_ids` must hold at least one position per row, "
+                f"`{name}` must hold at least one position per row, "
                 f"received shape {shape} (segment_length 0)."
             )
         if _is_concrete(token_ids):
@@ -339,7 +339,7 @@ class TransformerXLCausalLM(CausalLM):
                 values.min() < 0 or values.max() >= cfg.vocabulary_size
             ):
                 raise ValueError(
-                    "`token_ids` must be in [0, vocabulary_size="
+                    f"`{name}` must be in [0, vocabulary_size="
                     f"{cfg.vocabulary_size}), received values in "
                     f"[{values.min()}, {values.max()}]."
                 )
@@ -349,11 +349,11 @@ class TransformerXLCausalLM(CausalLM):
             # Graph mode: checked at run time (a no-op under XLA).
             with tf.control_dependencies([
                 tf.debugging.assert_non_negative(
-                    token_ids, message="`token_ids` must be >= 0"
+                    token_ids, message=f"`{name}` must be >= 0"
                 ),
                 tf.debugging.assert_less(
                     token_ids, tf.constant(cfg.vocabulary_size, tf.int32),
-                    message=f"`token_ids` must be < vocabulary_size="
+                    message=f"`{name}` must be < vocabulary_size="
                     f"{cfg.vocabulary_size}",
                 ),
             ]):
@@ -504,12 +504,16 @@ class TransformerXLCausalLM(CausalLM):
             (B, L, M, D) float32 (the new memory) and "cache" (the slid cache).
         """
         token_ids = self._check_token_ids(token_ids)
+        if targets is not None:
+            targets = self._check_targets(targets, tuple(token_ids.shape), "token_ids")
         hidden, new_cache = self.backbone.call_with_cache(token_ids, cache)
         out = {"memory": self.backbone.stack_memory(new_cache), "cache": new_cache}
         if targets is None:
             out["log_probs"] = self.log_probs_from_hidden(hidden)
         else:
-            out["nll"] = self.nll_from_hidden(hidden, targets)
+            embedding = self.backbone.token_embedding
+            out["nll"] = self.softmax.nll(hidden, targets, embedding.tables,
+                                          embedding.projections)
         return out
 
     def log_probs_from_hidden(self, hidden):
@@ -526,8 +530,22 @@ class TransformerXLCausalLM(CausalLM):
         training and evaluation steps use it; with a large vocabulary the
         full log-probs would not fit (9.6 GB at WikiText-103's batch 60).
         """
+        targets = self._check_targets(targets, tuple(hidden.shape)[:-1], "hidden")
         embedding = self.backbone.token_embedding
         return self.softmax.nll(hidden, targets, embedding.tables, embedding.projections)
+
+    def _check_targets(self, targets, expected, against):
+        """`targets` as token ids (int, rank 2, in [0, V)) of `expected`'s
+        (B, T) shape, where both are known."""
+        targets = self._check_token_ids(targets, "targets")
+        shape = tuple(targets.shape)
+        if any(a is not None and b is not None and a != b
+               for a, b in zip(shape, expected)):
+            raise ValueError(
+                f"`targets` must have the (batch, segment_length) shape of "
+                f"`{against}`, {expected}, received shape {shape}."
+            )
+        return targets
 
     def _check_full_batch(self, token_ids):
         """A stateful model's memory has `batch_size` rows: every batch must

@@ -230,6 +230,14 @@ def tensorflow_uses_onednn(environ=None):
     return environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
 
 
+def tensorflow_level(info):
+    """The ISA level TensorFlow's oneDNN kernels run at, from a `cpu_info()`
+    dict: the CPU's, lowered by the caps that act on TensorFlow (None where
+    unknown)."""
+    return (info.get("effective_isa_by_framework") or {}).get(
+        "tensorflow", info.get("effective_isa"))
+
+
 def auto_precision(info=None):
     """`"mixed_bfloat16"` where bf16 is known to pay on this CPU, else `"float32"`.
 
@@ -267,8 +275,7 @@ def auto_precision(info=None):
     info = cpu_info() if info is None else info
     if info.get("tensorflow_onednn") is False:
         return "float32"  # Eigen's bf16 kernels: 0.39x fp32 in training
-    level = (info.get("effective_isa_by_framework") or {}).get(
-        "tensorflow", info.get("effective_isa"))
+    level = tensorflow_level(info)
     if level in AUTO_BF16_LEVELS:
         return "mixed_bfloat16"
     cpu = (info.get("vendor"), info.get("cpu_family"))
@@ -354,8 +361,7 @@ def native_bfloat16(info=None):
     """Whether TensorFlow's oneDNN kernels have bfloat16 instructions on this
     CPU (AVX512_BF16 or AMX, after any cap); elsewhere bfloat16 is emulated."""
     info = cpu_info() if info is None else info
-    level = (info.get("effective_isa_by_framework") or {}).get(
-        "tensorflow", info.get("effective_isa"))
+    level = tensorflow_level(info)
     return level is not None and LEVELS.index(level) >= LEVELS.index("AVX512_BF16")
 
 
@@ -373,8 +379,7 @@ def xla_evaluation_pays(info=None):
     oneDNN's matmuls win at short memories and graph mode stays.
     """
     info = cpu_info() if info is None else info
-    level = (info.get("effective_isa_by_framework") or {}).get(
-        "tensorflow", info.get("effective_isa"))
+    level = tensorflow_level(info)
     if level is None:
         return False
     return LEVELS.index(level) < LEVELS.index("AVX512")

@@ -132,6 +132,31 @@ def test_out_of_range_ids_fail_inside_tf_function_too():
         fn(tf.fill((B, T), V))
 
 
+def test_call_with_cache_targets_give_the_picked_log_probs_and_bad_targets_are_named():
+    model = TransformerXLCausalLM(tiny())
+    a, b = segments(2)
+    cache = model.build_cache(model.call_with_memory(a)["memory"], segment_length=T)
+    log_probs = model.call_with_cache(b, cache)["log_probs"].numpy()
+    targets = random_ids((B, T), V, seed=5)
+    nll = model.call_with_cache(b, cache, targets=targets)["nll"].numpy()
+    expected = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(nll, expected, rtol=1e-6, atol=1e-6)
+    for bad, message in [
+            (np.full((B, T), V), r"`targets` must be in \[0, vocabulary_size=11\)"),
+            (np.zeros((B, T), "float32"), "`targets` must be an integer tensor"),
+            (np.zeros((B, T - 1), "int32"),
+             r"`targets` must have the \(batch, segment_length\) shape of `token_ids`, "
+             r"\(2, 4\), received shape \(2, 3\)")]:
+        with pytest.raises(ValueError, match=message):
+            model.call_with_cache(b, cache, targets=bad)
+    hidden = tf.zeros((B, T, 8))
+    with pytest.raises(ValueError, match=r"shape of `hidden`, \(2, 4\), received shape \(1, 4\)"):
+        model.nll_from_hidden(hidden, np.zeros((1, T), "int32"))
+    fn = tf.function(lambda h, y: model.nll_from_hidden(h, y))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`targets` must be >= 0"):
+        fn(hidden, tf.fill((B, T), -1))
+
+
 @pytest.mark.parametrize("memory, message", [
     (np.zeros((B, 2, M + 1, 8), "float32"), r"\(batch, 2, 4, 8\), received shape \(2, 2, 5, 8\)"),
     (np.zeros((B, 3, M, 8), "float32"), "received shape"),

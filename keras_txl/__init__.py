@@ -125,6 +125,9 @@ def require_tensorflow():
             "with a GPU: `pip install 'keras-txl[cuda]'`. See the README, "
             "'Installing'."
         ) from error
+    # Its import lets the kernel reclaim the library pages that loading
+    # TensorFlow read once (keras_txl.host_memory.release_library_pages).
+    importlib.import_module("keras_txl.host_memory")
 
 
 def __getattr__(name):

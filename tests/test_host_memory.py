@@ -42,6 +42,86 @@ def test_release_free_memory_returns_freed_heap_pages_to_the_os():
     assert before - after > 32, (before, after)
 
 
+def _kernel_at_least(major, minor):
+    try:
+        release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    except (ValueError, AttributeError):
+        return False
+    return release >= (major, minor)
+
+
+def mapping_rss_kb(path):
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                inside = len(fields) > 5 and fields[5] == path
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(host_memory._MADVISE is None or not _kernel_at_least(5, 4),
+                    reason="needs Linux 5.4's MADV_PAGEOUT and /proc")
+def test_release_library_pages_drops_mapped_file_pages_and_keeps_their_bytes(tmp_path):
+    import hashlib
+    import mmap
+
+    # A private read-only file mapping like a shared library's text, in a
+    # file no other process maps (the kernel keeps pages mapped elsewhere).
+    data = np.random.default_rng(0).integers(0, 256, 16 * 2**20, dtype=np.uint8).tobytes()
+    path = os.path.realpath(tmp_path / "libfake.so")
+    with open(path, "wb") as f:
+        f.write(data)
+    other = os.path.realpath(tmp_path / "other")
+    os.mkdir(other)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+    try:
+        digest = hashlib.sha256(mapped).hexdigest()  # every page read: resident
+        assert mapping_rss_kb(path) > 15 * 1024
+        assert host_memory.release_library_pages([other]) == 0  # not under it: kept
+        assert mapping_rss_kb(path) > 15 * 1024
+        released = host_memory.release_library_pages([str(tmp_path)])
+        assert released > 8 * 2**20, released
+        assert mapping_rss_kb(path) < 1024
+        # Read back from the file on the next access, unchanged.
+        assert hashlib.sha256(mapped).hexdigest() == hashlib.sha256(data).hexdigest() == digest
+    finally:
+        mapped.close()
+
+
+def test_library_pages_are_released_once_at_import_unless_switched_off(monkeypatch):
+    import subprocess
+    import sys
+
+    # After a trace only the C heap is trimmed: reading the library code back after
+    # every trace cost more than it saved.
+    calls = []
+    monkeypatch.setattr(host_memory, "release_library_pages",
+                        lambda directories=None: calls.append(1) or 0)
+    host_memory.release_free_memory()
+    assert calls == []
+    # At import, in a fresh process, unless switched off. (What it releases there
+    # depends on which pages the test workers share; its effect is the test above's.)
+    code = ("import keras_txl.host_memory as m\n"
+            "print(type(m.RELEASED_AT_IMPORT).__name__, m.RELEASED_AT_IMPORT or 0)\n")
+    for value, expected in (("1", "int"), ("0", "NoneType"), ("off", "NoneType")):
+        env = dict(os.environ, KERAS_TXL_RELEASE_LIBRARY_PAGES=value)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=300, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        kind, released = result.stdout.split()[-2:]
+        assert kind == expected and int(released) >= 0
+
+
+def test_library_directories_hold_tensorflow():
+    (directory,) = host_memory.library_directories()
+    assert os.path.isfile(os.path.join(directory, "tensorflow", "__init__.py"))
+
+
 def counting_release(monkeypatch):
     calls = []
     monkeypatch.setattr(host_memory, "release_free_memory", lambda: calls.append(1))

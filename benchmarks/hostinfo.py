@@ -79,6 +79,10 @@ def host_block(framework=None, peak=True, dtypes=("float32",)):
     block["auto_precision"] = host.auto_precision(block)
     peaks = None
     if name == "tensorflow":
+        # TensorFlow's own answer (it read TF_ENABLE_ONEDNN_OPTS and the CPU at import).
+        from tensorflow.python.util import _pywrap_util_port
+
+        block["tensorflow_onednn"] = bool(_pywrap_util_port.IsMklEnabled())
         block["framework_version"] = framework.__version__
         block["threads"] = framework.config.threading.get_intra_op_parallelism_threads()
         if peak:

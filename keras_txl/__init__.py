@@ -14,6 +14,17 @@ import types
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
+def _prefer_tensorflow_onednn():
+    # TensorFlow's oneDNN kernels on CPUs where its default leaves them off (x86
+    # without AVX-512 VNNI/BF16, AVX-VNNI or AMX): keras_txl.host.prefer_tensorflow_onednn.
+    from keras_txl.host import prefer_tensorflow_onednn
+
+    prefer_tensorflow_onednn()
+
+
+_prefer_tensorflow_onednn()
+
+
 class _DeferredModule(types.ModuleType):
     """Stands for a module in `sys.modules` until one of its names is used.
 

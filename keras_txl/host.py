@@ -217,17 +217,90 @@ def cpu_info(cpuinfo_text=None, environ=None):
         "caps": caps,
         "effective_isa": effective,
         "effective_isa_by_framework": by_framework,
-        "tensorflow_onednn": tensorflow_uses_onednn(environ),
+        "tensorflow_onednn": tensorflow_uses_onednn(environ, flags),
     }
 
 
-def tensorflow_uses_onednn(environ=None):
-    """False where `TF_ENABLE_ONEDNN_OPTS` turns TensorFlow's oneDNN kernels off ("0" or
-    "false"); then its CPU ops are Eigen's, no oneDNN cap applies to them, and bf16 is
-    far slower than fp32 (eighth session, AMX Xeon: 855 against 2,181 training tokens/s,
-    6,884 against 9,245 in evaluation)."""
+# TensorFlow 2.21's default for its oneDNN kernels on x86 Linux, where nothing sets
+# `TF_ENABLE_ONEDNN_OPTS` (`DefaultOneDnnPolicy` in tensorflow/core/util/port.cc): on
+# only where the CPU has one of these /proc/cpuinfo flags. An AVX2 CPU without AVX-VNNI
+# (AMD Zen 3 and older, Intel before Alder Lake) runs Eigen's kernels instead.
+TENSORFLOW_ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
+                                   "amx_int8", "amx_bf16")
+
+
+def _read_bool(value):
+    """`TF_ENABLE_ONEDNN_OPTS` as TensorFlow reads it: True, False, or None (not set, or
+    a value it ignores with a warning)."""
+    value = (value or "").strip().lower()
+    return {"1": True, "true": True, "0": False, "false": False}.get(value)
+
+
+def tensorflow_onednn_default(flags, system=None, machine=None):
+    """Whether TensorFlow 2.21 turns its oneDNN kernels on by itself for a CPU with
+    these /proc/cpuinfo `flags` (a set): on x86 Linux only with one of
+    `TENSORFLOW_ONEDNN_DEFAULT_FLAGS`, always on x86 Windows, never elsewhere (the one
+    Arm CPU it names is left out here)."""
+    system = platform.system() if system is None else system
+    machine = (platform.machine() if machine is None else machine).lower()
+    if machine not in ("x86_64", "amd64"):
+        return False
+    if system == "Windows":
+        return True
+    if system == "Linux":
+        return any(flag in flags for flag in TENSORFLOW_ONEDNN_DEFAULT_FLAGS)
+    return False
+
+
+def tensorflow_uses_onednn(environ=None, flags=None):
+    """Whether TensorFlow runs its CPU ops with its oneDNN kernels.
+
+    `TF_ENABLE_ONEDNN_OPTS` decides where it is set ("1"/"true" or "0"/"false");
+    otherwise TensorFlow's own default for this CPU (`tensorflow_onednn_default`;
+    `flags`: the /proc/cpuinfo flags, default this host's). keras-txl sets the variable
+    to "1" at import on x86 Linux (`prefer_tensorflow_onednn`). Without oneDNN the ops
+    are Eigen's, no oneDNN cap applies to them, and bf16 is far slower than fp32 (eighth
+    session, AMX Xeon: 855 against 2,181 training tokens/s, 6,884 against 9,245 in
+    evaluation).
+    """
     environ = os.environ if environ is None else environ
-    return environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
+    setting = _read_bool(environ.get("TF_ENABLE_ONEDNN_OPTS"))
+    if setting is not None:
+        return setting
+    if flags is None:
+        flags = set(cpuinfo_fields(_read("/proc/cpuinfo")).get("flags", "").split())
+    return tensorflow_onednn_default(flags)
+
+
+def prefer_tensorflow_onednn(environ=None, modules=None, system=None, machine=None):
+    """Turns TensorFlow's oneDNN kernels on for this process where its default leaves
+    them off: sets `TF_ENABLE_ONEDNN_OPTS=1` on x86 Linux when nothing set it and
+    TensorFlow is not imported yet (it reads the variable once, at import).
+
+    TensorFlow 2.21 runs Eigen's kernels on x86 CPUs without AVX-512 VNNI/BF16, AVX-VNNI
+    or AMX (`tensorflow_onednn_default`). There its batched matmuls are a loop of one
+    gemm per matrix: on a real AVX2 AMD EPYC (Zen 3) the attention's (64 x 128 x 32) x
+    (32 x 256) product took 9.4 ms against 5.7 in PyTorch, and keras-txl trained at 1.27x
+    the reference. On a Zen 5 capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`), Eigen's kernels
+    (`TF_ENABLE_ONEDNN_OPTS=0`) against oneDNN's: that product 2.2-2.4 against 1.3 ms,
+    training 1.33x-1.41x faster (two series of 5 pairs, docs/benchmarks.md). A user's
+    setting, either way, is kept.
+
+    `environ` (default `os.environ`) is changed in place; `modules` stands for
+    `sys.modules`. Returns True if it set the variable.
+    """
+    import sys
+
+    environ = os.environ if environ is None else environ
+    modules = sys.modules if modules is None else modules
+    system = platform.system() if system is None else system
+    machine = (platform.machine() if machine is None else machine).lower()
+    if system != "Linux" or machine not in ("x86_64", "amd64"):
+        return False
+    if "TF_ENABLE_ONEDNN_OPTS" in environ or "tensorflow" in modules:
+        return False
+    environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    return True
 
 
 def tensorflow_level(info):
@@ -422,5 +495,6 @@ def describe(info=None):
         caps = ", ".join(f"{k}={v['value']}" for k, v in info["caps"].items())
         line += f"; capped by {caps} -> effective {info.get('effective_isa')}"
     if info.get("tensorflow_onednn") is False:
-        line += "; TensorFlow's oneDNN kernels off (TF_ENABLE_ONEDNN_OPTS)"
+        line += ("; TensorFlow's oneDNN kernels off (TF_ENABLE_ONEDNN_OPTS=0, or "
+                 "TensorFlow's default for this CPU: import keras_txl first)")
     return line

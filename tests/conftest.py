@@ -10,6 +10,14 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # noqa: E402
+
+from keras_txl.host import prefer_tensorflow_onednn  # noqa: E402
+
+# Before TensorFlow, as in a user's script that imports keras_txl first: TensorFlow's
+# oneDNN kernels on where its own default leaves them off. (Importing keras_txl already
+# did it; the call keeps the order explicit.)
+prefer_tensorflow_onednn()
+
 import tensorflow as tf  # noqa: E402
 
 # Must happen before TF initialises its devices: two logical CPUs let the

@@ -1,5 +1,7 @@
 """keras_txl.host: /proc/cpuinfo parsing, ISA caps from the environment, auto precision."""
 
+import os
+import platform
 import subprocess
 import sys
 
@@ -160,6 +162,52 @@ def test_tensorflow_without_onednn_gets_float32_and_no_cap_conflict():
         assert info["tensorflow_onednn"] is True
         assert host.auto_precision(info) == "mixed_bfloat16"
         assert "oneDNN" not in host.describe(info)
+
+
+def test_tensorflow_onednn_default_follows_tensorflows_cpu_policy():
+    # TensorFlow 2.21 (port.cc): on x86 Linux only with AVX-512 VNNI/BF16, AVX-VNNI or
+    # AMX; a real AVX2 EPYC (Zen 3) runs Eigen's kernels unless the variable says so.
+    flags = lambda text: set(host.cpuinfo_fields(text)["flags"].split())  # noqa: E731
+    assert host.tensorflow_onednn_default(flags(EPYC_AVX2), "Linux", "x86_64") is False
+    for text in (SPR_AMX, XEON_BF16, EPYC_GENOA):
+        assert host.tensorflow_onednn_default(flags(text), "Linux", "x86_64") is True
+    assert host.tensorflow_onednn_default(flags(EPYC_AVX2), "Windows", "AMD64") is True
+    assert host.tensorflow_onednn_default({"avx512_bf16"}, "Linux", "aarch64") is False
+    assert host.tensorflow_onednn_default({"avx512_bf16"}, "Darwin", "x86_64") is False
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        info = host.cpu_info(cpuinfo_text=EPYC_AVX2, environ={})
+        assert info["tensorflow_onednn"] is False
+        assert host.cpu_info(cpuinfo_text=EPYC_GENOA, environ={})["tensorflow_onednn"] is True
+    for value, expected in (("1", True), ("TRUE", True), ("0", False), ("false", False)):
+        info = host.cpu_info(cpuinfo_text=EPYC_AVX2, environ={"TF_ENABLE_ONEDNN_OPTS": value})
+        assert info["tensorflow_onednn"] is expected
+
+
+def test_prefer_tensorflow_onednn_sets_the_variable_only_before_tensorflow_and_unset():
+    environ = {}
+    assert host.prefer_tensorflow_onednn(environ, {}, "Linux", "x86_64") is True
+    assert environ == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+    for kept in ("0", "1", "false"):  # the user's setting, either way
+        environ = {"TF_ENABLE_ONEDNN_OPTS": kept}
+        assert host.prefer_tensorflow_onednn(environ, {}, "Linux", "x86_64") is False
+        assert environ == {"TF_ENABLE_ONEDNN_OPTS": kept}
+    environ = {}  # TensorFlow read it already: too late, left alone
+    assert host.prefer_tensorflow_onednn(environ, {"tensorflow": object()}, "Linux",
+                                         "x86_64") is False
+    assert environ == {}
+    for system, machine in (("Linux", "aarch64"), ("Darwin", "x86_64"), ("Windows", "AMD64")):
+        assert host.prefer_tensorflow_onednn(environ, {}, system, machine) is False
+        assert environ == {}
+
+
+def test_tensorflow_onednn_prediction_matches_tensorflow_in_this_process():
+    # conftest imports keras_txl before TensorFlow, as users do: on x86 Linux the
+    # variable is set, and TensorFlow's own answer agrees with the host block's.
+    from tensorflow.python.util import _pywrap_util_port
+
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        assert os.environ.get("TF_ENABLE_ONEDNN_OPTS") is not None
+    assert host.cpu_info()["tensorflow_onednn"] is bool(_pywrap_util_port.IsMklEnabled())
 
 
 def test_unknown_cpus_get_float32():

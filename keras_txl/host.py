@@ -282,9 +282,9 @@ def prefer_tensorflow_onednn(environ=None, modules=None, system=None, machine=No
     gemm per matrix: on a real AVX2 AMD EPYC (Zen 3) the attention's (64 x 128 x 32) x
     (32 x 256) product took 9.4 ms against 5.7 in PyTorch, and keras-txl trained at 1.27x
     the reference. On a Zen 5 capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`), Eigen's kernels
-    (`TF_ENABLE_ONEDNN_OPTS=0`) against oneDNN's: that product 2.2-2.4 against 1.3 ms,
-    training 1.33x-1.41x faster (two series of 5 pairs, docs/benchmarks.md). A user's
-    setting, either way, is kept.
+    (`TF_ENABLE_ONEDNN_OPTS=0`) against oneDNN's: that product 1.8-2.0 against 1.1 ms
+    (`benchmarks/attention_matmuls.py`), training 1.33x-1.41x faster (two series of 5
+    pairs, docs/benchmarks.md). A user's setting, either way, is kept.
 
     `environ` (default `os.environ`) is changed in place; `modules` stands for
     `sys.modules`. Returns True if it set the variable.

@@ -46,3 +46,22 @@ def test_profile_counts_xla_compiled_calls_and_matmuls(tmp_path):
     assert np.isclose(sum(by_name.values()), sum(by_type.values()))
     assert profile_steps.matmul_ms({"a:AddV2": 1.0, "b:_MklBatchMatMulV2": 2.0,
                                     "_MklNativeFusedMatMul": 3.0}) == 5.0
+
+
+def test_attention_matmuls_reports_each_product_and_mode(capsys):
+    import json
+
+    from keras_txl import host
+
+    attention_matmuls = load_benchmark("attention_matmuls")
+    attention_matmuls.main(["--batch", "1", "--heads", "2", "--head-dim", "4", "--queries", "4",
+                            "--keys", "8", "--calls", "3", "--threads", "0", "--no-peak"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
+    report = json.loads(line)
+    assert set(report["results"]) == {"scores_graph", "scores_xla", "mixing_graph", "mixing_xla"}
+    flops = 2 * 1 * 2 * 4 * 4 * 8
+    for r in report["results"].values():
+        assert r["ms"] > 0
+        assert abs(r["gflops"] - flops / r["ms"] / 1e6) <= 0.05 + 1e-3 * r["gflops"]
+    # TensorFlow's own answer, which the host module predicts.
+    assert report["host"]["tensorflow_onednn"] is host.cpu_info()["tensorflow_onednn"]

@@ -240,7 +240,10 @@ def tensorflow_onednn_default(flags, system=None, machine=None):
     """Whether TensorFlow 2.21 turns its oneDNN kernels on by itself for a CPU with
     these /proc/cpuinfo `flags` (a set): on x86 Linux only with one of
     `TENSORFLOW_ONEDNN_DEFAULT_FLAGS`, always on x86 Windows, never elsewhere (the one
-    Arm CPU it names is left out here)."""
+    Arm CPU it names is left out here). A string of space-separated flags, as in
+    /proc/cpuinfo, is split."""
+    if isinstance(flags, str):
+        flags = set(flags.split())
     system = platform.system() if system is None else system
     machine = (platform.machine() if machine is None else machine).lower()
     if machine not in ("x86_64", "amd64"):
@@ -432,8 +435,11 @@ def check_cpu_precision(precision, info=None):
 
 def native_bfloat16(info=None):
     """Whether TensorFlow's oneDNN kernels have bfloat16 instructions on this
-    CPU (AVX512_BF16 or AMX, after any cap); elsewhere bfloat16 is emulated."""
+    CPU (AVX512_BF16 or AMX, after any cap); elsewhere bfloat16 is emulated,
+    as it is by Eigen's kernels wherever oneDNN's are off."""
     info = cpu_info() if info is None else info
+    if info.get("tensorflow_onednn") is False:
+        return False
     level = tensorflow_level(info)
     return level is not None and LEVELS.index(level) >= LEVELS.index("AVX512_BF16")
 
@@ -443,13 +449,15 @@ def xla_evaluation_pays(info=None):
     at any memory length on this CPU: where TensorFlow's oneDNN kernels run
     below AVX-512 (an AVX2 CPU, or a cap below AVX512_CORE).
 
-    There oneDNN's small batched matmuls (the attention's products, a 32-deep
-    contraction) run far below its dense matmuls: on a real AVX2 AMD EPYC
-    (Zen 3, 2 cores) one (64 x 128 x 32) x (32 x 256) batch took 9.4 ms with
-    oneDNN, 5.0 ms in XLA and 5.7 ms in PyTorch, and the whole XLA-compiled
-    evaluation step ran 1.34x-1.45x the graph-mode one (T = M = 128, batch 8,
-    fp32), with no higher peak RSS (docs/benchmarks.md). With AVX-512 or AMX,
-    oneDNN's matmuls win at short memories and graph mode stays.
+    There the small batched matmuls (the attention's products, a 32-deep
+    contraction) run far below the dense ones: on a real AVX2 AMD EPYC (Zen 3,
+    2 cores, TensorFlow's Eigen kernels, its default there) one (64 x 128 x 32)
+    x (32 x 256) batch took 9.4 ms in graph mode, 5.0 ms in XLA and 5.7 ms in
+    PyTorch, and the whole XLA-compiled evaluation step ran 1.34x-1.45x the
+    graph-mode one (T = M = 128, batch 8, fp32), with no higher peak RSS. With
+    oneDNN's kernels under an AVX2 cap (Zen 5) XLA still won: 24,098 against
+    14,097 tokens/s (docs/benchmarks.md). With AVX-512 or AMX, oneDNN's
+    matmuls win at short memories and graph mode stays.
     """
     info = cpu_info() if info is None else info
     level = tensorflow_level(info)

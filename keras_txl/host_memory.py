@@ -118,16 +118,29 @@ def release_library_pages(directories=None):
     another user). A no-op off Linux or before 5.4.
 
     Args:
-        directories: list of str, the directories whose files are released
-            (default `library_directories()`).
+        directories: list of str, existing directories whose files are
+            released (default `library_directories()`).
 
     Returns:
         int. How many bytes the process's file-backed resident set shrank.
+
+    Raises:
+        ValueError: `directories` is not a list of existing directories (a
+            single string would otherwise be read letter by letter).
     """
-    if _MADVISE is None:
-        return 0
     if directories is None:
         directories = library_directories()
+    if isinstance(directories, (str, bytes, os.PathLike)) or not all(
+            isinstance(d, (str, os.PathLike)) for d in directories):
+        raise ValueError(
+            "`directories` must be a list of directory paths (str), e.g. "
+            f"[{library_directories()[0]!r}]. Received: directories={directories!r}.")
+    missing = [str(d) for d in directories if not os.path.isdir(d)]
+    if missing:
+        raise ValueError(
+            f"`directories` must name existing directories; not found: {missing}.")
+    if _MADVISE is None:
+        return 0
     prefixes = tuple(os.path.join(os.path.realpath(d), "") for d in directories)
     ranges = []
     with open("/proc/self/maps") as f:

@@ -99,13 +99,15 @@ def _native_bfloat16(dtype):
 
     if tf.config.list_logical_devices("GPU"):
         return True
-    return _cpu_native_bfloat16(os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    return _cpu_native_bfloat16(os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                                os.environ.get("TF_ENABLE_ONEDNN_OPTS"))
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_native_bfloat16(onednn_cap):
-    # Read /proc/cpuinfo once per cap (it is ~1.5 KB per core), not at every
-    # eager call of every layer; `onednn_cap` keys the cache on the cap in force.
+def _cpu_native_bfloat16(onednn_cap, onednn_opts):
+    # Read /proc/cpuinfo once per setting (it is ~1.5 KB per core), not at every
+    # eager call of every layer; the arguments key the cache on the oneDNN cap
+    # and switch in force.
     from keras_txl import host
 
     return host.native_bfloat16()

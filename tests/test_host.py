@@ -174,6 +174,13 @@ def test_tensorflow_onednn_default_follows_tensorflows_cpu_policy():
     assert host.tensorflow_onednn_default(flags(EPYC_AVX2), "Windows", "AMD64") is True
     assert host.tensorflow_onednn_default({"avx512_bf16"}, "Linux", "aarch64") is False
     assert host.tensorflow_onednn_default({"avx512_bf16"}, "Darwin", "x86_64") is False
+    # /proc/cpuinfo's own string is split, not searched for substrings.
+    assert host.tensorflow_onednn_default("avx2 avx512_vnni", "Linux", "x86_64") is True
+    assert host.tensorflow_onednn_default("avx2 avx512_vnnix", "Linux", "x86_64") is False
+    # Eigen's kernels (oneDNN off) emulate bfloat16 even where the CPU has it.
+    on = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"TF_ENABLE_ONEDNN_OPTS": "1"})
+    off = host.cpu_info(cpuinfo_text=SPR_AMX, environ={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert host.native_bfloat16(on) is True and host.native_bfloat16(off) is False
     if platform.system() == "Linux" and platform.machine() == "x86_64":
         info = host.cpu_info(cpuinfo_text=EPYC_AVX2, environ={})
         assert info["tensorflow_onednn"] is False

@@ -117,6 +117,16 @@ def test_library_pages_are_released_once_at_import_unless_switched_off(monkeypat
         assert kind == expected and int(released) >= 0
 
 
+def test_release_library_pages_rejects_what_is_not_a_list_of_directories(tmp_path):
+    with pytest.raises(ValueError, match=r"`directories` must be a list of directory paths"):
+        host_memory.release_library_pages(str(tmp_path))  # one string, not a list
+    with pytest.raises(ValueError, match=r"`directories` must be a list of directory paths"):
+        host_memory.release_library_pages([str(tmp_path), 3])
+    with pytest.raises(ValueError, match=r"`directories` must name existing directories; "
+                                         r"not found: \['.*nowhere'\]"):
+        host_memory.release_library_pages([str(tmp_path / "nowhere")])
+
+
 def test_library_directories_hold_tensorflow():
     (directory,) = host_memory.library_directories()
     assert os.path.isfile(os.path.join(directory, "tensorflow", "__init__.py"))

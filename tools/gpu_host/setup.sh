@@ -2,11 +2,14 @@
 # On the GPU machine, once every part is staged: TensorFlow and its Python dependencies in
 # /tmp/site-tf, the reference's in /tmp/site-peer, CUDA library names (cudalibs.py), a probe.
 S=/root/stage
+# The reference's runs (peers.sh), if started, finish first: no contention for the CPU.
+while [ -f $S/peer.pid ] && kill -0 "$(cat $S/peer.pid)" 2>/dev/null; do sleep 2; done
 cat $(ls $S/c*/part.* | sort) > /tmp/tf.tar.xz
 echo "$(sha256sum /tmp/tf.tar.xz | cut -d' ' -f1) (expected $(cat .gpu/tf.sha256))"
 mkdir -p /tmp/site-tf && xz -T0 -dc /tmp/tf.tar.xz | tar x -C /tmp/site-tf && rm /tmp/tf.tar.xz
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-tf $S/wheels/tf/*.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-peer $S/wheels/peer/*.whl
+[ -d /tmp/site-peer ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site-peer $S/wheels/peer/*.whl
 # `import tensorflow` imports the profiler plug-in left out; the tokenizers import
 # tensorflow-text (not needed by the benchmark or tests/test_gpu.py).
 touch /tmp/site-tf/tensorflow/python/profiler/internal/_pywrap_profiler_plugin.py

@@ -85,6 +85,9 @@ def host_block(framework=None, peak=True, dtypes=("float32",)):
         block["tensorflow_onednn"] = bool(_pywrap_util_port.IsMklEnabled())
         block["framework_version"] = framework.__version__
         block["threads"] = framework.config.threading.get_intra_op_parallelism_threads()
+        # The GPUs the run could use (where "auto" picks precision and XLA by the GPU).
+        block["gpus"] = [framework.config.experimental.get_device_details(d).get("device_name")
+                         for d in framework.config.list_physical_devices("GPU")]
         if peak:
             peaks = {d: round(tf_matmul_peak_gflops(framework, dtype=d), 1) for d in dtypes}
     elif name == "torch":
@@ -92,6 +95,8 @@ def host_block(framework=None, peak=True, dtypes=("float32",)):
         block["threads"] = framework.get_num_threads()
         # What ATen dispatches to (ATEN_CPU_CAPABILITY lowers it).
         block["torch_cpu_capability"] = framework.backends.cpu.get_cpu_capability()
+        block["gpus"] = [framework.cuda.get_device_name(i)
+                         for i in range(framework.cuda.device_count())]
         if peak:
             peaks = {d: round(torch_matmul_peak_gflops(framework, dtype=d), 1) for d in dtypes}
     block["matmul_peak_gflops"] = peaks
@@ -120,6 +125,8 @@ def host_line(block):
             line += f" (ATen {block['torch_cpu_capability']})"
         if block.get("threads"):
             line += f", {block['threads']} threads"
+    if block.get("gpus"):
+        line += "; GPU " + ", ".join(block["gpus"])
     peaks = block.get("matmul_peak_gflops")
     if peaks:
         line += "; matmul peak " + ", ".join(f"{v:,.0f} GFLOP/s {d}" for d, v in peaks.items())

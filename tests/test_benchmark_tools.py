@@ -4,6 +4,7 @@ import importlib.util
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from testing import REPO
 
@@ -65,3 +66,33 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
         assert abs(r["gflops"] - flops / r["ms"] / 1e6) <= 0.05 + 1e-3 * r["gflops"]
     # TensorFlow's own answer, which the host module predicts.
     assert report["host"]["tensorflow_onednn"] is host.cpu_info()["tensorflow_onednn"]
+    assert report["host"]["gpus"] == [  # the GPUs TensorFlow sees, by name
+        tf.config.experimental.get_device_details(d).get("device_name")
+        for d in tf.config.list_physical_devices("GPU")]
+
+
+def test_adaptive_nll_benchmark_counts_the_logits_each_mode_computes(capsys):
+    import json
+
+    adaptive_nll = load_benchmark("adaptive_nll")
+    adaptive_nll.main(["--vocabulary-size", "3000", "--cutoffs", "100,200,1000",
+                       "--hidden-dim", "16", "--rows", "64", "--calls", "2", "--threads", "0",
+                       "--no-peak"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
+    report = json.loads(line)
+    results = report["results"]
+    assert set(results) == {"graph", "xla", "xla_every_row"}
+    # The same loss three ways; the logits each computes: the head for every
+    # token plus the tails for the exact rows, a bucket's rows, every row.
+    assert results["xla"]["loss"] == pytest.approx(results["graph"]["loss"], rel=1e-5)
+    assert results["xla_every_row"]["loss"] == pytest.approx(results["graph"]["loss"], rel=1e-5)
+    fractions = report["cluster_fractions"]
+    head = 100 + 3
+    tails = (100, 800, 2000)
+    exact = head + sum(f * v for f, v in zip(fractions[1:], tails))
+    assert results["graph"]["logits_per_token"] == round(exact)
+    assert results["xla_every_row"]["logits_per_token"] == head + sum(tails)
+    bucket = [min(c for c in report["capacities"] if c >= round(f * 64)) for f in fractions[1:]]
+    assert results["xla"]["logits_per_token"] == round(
+        head + sum(b * v for b, v in zip(bucket, tails)) / 64)
+    assert report["capacities"] == [2, 4, 8, 16, 32, 64]

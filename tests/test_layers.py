@@ -564,6 +564,83 @@ def test_adaptive_softmax_nll_equals_the_full_log_probs_with_the_same_gradients(
         np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-6)
 
 
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 9, 33, 63, 64])
+def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(count):
+    # Under XLA, a tail cluster's rows are taken in the smallest static
+    # capacity (64, 32, ..., 2 rows here) that holds them, chosen at run time;
+    # the same NLL and gradients as graph mode's exact dynamic rows, at each
+    # bucket and its edges: no row, one, a capacity, one past it, every row.
+    cfg = _config()
+    embedding, softmax = AdaptiveEmbedding(cfg), AdaptiveSoftmax(cfg)
+    embedding.build()
+    softmax.build()
+    for w in softmax.weights:
+        w.assign(np.random.default_rng(3).normal(size=w.shape).astype("float32"))
+    rng = np.random.default_rng(count)
+    targets = rng.integers(0, 12, size=64)  # the head and cluster 1
+    in_last = rng.choice(64, count, replace=False)
+    targets[in_last] = rng.integers(12, 20, size=count)  # cluster 2: `count` rows
+    targets = tf.constant(targets.reshape(4, 16).astype("int32"))
+    hidden = tf.constant(rng.normal(size=(4, 16, 8)).astype("float32"))
+    weights = [w.value for w in (*embedding.weights, *softmax.weights)]
+
+    def loss_and_grads(hidden, targets):
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            nll = softmax.nll(hidden, targets, embedding.tables, embedding.projections)
+        grads = tape.gradient(tf.reduce_sum(nll * tf.range(1.0, 17.0)), [
+            hidden, *weights], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return nll, grads
+
+    graph = tf.function(loss_and_grads)
+    xla = tf.function(loss_and_grads, jit_compile=True)
+    (nll, grads), (nll_xla, grads_xla) = graph(hidden, targets), xla(hidden, targets)
+    np.testing.assert_allclose(nll_xla, nll, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, grads_xla):
+        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-5)
+
+    def op_types(function):
+        graph = function.get_concrete_function(hidden, targets).graph
+        return {op.type for op in graph.get_operations()}
+
+    # XLA picks the bucket with a switch (a Case op) and no Where (which XLA
+    # would pad to every row); graph mode takes the exact rows with Where.
+    assert any("Case" in t for t in op_types(xla)) and "Where" not in op_types(xla)
+    assert "Where" in op_types(graph) and not any("Case" in t for t in op_types(graph))
+    if count == 1:  # one row in all: one capacity, no switch
+        one = (hidden[:1, :1], targets[:1, :1])
+        np.testing.assert_allclose(xla(*one)[0], graph(*one)[0], rtol=1e-6)
+
+
+def test_adaptive_softmax_nll_trains_under_xla_with_a_large_vocabulary():
+    # The variables' gradients of a jit-compiled loss, with a vocabulary large
+    # enough that TensorFlow leaves the bucket switch's outputs unfolded: the
+    # rows' gradient must leave each branch dense with a static shape, or XLA
+    # refuses it ("must be a compile-time constant"). Same as graph mode.
+    cfg = _config(vocabulary_size=100_000, cutoffs=(2_000, 4_000, 10_000), div_val=1,
+                  hidden_dim=16)
+    embedding, softmax = AdaptiveEmbedding(cfg), AdaptiveSoftmax(cfg)
+    embedding.build()
+    softmax.build()
+    rng = np.random.default_rng(6)
+    targets = tf.constant(rng.integers(0, 100_000, size=(2, 32)).astype("int32"))
+    hidden = tf.constant(rng.normal(size=(2, 32, 16)).astype("float32"))
+    variables = [*embedding.trainable_weights, *softmax.trainable_weights]
+
+    def loss_and_grads(hidden, targets):
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            loss = tf.reduce_mean(softmax.nll(hidden, targets, embedding.tables,
+                                              embedding.projections))
+        return loss, tape.gradient(loss, [hidden, *variables])
+
+    loss, grads = tf.function(loss_and_grads)(hidden, targets)
+    loss_xla, grads_xla = tf.function(loss_and_grads, jit_compile=True)(hidden, targets)
+    np.testing.assert_allclose(loss_xla, loss, rtol=1e-6)
+    for a, b in zip(grads, grads_xla):
+        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-6)
+
+
 def test_adaptive_softmax_nll_in_bfloat16_and_with_a_vocabulary_past_int32_indexing():
     # mixed_bfloat16: the same logits as the full path, so the same NLL.
     cfg = _config()

@@ -1,0 +1,149 @@
+"""The adaptive softmax's training loss alone: graph mode, XLA, and XLA as it was.
+
+Times one forward and backward pass of `AdaptiveSoftmax.nll` (the training and evaluation
+loss of keras-txl's steps: the head for every token, a tail cluster only for the tokens
+whose target is in it) over `--rows` tokens of a preset's softmax (default `wt103_base`:
+267,735 words, cutoffs 20,000 / 40,000 / 200,000, d 410), Zipf-distributed targets as
+`benchmarks/gpu.py` draws them, in three modes:
+
+- `graph`: `tf.function`; a tail's rows are the exact dynamic rows (`tf.where`);
+- `xla`: `jit_compile=True`; a tail's rows in the smallest static bucket that holds them
+  (n, n/2, ..., n/32 rows, picked at run time);
+- `xla_every_row`: `jit_compile=True` with the dynamic rows, as before the buckets: XLA
+  pads `tf.where` to its bound, so every tail is computed for every token.
+
+Reports per mode the median ms of a pass, tokens/s, and the logits computed per token
+(the work the matmuls do), with the host block; one JSON line, then a table.
+
+    python benchmarks/adaptive_nll.py [--preset wt103_base] [--rows 1024] [--calls 10]
+        [--vocabulary-size V --cutoffs C1,C2 --hidden-dim D] [--modes graph,xla,xla_every_row]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# hostinfo imports keras_txl (its host module) before TensorFlow, as users do.
+from hostinfo import host_block  # noqa: E402
+from hostinfo import host_line  # noqa: E402
+
+MODES = ("graph", "xla", "xla_every_row")
+
+
+def logits_per_token(cfg, targets, mode):
+    """Logit columns computed per token: the head, plus each tail for the rows it runs on."""
+    import numpy as np
+
+    from keras_txl.adaptive import _capacities
+
+    n = targets.size
+    bounds = [0, *cfg.cutoffs, cfg.vocabulary_size]
+    total = n * (cfg.cutoffs[0] + len(cfg.cutoffs))
+    for lo, hi in zip(bounds[1:-1], bounds[2:]):
+        count = int(np.sum((targets >= lo) & (targets < hi)))
+        rows = {"graph": count, "xla_every_row": n,
+                "xla": next(c for c in _capacities(n) if c >= count)}[mode]
+        total += rows * (hi - lo)
+    return total / n
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="wt103_base")
+    parser.add_argument("--vocabulary-size", type=int, default=None, help="override the preset's")
+    parser.add_argument("--cutoffs", default=None, help="override the preset's: e.g. 200,400")
+    parser.add_argument("--hidden-dim", type=int, default=None, help="override the preset's")
+    parser.add_argument("--rows", type=int, default=1024, help="tokens per pass")
+    parser.add_argument("--calls", type=int, default=10, help="timed passes (median)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--threads", type=int, default=2,
+                        help="intra- and inter-op threads (0: leave TensorFlow's setting)")
+    parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        parser.error(f"--modes must name some of {', '.join(MODES)}; received {args.modes!r}")
+
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_txl import adaptive
+    from keras_txl.config import TransformerXLConfig
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    changes = {k: v for k, v in dict(
+        vocabulary_size=args.vocabulary_size, hidden_dim=args.hidden_dim,
+        cutoffs=tuple(int(c) for c in args.cutoffs.split(",")) if args.cutoffs else None,
+    ).items() if v is not None}
+    cfg = TransformerXLConfig.from_preset(args.preset, **changes)
+    if not cfg.cutoffs:
+        parser.error(f"--preset {args.preset!r} has no adaptive softmax (no cutoffs)")
+    embedding, softmax = adaptive.AdaptiveEmbedding(cfg), adaptive.AdaptiveSoftmax(cfg)
+    embedding.build()
+    softmax.build()
+    rng = np.random.default_rng(1)
+    p = 1.0 / np.arange(1, cfg.vocabulary_size + 1)  # Zipf, as benchmarks/gpu.py
+    targets = rng.choice(cfg.vocabulary_size, size=args.rows, p=p / p.sum()).astype("int32")
+    hidden = tf.constant(rng.normal(size=(1, args.rows, cfg.hidden_dim)).astype("float32"))
+    target_tensor = tf.constant(targets[None])
+    weights = [*embedding.trainable_weights, *softmax.trainable_weights]
+
+    def loss_and_grads(hidden, targets):
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            loss = tf.reduce_mean(softmax.nll(hidden, targets, embedding.tables,
+                                              embedding.projections))
+        return loss, tape.gradient(loss, [hidden, *weights])
+
+    results = {}
+    for mode in modes:
+        fn = tf.function(loss_and_grads, jit_compile=mode != "graph")
+        real = adaptive.in_xla_context
+        if mode == "xla_every_row":  # the dynamic rows under XLA: the code before buckets
+            adaptive.in_xla_context = lambda: False
+        try:
+            start = time.perf_counter()
+            loss = float(fn(hidden, target_tensor)[0])
+            first = time.perf_counter() - start
+        finally:
+            adaptive.in_xla_context = real
+        fn(hidden, target_tensor)[0].numpy()
+        times = []
+        for _ in range(args.calls):
+            start = time.perf_counter()
+            fn(hidden, target_tensor)[0].numpy()
+            times.append(time.perf_counter() - start)
+        ms = sorted(times)[len(times) // 2] * 1e3
+        results[mode] = dict(ms=round(ms, 2), tokens_per_s=round(args.rows / ms * 1e3, 1),
+                             first_call_s=round(first, 2), loss=round(loss, 5),
+                             logits_per_token=round(logits_per_token(cfg, targets, mode)))
+    fractions = [float(np.mean((targets >= lo) & (targets < hi))) for lo, hi in
+                 zip([0, *cfg.cutoffs], [*cfg.cutoffs, cfg.vocabulary_size])]
+    host = host_block(tf, peak=not args.no_peak)
+    print(json.dumps(dict(bench="adaptive_nll", preset=args.preset, rows=args.rows,
+                          vocabulary_size=cfg.vocabulary_size, cutoffs=list(cfg.cutoffs),
+                          hidden_dim=cfg.hidden_dim, calls=args.calls,
+                          cluster_fractions=[round(f, 4) for f in fractions],
+                          capacities=adaptive._capacities(args.rows), results=results,
+                          host=host)))
+    print(host_line(host))
+    print(f"{args.preset}: {cfg.vocabulary_size:,} words, cutoffs {list(cfg.cutoffs)}, "
+          f"{args.rows} tokens; targets per cluster {[round(f, 3) for f in fractions]}")
+    print(f"{'mode':<15}{'ms (median)':>12}{'tokens/s':>12}{'logits/token':>14}"
+          f"{'first call s':>14}")
+    for mode, r in results.items():
+        print(f"{mode:<15}{r['ms']:>12.2f}{r['tokens_per_s']:>12,.0f}"
+              f"{r['logits_per_token']:>14,}{r['first_call_s']:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

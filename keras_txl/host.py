@@ -275,7 +275,8 @@ def tensorflow_uses_onednn(environ=None, flags=None):
     return tensorflow_onednn_default(flags)
 
 
-def prefer_tensorflow_onednn(environ=None, modules=None, system=None, machine=None):
+def prefer_tensorflow_onednn(environ=None, modules=None, system=None, machine=None,
+                             flags=None):
     """Turns TensorFlow's oneDNN kernels on for this process where its default leaves
     them off: sets `TF_ENABLE_ONEDNN_OPTS=1` on x86 Linux when nothing set it and
     TensorFlow is not imported yet (it reads the variable once, at import).
@@ -289,10 +290,15 @@ def prefer_tensorflow_onednn(environ=None, modules=None, system=None, machine=No
     (`benchmarks/attention_matmuls.py`), training 1.33x-1.41x faster (two series of 5
     pairs, docs/benchmarks.md). A user's setting, either way, is kept.
 
+    Where TensorFlow was imported first, unset, on a CPU where that leaves the kernels
+    off, it is too late: a warning says so and how to change it (`flags`: the
+    /proc/cpuinfo flags, default this host's).
+
     `environ` (default `os.environ`) is changed in place; `modules` stands for
     `sys.modules`. Returns True if it set the variable.
     """
     import sys
+    import warnings
 
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
@@ -300,7 +306,19 @@ def prefer_tensorflow_onednn(environ=None, modules=None, system=None, machine=No
     machine = (platform.machine() if machine is None else machine).lower()
     if system != "Linux" or machine not in ("x86_64", "amd64"):
         return False
-    if "TF_ENABLE_ONEDNN_OPTS" in environ or "tensorflow" in modules:
+    if "TF_ENABLE_ONEDNN_OPTS" in environ:
+        return False
+    if "tensorflow" in modules:
+        if flags is None:
+            flags = set(cpuinfo_fields(_read("/proc/cpuinfo")).get("flags", "").split())
+        if not tensorflow_onednn_default(flags, system, machine):
+            warnings.warn(
+                "TensorFlow was imported before keras_txl on a CPU where it leaves its "
+                "oneDNN kernels off (no AVX-512 VNNI/BF16, AVX-VNNI or AMX): its batched "
+                "matmuls run one matrix at a time, and training on this CPU is up to ~1.4x "
+                "slower. Import keras_txl first, or set TF_ENABLE_ONEDNN_OPTS=1 before "
+                "TensorFlow is imported (TF_ENABLE_ONEDNN_OPTS=0 keeps Eigen's kernels "
+                "without this warning).", stacklevel=3)
         return False
     environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
     return True

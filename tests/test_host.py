@@ -4,6 +4,7 @@ import os
 import platform
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -200,8 +201,18 @@ def test_prefer_tensorflow_onednn_sets_the_variable_only_before_tensorflow_and_u
         assert environ == {"TF_ENABLE_ONEDNN_OPTS": kept}
     environ = {}  # TensorFlow read it already: too late, left alone
     assert host.prefer_tensorflow_onednn(environ, {"tensorflow": object()}, "Linux",
-                                         "x86_64") is False
+                                         "x86_64", flags={"avx2", "avx512_vnni"}) is False
     assert environ == {}
+    # ... and said so where TensorFlow's default left its oneDNN kernels off (Zen 3).
+    with pytest.warns(UserWarning, match="TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow"):
+        assert host.prefer_tensorflow_onednn(environ, {"tensorflow": object()}, "Linux",
+                                             "x86_64", flags={"avx2", "fma"}) is False
+    assert environ == {}
+    with warnings.catch_warnings():  # the user's own setting: no warning
+        warnings.simplefilter("error")
+        assert host.prefer_tensorflow_onednn({"TF_ENABLE_ONEDNN_OPTS": "0"},
+                                             {"tensorflow": object()}, "Linux", "x86_64",
+                                             flags={"avx2"}) is False
     for system, machine in (("Linux", "aarch64"), ("Darwin", "x86_64"), ("Windows", "AMD64")):
         assert host.prefer_tensorflow_onednn(environ, {}, system, machine) is False
         assert environ == {}

@@ -15,6 +15,12 @@ whose target is in it) over `--rows` tokens of a preset's softmax (default `wt10
 Reports per mode the median ms of a pass, tokens/s, and the logits computed per token
 (the work the matmuls do), with the host block; one JSON line, then a table.
 
+`--eval-memory M` also times the whole model's XLA-compiled evaluation step
+(`make_eval_step(jit_compile=True)`, what "auto" runs for long memories: batch
+`--eval-batch`, T = `--eval-segment`, M cached states; the model at the preset's size,
+random weights) with the buckets and with every row, as `eval_xla` and
+`eval_xla_every_row` (median of the steps after the first two).
+
     python benchmarks/adaptive_nll.py [--preset wt103_base] [--rows 1024] [--calls 10]
         [--vocabulary-size V --cutoffs C1,C2 --hidden-dim D] [--modes graph,xla,xla_every_row]
 """
@@ -53,6 +59,36 @@ def logits_per_token(cfg, targets, mode):
     return total / n
 
 
+def time_eval_step(tf, np, adaptive, cfg, args):
+    """The model's XLA evaluation step, with the buckets and with every row."""
+    from steps import time_eval_steps
+
+    from keras_txl import TransformerXLCausalLM
+
+    B, T, steps = args.eval_batch, args.eval_segment, args.eval_steps
+    config = cfg.replace(segment_length=T, memory_length=args.eval_memory)
+    model = TransformerXLCausalLM(config)
+    p = 1.0 / np.arange(1, cfg.vocabulary_size + 1)
+    data = np.random.default_rng(2).choice(
+        cfg.vocabulary_size, size=(B, steps * T + 1), p=p / p.sum()).astype("int32")
+    model(data[:, :T])  # builds the weights: the first calls below time tracing and compiling
+    results = {}
+    for mode in ("eval_xla", "eval_xla_every_row"):
+        real = adaptive.in_xla_context
+        if mode == "eval_xla_every_row":
+            adaptive.in_xla_context = lambda: False
+        try:
+            times = time_eval_steps(tf, model, data, T, steps, True)
+        finally:
+            adaptive.in_xla_context = real
+        ms = float(np.median(times[2:])) * 1e3
+        results[mode] = dict(ms=round(ms, 2), tokens_per_s=round(B * T / ms * 1e3, 1),
+                             first_call_s=round(times[0], 2), loss=None,
+                             logits_per_token=None, batch=B, segment=T,
+                             memory=args.eval_memory)
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="wt103_base")
@@ -62,6 +98,11 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=1024, help="tokens per pass")
     parser.add_argument("--calls", type=int, default=10, help="timed passes (median)")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--eval-memory", type=int, default=0,
+                        help="M of the evaluation step's timing (0: not timed)")
+    parser.add_argument("--eval-segment", type=int, default=128, help="its T")
+    parser.add_argument("--eval-batch", type=int, default=1, help="its batch")
+    parser.add_argument("--eval-steps", type=int, default=6, help="its steps (2 warm-up)")
     parser.add_argument("--threads", type=int, default=2,
                         help="intra- and inter-op threads (0: leave TensorFlow's setting)")
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
@@ -126,6 +167,8 @@ def main(argv=None):
         results[mode] = dict(ms=round(ms, 2), tokens_per_s=round(args.rows / ms * 1e3, 1),
                              first_call_s=round(first, 2), loss=round(loss, 5),
                              logits_per_token=round(logits_per_token(cfg, targets, mode)))
+    if args.eval_memory:
+        results.update(time_eval_step(tf, np, adaptive, cfg, args))
     fractions = [float(np.mean((targets >= lo) & (targets < hi))) for lo, hi in
                  zip([0, *cfg.cutoffs], [*cfg.cutoffs, cfg.vocabulary_size])]
     host = host_block(tf, peak=not args.no_peak)
@@ -138,11 +181,15 @@ def main(argv=None):
     print(host_line(host))
     print(f"{args.preset}: {cfg.vocabulary_size:,} words, cutoffs {list(cfg.cutoffs)}, "
           f"{args.rows} tokens; targets per cluster {[round(f, 3) for f in fractions]}")
-    print(f"{'mode':<15}{'ms (median)':>12}{'tokens/s':>12}{'logits/token':>14}"
+    print(f"{'mode':<19}{'ms (median)':>12}{'tokens/s':>12}{'logits/token':>14}"
           f"{'first call s':>14}")
     for mode, r in results.items():
-        print(f"{mode:<15}{r['ms']:>12.2f}{r['tokens_per_s']:>12,.0f}"
-              f"{r['logits_per_token']:>14,}{r['first_call_s']:>14.2f}")
+        logits = f"{r['logits_per_token']:,}" if r["logits_per_token"] else "-"
+        print(f"{mode:<19}{r['ms']:>12.2f}{r['tokens_per_s']:>12,.0f}{logits:>14}"
+              f"{r['first_call_s']:>14.2f}")
+    if args.eval_memory:
+        print(f"eval_*: the model's XLA evaluation step, batch {args.eval_batch}, "
+              f"T {args.eval_segment}, M {args.eval_memory}")
 
 
 if __name__ == "__main__":

@@ -310,46 +310,87 @@ class AdaptiveSoftmax(keras.layers.Layer):
         WikiText-103's vocabulary that is 247,735 logits per token where the
         official code computes ~20,000 (2.2x the FLOPs wt103_base needs per
         token; on an H200 the XLA-compiled float32 step trained at 0.76x graph
-        mode's speed). Static shapes need a bound known when compiling, so the rows
-        are taken in buckets: the smallest of the capacities `_capacities(n)`
-        (n, n/2, ..., n/32) that holds this batch's rows, chosen at run time
-        (`ops.switch`, one compiled branch per capacity). At most twice the rows
-        needed are computed, or n/32 when fewer are needed; the filler rows
-        are masked to 0 and get no gradient. Exact: the same per-row logits
-        as the dynamic path.
+        mode's speed). Static shapes need a bound known when compiling, so the
+        rows are taken in buckets: the smallest of the capacities
+        `_capacities(n)` (n, n/2, ..., n/32) that holds this batch's rows,
+        chosen at run time (nested `ops.cond`, one branch per capacity). At
+        most twice the rows needed are computed, or n/32 when fewer are needed;
+        the filler rows are masked to 0 and get no gradient. Exact: the same
+        per-row logits as the dynamic path.
+
+        The gradient picks the bucket again, recomputes its logits and
+        differentiates them inside the branch. Differentiating through the
+        forward's conds would not do: under XLA, TensorFlow makes each branch
+        output the other branches' intermediates too, as zeros (the logits of
+        every bucket, ~2N rows of each cluster, filled at every step; measured,
+        the loss pass took 787 ms against ~700 ms now, docs/benchmarks.md).
         """
+        import tensorflow as tf
+
         table, bias, projection = cluster_weights
         capacities = _capacities(n)
-        # Member rows score n - row (> 0, larger first), the others 0: the top
-        # `capacity` scores are the member rows in order, then filler.
-        score = ops.where(member, n - ops.arange(n, dtype="int32"), 0)
-
-        def rows_nll(rows, valid):
-            if rows is None:  # every row
-                picked_hidden, picked_targets = hidden, targets
-            else:
-                picked_hidden = _take_rows(hidden, rows)
-                picked_targets = ops.take(targets, rows, axis=0)
-            logits = self._rows_logits(picked_hidden, table, bias, projection)
-            picked = _picked_nll(logits, picked_targets - start)
-            return ops.where(valid, picked, ops.zeros_like(picked))
-
-        def branch_fn(capacity):
-            def tail():
-                if capacity == n:  # every row: no selection needed
-                    return rows_nll(None, member)
-                values, rows = ops.top_k(score, capacity)
-                rows_picked = rows_nll(rows, values > 0)
-                return ops.scatter(ops.reshape(rows, (-1, 1)), rows_picked, (n,))
-            return tail
-
-        if len(capacities) == 1:  # n == 1
-            return branch_fn(n)()
+        # Each member row's slot among the members, in order.
+        slot = ops.cumsum(ops.cast(member, "int32")) - 1
         count = ops.sum(ops.cast(member, "int32"))
         # The index of the smallest capacity >= count (capacities ascending).
         smaller = ops.convert_to_tensor(capacities[:-1], dtype="int32")
         branch = ops.sum(ops.cast(count > smaller, "int32"))
-        return ops.switch(branch, [branch_fn(c) for c in capacities])
+
+        def tail_nll(capacity, hidden, table, bias, *projection):
+            projection = projection[0] if projection else None
+            if capacity == n:  # every row: no selection needed
+                rows, valid = None, member
+                picked_hidden, picked_targets = hidden, targets
+            else:
+                # Row + 1 into each member's slot (slot `capacity` collects
+                # the rest and is dropped); 0 marks an empty slot.
+                into = ops.where(member & (slot < capacity), slot, capacity)
+                filled = ops.scatter(ops.reshape(into, (-1, 1)),
+                                     ops.arange(1, n + 1, dtype="int32"), (capacity + 1,))
+                filled = filled[:capacity]
+                rows, valid = ops.maximum(filled - 1, 0), filled > 0
+                picked_hidden = _take_rows(hidden, rows)
+                picked_targets = ops.take(targets, rows, axis=0)
+            logits = self._rows_logits(picked_hidden, table, bias, projection)
+            picked = _picked_nll(logits, picked_targets - start)
+            picked = ops.where(valid, picked, ops.zeros_like(picked))
+            if rows is None:
+                return picked
+            return ops.scatter(ops.reshape(rows, (-1, 1)), picked, (n,))
+
+        def switch(branch_fn, i=0):
+            # Nested conds (If ops), not one switch (a Case op): with a Case in
+            # it, TensorFlow's bridge to XLA took 26 s instead of 6.5 s to
+            # compile wt103_base's evaluation step (16 layers, 2-core Zen 5).
+            if i == len(capacities) - 1:
+                return branch_fn(capacities[i])()
+            return ops.cond(branch <= i, branch_fn(capacities[i]),
+                            lambda: switch(branch_fn, i + 1))
+
+        @tf.custom_gradient
+        def bucketed(*inputs):
+            # The forward unseen by any tape (custom_gradient leaves it
+            # recorded: tracing a persistent tape's step took 26 s, not 3).
+            unseen = [ops.stop_gradient(x) for x in inputs]
+            nll = switch(lambda c: lambda: tail_nll(c, *unseen))
+
+            def grad(upstream):
+                def backward(capacity):
+                    def run():
+                        with tf.GradientTape() as tape:
+                            tape.watch(inputs)
+                            out = tail_nll(capacity, *inputs)
+                        return tape.gradient(
+                            out, inputs, output_gradients=upstream,
+                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                    return run
+
+                return switch(backward)
+
+            return nll, grad
+
+        inputs = (hidden, table, bias) + (() if projection is None else (projection,))
+        return bucketed(*[ops.convert_to_tensor(x) for x in inputs])
 
     def _rows_logits(self, rows, table, bias, projection):
         """(N, D) rows in the compute dtype -> (N, V_i) float32 logits, as `_logits`."""

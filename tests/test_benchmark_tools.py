@@ -77,11 +77,16 @@ def test_adaptive_nll_benchmark_counts_the_logits_each_mode_computes(capsys):
     adaptive_nll = load_benchmark("adaptive_nll")
     adaptive_nll.main(["--vocabulary-size", "3000", "--cutoffs", "100,200,1000",
                        "--hidden-dim", "16", "--rows", "64", "--calls", "2", "--threads", "0",
-                       "--no-peak"])
+                       "--no-peak", "--eval-memory", "8", "--eval-segment", "4",
+                       "--eval-steps", "3"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
     report = json.loads(line)
     results = report["results"]
-    assert set(results) == {"graph", "xla", "xla_every_row"}
+    assert set(results) == {"graph", "xla", "xla_every_row", "eval_xla", "eval_xla_every_row"}
+    for mode in ("eval_xla", "eval_xla_every_row"):  # the whole model's evaluation step
+        assert (results[mode]["memory"], results[mode]["segment"]) == (8, 4)
+        assert results[mode]["tokens_per_s"] == pytest.approx(4 / results[mode]["ms"] * 1e3,
+                                                              rel=1e-3)
     # The same loss three ways; the logits each computes: the head for every
     # token plus the tails for the exact rows, a bucket's rows, every row.
     assert results["xla"]["loss"] == pytest.approx(results["graph"]["loss"], rel=1e-5)

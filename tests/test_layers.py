@@ -603,13 +603,43 @@ def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(cou
         graph = function.get_concrete_function(hidden, targets).graph
         return {op.type for op in graph.get_operations()}
 
-    # XLA picks the bucket with a switch (a Case op) and no Where (which XLA
-    # would pad to every row); graph mode takes the exact rows with Where.
-    assert any("Case" in t for t in op_types(xla)) and "Where" not in op_types(xla)
-    assert "Where" in op_types(graph) and not any("Case" in t for t in op_types(graph))
-    if count == 1:  # one row in all: one capacity, no switch
+    # XLA picks the bucket with conds (If ops) and no Where (which XLA would
+    # pad to every row); graph mode takes the exact rows with Where.
+    assert "StatelessIf" in op_types(xla) and "Where" not in op_types(xla)
+    # The forward conds carry no intermediates out (differentiating through
+    # one makes every branch output all branches' logits, as zeros): one per
+    # tail cluster, each giving the (N,) NLL alone.
+    conds = [op for op in xla.get_concrete_function(hidden, targets).graph.get_operations()
+             if op.type == "StatelessIf"]
+    assert [[tuple(t.shape) for t in op.outputs] for op in conds] == [[(64,)], [(64,)]]
+    assert "Where" in op_types(graph) and "StatelessIf" not in op_types(graph)
+    if count == 1:  # one row in all: one capacity, no cond
         one = (hidden[:1, :1], targets[:1, :1])
         np.testing.assert_allclose(xla(*one)[0], graph(*one)[0], rtol=1e-6)
+
+
+def test_adaptive_softmax_nll_under_xla_in_bfloat16_equals_graph_mode():
+    cfg = _config()
+    embedding = AdaptiveEmbedding(cfg)
+    softmax = AdaptiveSoftmax(cfg, dtype="mixed_bfloat16")
+    embedding.build()
+    softmax.build()
+    rng = np.random.default_rng(8)
+    hidden = tf.constant(rng.normal(size=(4, 16, 8)).astype("float32"))
+    targets = tf.constant(rng.integers(0, 20, size=(4, 16)).astype("int32"))
+
+    def loss_and_grads(hidden, targets):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(softmax.nll(hidden, targets, embedding.tables,
+                                              embedding.projections))
+        return loss, tape.gradient(loss, softmax.trainable_weights)
+
+    loss, grads = tf.function(loss_and_grads)(hidden, targets)
+    loss_xla, grads_xla = tf.function(loss_and_grads, jit_compile=True)(hidden, targets)
+    np.testing.assert_allclose(loss_xla, loss, rtol=1e-2)
+    for a, b in zip(grads, grads_xla):
+        assert b.dtype == a.dtype == tf.float32
+        np.testing.assert_allclose(b, a, rtol=5e-2, atol=5e-3)
 
 
 def test_adaptive_softmax_nll_trains_under_xla_with_a_large_vocabulary():

@@ -618,6 +618,20 @@ def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(cou
         np.testing.assert_allclose(xla(*one)[0], graph(*one)[0], rtol=1e-6)
 
 
+def _mean_nll_in_graph_mode_and_xla(softmax, embedding, hidden, targets, variables):
+    """(mean NLL, its gradients for `hidden` and `variables`), traced and XLA-compiled."""
+
+    def loss_and_grads(hidden, targets):
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            loss = tf.reduce_mean(softmax.nll(hidden, targets, embedding.tables,
+                                              embedding.projections))
+        return loss, tape.gradient(loss, [hidden, *variables])
+
+    return [tf.function(loss_and_grads, jit_compile=jit)(hidden, targets)
+            for jit in (False, True)]
+
+
 def test_adaptive_softmax_nll_under_xla_in_bfloat16_equals_graph_mode():
     cfg = _config()
     embedding = AdaptiveEmbedding(cfg)
@@ -628,14 +642,8 @@ def test_adaptive_softmax_nll_under_xla_in_bfloat16_equals_graph_mode():
     hidden = tf.constant(rng.normal(size=(4, 16, 8)).astype("float32"))
     targets = tf.constant(rng.integers(0, 20, size=(4, 16)).astype("int32"))
 
-    def loss_and_grads(hidden, targets):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(softmax.nll(hidden, targets, embedding.tables,
-                                              embedding.projections))
-        return loss, tape.gradient(loss, softmax.trainable_weights)
-
-    loss, grads = tf.function(loss_and_grads)(hidden, targets)
-    loss_xla, grads_xla = tf.function(loss_and_grads, jit_compile=True)(hidden, targets)
+    (loss, grads), (loss_xla, grads_xla) = _mean_nll_in_graph_mode_and_xla(
+        softmax, embedding, hidden, targets, softmax.trainable_weights)
     np.testing.assert_allclose(loss_xla, loss, rtol=1e-2)
     for a, b in zip(grads, grads_xla):
         assert b.dtype == a.dtype == tf.float32
@@ -656,16 +664,8 @@ def test_adaptive_softmax_nll_trains_under_xla_with_a_large_vocabulary():
     targets = tf.constant(rng.integers(0, 100_000, size=(2, 32)).astype("int32"))
     hidden = tf.constant(rng.normal(size=(2, 32, 16)).astype("float32"))
     variables = [*embedding.trainable_weights, *softmax.trainable_weights]
-
-    def loss_and_grads(hidden, targets):
-        with tf.GradientTape() as tape:
-            tape.watch(hidden)
-            loss = tf.reduce_mean(softmax.nll(hidden, targets, embedding.tables,
-                                              embedding.projections))
-        return loss, tape.gradient(loss, [hidden, *variables])
-
-    loss, grads = tf.function(loss_and_grads)(hidden, targets)
-    loss_xla, grads_xla = tf.function(loss_and_grads, jit_compile=True)(hidden, targets)
+    (loss, grads), (loss_xla, grads_xla) = _mean_nll_in_graph_mode_and_xla(
+        softmax, embedding, hidden, targets, variables)
     np.testing.assert_allclose(loss_xla, loss, rtol=1e-6)
     for a, b in zip(grads, grads_xla):
         np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-6)

@@ -370,7 +370,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         @tf.custom_gradient
         def bucketed(*inputs):
             # The forward unseen by any tape (custom_gradient leaves it
-            # recorded: tracing a persistent tape's step took 26 s, not 3).
+            # recorded: tracing a persistent tape's step took 26 s, not 1).
             unseen = [ops.stop_gradient(x) for x in inputs]
             nll = switch(lambda c: lambda: tail_nll(c, *unseen))
 
@@ -414,8 +414,8 @@ def _capacities(n, halvings=5):
 def _take_rows(values, rows):
     """`ops.take(values, rows, axis=0)` whose gradient is a dense (n, ...) tensor.
 
-    A gather's own gradient is IndexedSlices; leaving a switch branch, their
-    dense shape becomes an output of the switch, which XLA cannot read when
+    A gather's own gradient is IndexedSlices; leaving a cond's branch, their
+    dense shape becomes an output of the cond, which XLA cannot read when
     compiling ("must be a compile-time constant"). Here the branch sums the
     rows' gradients into the static shape itself.
     """

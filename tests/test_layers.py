@@ -652,7 +652,7 @@ def test_adaptive_softmax_nll_under_xla_in_bfloat16_equals_graph_mode():
 
 def test_adaptive_softmax_nll_trains_under_xla_with_a_large_vocabulary():
     # The variables' gradients of a jit-compiled loss, with a vocabulary large
-    # enough that TensorFlow leaves the bucket switch's outputs unfolded: the
+    # enough that TensorFlow leaves the bucket conds' outputs unfolded: the
     # rows' gradient must leave each branch dense with a static shape, or XLA
     # refuses it ("must be a compile-time constant"). Same as graph mode.
     cfg = _config(vocabulary_size=100_000, cutoffs=(2_000, 4_000, 10_000), div_val=1,

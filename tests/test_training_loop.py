@@ -327,11 +327,13 @@ def test_fit_trains_the_stateful_model(tmp_path, use_mirrored):
     assert os.path.basename(CheckpointManager(str(tmp_path / "checkpoints")).latest()) == "ckpt-00000030"
 
 
-def test_xla_compiled_train_step_matches_the_graph_step():
+@pytest.mark.parametrize("changes", [{}, {"cutoffs": (10, 20), "div_val": 2}])
+def test_xla_compiled_train_step_matches_the_graph_step(changes):
     # The TPU path compiles the step with XLA and needs static shapes; on
-    # the default strategy the same step must compile and agree.
+    # the default strategy the same step must compile and agree (with an
+    # adaptive softmax too: its tails' rows in static buckets under XLA).
     tokens = corpus()
-    cfg = model_config(dropout=0.0)
+    cfg = model_config(dropout=0.0, **changes)
     plain = Trainer(cfg, train_config(steps=3), tf.distribute.get_strategy(),
                     verbose=False).train(tokens)
     xla = Trainer(cfg, train_config(steps=3, jit_compile=True),

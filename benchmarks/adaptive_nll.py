@@ -107,6 +107,17 @@ def main(argv=None):
                         help="intra- and inter-op threads (0: leave TensorFlow's setting)")
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     args = parser.parse_args(argv)
+    for flag, value, least in (("--rows", args.rows, 1), ("--calls", args.calls, 1),
+                               ("--eval-memory", args.eval_memory, 0),
+                               ("--eval-segment", args.eval_segment, 1),
+                               ("--eval-batch", args.eval_batch, 1),
+                               ("--eval-steps", args.eval_steps, 3)):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}; received {value}")
+    if args.cutoffs is not None and not all(
+            c.strip().isdigit() for c in args.cutoffs.split(",")):
+        parser.error("--cutoffs must be comma-separated positive integers, e.g. 200,400; "
+                     f"received {args.cutoffs!r}")
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
     if unknown or not modes:

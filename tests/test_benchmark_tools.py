@@ -71,6 +71,20 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
         for d in tf.config.list_physical_devices("GPU")]
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--rows", "0"], "--rows must be >= 1; received 0"),
+    (["--eval-steps", "2"], "--eval-steps must be >= 3; received 2"),
+    (["--cutoffs", "200;400"], "--cutoffs must be comma-separated positive integers"),
+    (["--modes", "xla,fast"], "--modes must name some of graph, xla, xla_every_row"),
+])
+def test_adaptive_nll_benchmark_rejects_bad_arguments(argv, message, capsys):
+    adaptive_nll = load_benchmark("adaptive_nll")
+    with pytest.raises(SystemExit) as stopped:
+        adaptive_nll.main(argv)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_adaptive_nll_benchmark_counts_the_logits_each_mode_computes(capsys):
     import json
 

@@ -632,12 +632,18 @@ def _mean_nll_in_graph_mode_and_xla(softmax, embedding, hidden, targets, variabl
             for jit in (False, True)]
 
 
-def test_adaptive_softmax_nll_under_xla_in_bfloat16_equals_graph_mode():
+def _embedding_and_bfloat16_softmax():
+    """The tiny adaptive input (float32) and a mixed_bfloat16 softmax, built."""
     cfg = _config()
     embedding = AdaptiveEmbedding(cfg)
     softmax = AdaptiveSoftmax(cfg, dtype="mixed_bfloat16")
     embedding.build()
     softmax.build()
+    return embedding, softmax
+
+
+def test_adaptive_softmax_nll_under_xla_in_bfloat16_equals_graph_mode():
+    embedding, softmax = _embedding_and_bfloat16_softmax()
     rng = np.random.default_rng(8)
     hidden = tf.constant(rng.normal(size=(4, 16, 8)).astype("float32"))
     targets = tf.constant(rng.integers(0, 20, size=(4, 16)).astype("int32"))
@@ -673,11 +679,7 @@ def test_adaptive_softmax_nll_trains_under_xla_with_a_large_vocabulary():
 
 def test_adaptive_softmax_nll_in_bfloat16_and_with_a_vocabulary_past_int32_indexing():
     # mixed_bfloat16: the same logits as the full path, so the same NLL.
-    cfg = _config()
-    embedding = AdaptiveEmbedding(cfg)
-    softmax = AdaptiveSoftmax(cfg, dtype="mixed_bfloat16")
-    embedding.build()
-    softmax.build()
+    embedding, softmax = _embedding_and_bfloat16_softmax()
     hidden = np.random.default_rng(5).normal(size=(2, 10, 8)).astype("float32")
     targets = np.arange(20).reshape(2, 10).astype("int32")
     full = -np.take_along_axis(ops.convert_to_numpy(

@@ -74,13 +74,13 @@ def time_eval_step(tf, np, adaptive, cfg, args):
     model(data[:, :T])  # builds the weights: the first calls below time tracing and compiling
     results = {}
     for mode in ("eval_xla", "eval_xla_every_row"):
-        real = adaptive.in_xla_context
+        real = adaptive._tails_in_buckets
         if mode == "eval_xla_every_row":
-            adaptive.in_xla_context = lambda: False
+            adaptive._tails_in_buckets = lambda: False
         try:
             times = time_eval_steps(tf, model, data, T, steps, True)
         finally:
-            adaptive.in_xla_context = real
+            adaptive._tails_in_buckets = real
         ms = float(np.median(times[2:])) * 1e3
         results[mode] = dict(ms=round(ms, 2), tokens_per_s=round(B * T / ms * 1e3, 1),
                              first_call_s=round(times[0], 2), loss=None,
@@ -159,15 +159,15 @@ def main(argv=None):
     results = {}
     for mode in modes:
         fn = tf.function(loss_and_grads, jit_compile=mode != "graph")
-        real = adaptive.in_xla_context
+        real = adaptive._tails_in_buckets
         if mode == "xla_every_row":  # the dynamic rows under XLA: the code before buckets
-            adaptive.in_xla_context = lambda: False
+            adaptive._tails_in_buckets = lambda: False
         try:
             start = time.perf_counter()
             loss = float(fn(hidden, target_tensor)[0])
             first = time.perf_counter() - start
         finally:
-            adaptive.in_xla_context = real
+            adaptive._tails_in_buckets = real
         fn(hidden, target_tensor)[0].numpy()
         times = []
         for _ in range(args.calls):

@@ -13,6 +13,8 @@ V vocabulary, C number of tail clusters.
 import keras
 from keras import ops
 
+from keras_txl.fusion import in_xla_context
+
 
 @keras.saving.register_keras_serializable(package="keras_txl")
 class AdaptiveEmbedding(keras.layers.Layer):
@@ -286,7 +288,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
         column = ops.where(cluster == 0, targets, shortlist + cluster - 1)
         nll = _picked_nll(head, column)
         rows_static = hidden.shape[0]
-        bucketed = rows_static is not None and in_xla_context()
+        bucketed = rows_static is not None and _tails_in_buckets()
+        import tensorflow as tf
         for i in range(1, cfg.num_clusters + 1):
             start = cfg.cluster_bounds[i][0]
             table, bias, projection = weights[i]
@@ -296,8 +299,13 @@ class AdaptiveSoftmax(keras.layers.Layer):
                 continue
             # The rows whose target is in cluster i: a dynamic shape, exact.
             rows = ops.reshape(ops.where(cluster == i)[0], (-1, 1))
-            tail = self._rows_logits(ops.take(hidden, rows[:, 0], axis=0), table, bias,
-                                     projection)
+            # After the NLL so far: TensorFlow's executor would otherwise start
+            # each cluster's logits as soon as the rows are known, and the
+            # head's (N, c0) logits and every tail's would be alive together
+            # (wt103_base's evaluation at batch 60: 0.7 + 1.2 GB).
+            with tf.control_dependencies([nll]):
+                picked_hidden = ops.take(hidden, rows[:, 0], axis=0)
+            tail = self._rows_logits(picked_hidden, table, bias, projection)
             tail_nll = _picked_nll(tail, ops.take(targets, rows[:, 0], axis=0) - start)
             nll = nll + ops.scatter(rows, tail_nll, ops.shape(nll))
         return ops.reshape(nll, out_shape)
@@ -406,6 +414,13 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return config
 
 
+def _tails_in_buckets():
+    """Whether `AdaptiveSoftmax.nll` takes each tail's rows in static buckets:
+    under XLA, whose shapes are static (`benchmarks/adaptive_nll.py` turns it
+    off to time the dynamic rows under XLA, as before the buckets)."""
+    return in_xla_context()
+
+
 def _capacities(n, halvings=5):
     """Ascending row capacities n / 2**k (k = halvings .. 0, rounded up), ending at n."""
     return sorted({-(-n // 2**k) for k in range(halvings + 1)})
@@ -433,28 +448,53 @@ def _take_rows(values, rows):
     return take(values)
 
 
-def in_xla_context():
-    """Whether the code being traced is XLA-compiled (`jit_compile=True`, a TPU).
-
-    TensorFlow's own test for it: the XLA control-flow context its tf.function
-    enters while tracing a jit-compiled function (what TensorFlow's ops
-    consult to pick XLA-friendly forms). Keras has no public equivalent.
-    """
-    import tensorflow as tf
-
-    return tf.__internal__.get_enclosing_xla_context() is not None
-
-
 def pick_columns(values, columns):
     """(..., V) float values, (...) int columns -> (...) values[..., columns].
 
-    Picked with a comparison, not a gather: a gather's gradient scatters into
-    the flattened (... * V,) values, whose size overflows int32 with a large
-    vocabulary (WikiText-103's log-probs at batch 60 x 150 hold 2.4e9).
+    Graph mode gathers the columns from the flattened values with int64
+    indices, and its gradient (`upstream` at each picked column, zeros
+    elsewhere) is one `scatter_nd` into the values' shape: the only (..., V)
+    tensor the pick adds. TensorFlow's own choices would not do: a batched
+    gather indexes the flattened (... * V,) values in int32, which overflows
+    with a large vocabulary (WikiText-103's log-probs at batch 60 x 150 hold
+    2.4e9), and a one-hot comparison (`where(column == arange(V), values, 0)`)
+    holds a boolean mask, a zeros tensor and the selection, each (..., V), in
+    the forward pass and again in its gradient (measured on wt103_base's
+    evaluation at batch 60: 1.1 GB each for the largest tail cluster, 36 % of
+    the step's peak memory). Under XLA the comparison is kept: XLA fuses it
+    into the reduction without forming any of them.
     """
-    vocabulary = ops.shape(values)[-1]
-    hit = ops.arange(vocabulary, dtype="int32") == ops.cast(columns, "int32")[..., None]
-    return ops.sum(ops.where(hit, values, ops.zeros_like(values)), axis=-1)
+    if in_xla_context():
+        vocabulary = ops.shape(values)[-1]
+        hit = ops.arange(vocabulary, dtype="int32") == ops.cast(columns, "int32")[..., None]
+        return ops.sum(ops.where(hit, values, ops.zeros_like(values)), axis=-1)
+    return _gather_columns(values, columns)
+
+
+def _gather_columns(values, columns):
+    import tensorflow as tf
+
+    columns = tf.cast(columns, tf.int64)
+    out_shape = tf.shape(columns)
+    vocabulary = tf.shape(values, out_type=tf.int64)[-1]
+    columns = tf.reshape(columns, [-1])
+    rows = tf.range(tf.size(columns, out_type=tf.int64), dtype=tf.int64)
+
+    @tf.custom_gradient
+    def pick(values):
+        picked = tf.gather(tf.reshape(values, [-1]), rows * vocabulary + columns)
+        # The gradient reads only the shape: the values need not stay alive for it.
+        shape = tf.shape(values)
+
+        def grad(upstream):
+            indices = tf.stack([rows, columns], axis=1)
+            dense = tf.scatter_nd(indices, tf.reshape(upstream, [-1]),
+                                  tf.stack([tf.size(rows, out_type=tf.int64), vocabulary]))
+            return tf.reshape(dense, shape)
+
+        return tf.reshape(picked, out_shape), grad
+
+    return pick(values)
 
 
 def _picked_nll(logits, columns):

@@ -58,3 +58,15 @@ def compiled(name, function):
 
         _KERNELS[name] = tf.function(function, jit_compile=True)
     return _KERNELS[name]
+
+
+def in_xla_context():
+    """Whether the code being traced is XLA-compiled (`jit_compile=True`, a TPU).
+
+    TensorFlow's own test for it: the XLA control-flow context its tf.function
+    enters while tracing a jit-compiled function (what TensorFlow's ops
+    consult to pick XLA-friendly forms). Keras has no public equivalent.
+    """
+    import tensorflow as tf
+
+    return tf.__internal__.get_enclosing_xla_context() is not None

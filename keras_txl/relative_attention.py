@@ -603,10 +603,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         )  # (B, T, D)
         if memory_length is None:
             return output, k, v  # (B, N, H, K), (B, N, K, H)
+        next_values = last_of_joined(value_cache, new_values, memory_length, 2, v)
+        if next_values is new_values:
+            next_values = _own_buffer(new_values)
         return (
             output,
             last_of_joined(key_cache, new_keys, memory_length, 3, k),  # (B, N, H, M)
-            last_of_joined(value_cache, new_values, memory_length, 2, v),  # (B, N, M, H)
+            next_values,  # (B, N, M, H)
         )
 
     def get_config(self):
@@ -622,3 +625,21 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             ),
         )
         return config
+
+
+def _own_buffer(values):
+    """`values` copied into a buffer of its own, in TensorFlow's graph mode.
+
+    The segment's values come out of `project_new_positions` as one slice of
+    its (3, B, N, T, H) q|k|v tensor, and TensorFlow's Unpack returns such a
+    slice without copying: kept as the next cache (T == M), it would keep the
+    whole tensor alive until the next segment, 3x the values' size per layer
+    (measured on wt103_base's evaluation at batch 60: 900 against 450 MB of
+    cache held between segments). XLA writes its outputs to buffers of their
+    own, so under XLA nothing is copied.
+    """
+    if fusion.in_xla_context():
+        return values
+    import tensorflow as tf
+
+    return tf.raw_ops.DeepCopy(x=values)

@@ -115,3 +115,39 @@ def test_adaptive_nll_benchmark_counts_the_logits_each_mode_computes(capsys):
     assert results["xla"]["logits_per_token"] == round(
         head + sum(b * v for b, v in zip(bucket, tails)) / 64)
     assert report["capacities"] == [2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "0"], "--batch must be >= 1, received 0"),
+    (["--eval-steps", "1"], "--eval-steps must be >= 2, received 1"),
+    (["--layers", "0"], "--layers must be >= 1, received 0"),
+])
+def test_step_memory_benchmark_rejects_bad_arguments(argv, message, capsys):
+    step_memory = load_benchmark("step_memory")
+    with pytest.raises(SystemExit) as stopped:
+        step_memory.parse(argv)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_step_memory_benchmark_counts_the_allocators_bytes(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    # Its own process: TensorFlow reads TF_CPU_ALLOCATOR_USE_BFC when it starts.
+    command = [sys.executable, str(REPO / "benchmarks" / "step_memory.py"), "--preset", "tiny",
+               "--batch", "2", "--segment", "8", "--memory", "8", "--train-steps", "2",
+               "--eval-steps", "3"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("{")))
+    assert report["built_mib"] > 0 and report["cache_built_mib"] > 0
+    assert report["train_peak_mib"] >= report["built_mib"]
+    assert report["eval_peak_mib"] >= report["built_mib"] + report["cache_built_mib"]
+    # After each evaluation step the next cache, of the built one's size, is held
+    # (and the trace's constants, a few KB): nothing grows from step to step.
+    for held in report["eval_held_mib"]:
+        assert report["cache_built_mib"] <= held <= report["cache_built_mib"] + 0.1
+    assert report["host"]["framework"] == "tensorflow"

@@ -7,10 +7,13 @@ whose target is in it) over `--rows` tokens of a preset's softmax (default `wt10
 `benchmarks/gpu.py` draws them, in three modes:
 
 - `graph`: `tf.function`; a tail's rows are the exact dynamic rows (`tf.where`);
-- `xla`: `jit_compile=True`; a tail's rows in the smallest static bucket that holds them
-  (n, n/2, ..., n/32 rows, picked at run time);
-- `xla_every_row`: `jit_compile=True` with the dynamic rows, as before the buckets: XLA
-  pads `tf.where` to its bound, so every tail is computed for every token.
+- `xla`: `jit_compile=True`, what keras-txl does: a tail's rows in the smallest of six static
+  buckets that holds them (n, n/2, ..., n/32 rows, picked at run time) while its every-row
+  logits (n x V_i) stay within `_BUCKETED_LOGITS_MAX` (2**28), else in static chunks (n/32
+  rows, at least 64) by a loop that runs as often as the rows need;
+- `xla_chunks`: `jit_compile=True`, every tail in chunks;
+- `xla_every_row`: `jit_compile=True` with the dynamic rows, as before both: XLA pads
+  `tf.where` to its bound, so every tail is computed for every token.
 
 Reports per mode the median ms of a pass, tokens/s, and the logits computed per token
 (the work the matmuls do), with the host block; one JSON line, then a table.
@@ -18,14 +21,15 @@ Reports per mode the median ms of a pass, tokens/s, and the logits computed per 
 `--eval-memory M` also times the whole model's XLA-compiled evaluation step
 (`make_eval_step(jit_compile=True)`, what "auto" runs for long memories: batch
 `--eval-batch`, T = `--eval-segment`, M cached states; the model at the preset's size,
-random weights) with the buckets and with every row, as `eval_xla` and
+random weights) in each XLA mode of `--modes`, as `eval_xla`, `eval_xla_chunks` and
 `eval_xla_every_row` (median of the steps after the first two).
 
     python benchmarks/adaptive_nll.py [--preset wt103_base] [--rows 1024] [--calls 10]
-        [--vocabulary-size V --cutoffs C1,C2 --hidden-dim D] [--modes graph,xla,xla_every_row]
+        [--vocabulary-size V --cutoffs C1,C2 --hidden-dim D] [--modes graph,xla,xla_chunks,xla_every_row]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -39,28 +43,46 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
 
-MODES = ("graph", "xla", "xla_every_row")
+MODES = ("graph", "xla", "xla_chunks", "xla_every_row")
 
 
 def logits_per_token(cfg, targets, mode):
     """Logit columns computed per token: the head, plus each tail for the rows it runs on."""
     import numpy as np
 
-    from keras_txl.adaptive import _capacities
+    from keras_txl import adaptive
 
     n = targets.size
     bounds = [0, *cfg.cutoffs, cfg.vocabulary_size]
     total = n * (cfg.cutoffs[0] + len(cfg.cutoffs))
     for lo, hi in zip(bounds[1:-1], bounds[2:]):
         count = int(np.sum((targets >= lo) & (targets < hi)))
-        rows = {"graph": count, "xla_every_row": n,
-                "xla": next(c for c in _capacities(n) if c >= count)}[mode]
+        chunk = adaptive._chunk_rows(n)
+        chunked = -(-count // chunk) * chunk
+        bucket = next(c for c in adaptive._capacities(n) if c >= count)
+        bucketed = n * (hi - lo) <= adaptive._BUCKETED_LOGITS_MAX
+        rows = {"graph": count, "xla_every_row": n, "xla_chunks": chunked,
+                "xla": bucket if bucketed else chunked}[mode]
         total += rows * (hi - lo)
     return total / n
 
 
-def time_eval_step(tf, np, adaptive, cfg, args):
-    """The model's XLA evaluation step, with the buckets and with every row."""
+@contextlib.contextmanager
+def rows_as(adaptive, mode):
+    """Trace the loss with a tail's rows as `mode` takes them (patches adaptive's switches)."""
+    static, budget = adaptive._tails_in_static_rows, adaptive._BUCKETED_LOGITS_MAX
+    if mode.endswith("xla_every_row"):  # the dynamic rows under XLA: every row
+        adaptive._tails_in_static_rows = lambda: False
+    elif mode.endswith("xla_chunks"):
+        adaptive._BUCKETED_LOGITS_MAX = -1
+    try:
+        yield
+    finally:
+        adaptive._tails_in_static_rows, adaptive._BUCKETED_LOGITS_MAX = static, budget
+
+
+def time_eval_step(tf, np, adaptive, cfg, args, modes):
+    """The model's XLA evaluation step in each XLA mode of `--modes`."""
     from steps import time_eval_steps
 
     from keras_txl import TransformerXLCausalLM
@@ -73,14 +95,9 @@ def time_eval_step(tf, np, adaptive, cfg, args):
         cfg.vocabulary_size, size=(B, steps * T + 1), p=p / p.sum()).astype("int32")
     model(data[:, :T])  # builds the weights: the first calls below time tracing and compiling
     results = {}
-    for mode in ("eval_xla", "eval_xla_every_row"):
-        real = adaptive._tails_in_buckets
-        if mode == "eval_xla_every_row":
-            adaptive._tails_in_buckets = lambda: False
-        try:
+    for mode in [f"eval_{m}" for m in modes if m != "graph"]:
+        with rows_as(adaptive, mode):
             times = time_eval_steps(tf, model, data, T, steps, True)
-        finally:
-            adaptive._tails_in_buckets = real
         ms = float(np.median(times[2:])) * 1e3
         results[mode] = dict(ms=round(ms, 2), tokens_per_s=round(B * T / ms * 1e3, 1),
                              first_call_s=round(times[0], 2), loss=None,
@@ -159,15 +176,10 @@ def main(argv=None):
     results = {}
     for mode in modes:
         fn = tf.function(loss_and_grads, jit_compile=mode != "graph")
-        real = adaptive._tails_in_buckets
-        if mode == "xla_every_row":  # the dynamic rows under XLA: the code before buckets
-            adaptive._tails_in_buckets = lambda: False
-        try:
+        with rows_as(adaptive, mode):
             start = time.perf_counter()
             loss = float(fn(hidden, target_tensor)[0])
             first = time.perf_counter() - start
-        finally:
-            adaptive._tails_in_buckets = real
         fn(hidden, target_tensor)[0].numpy()
         times = []
         for _ in range(args.calls):
@@ -179,7 +191,7 @@ def main(argv=None):
                              first_call_s=round(first, 2), loss=round(loss, 5),
                              logits_per_token=round(logits_per_token(cfg, targets, mode)))
     if args.eval_memory:
-        results.update(time_eval_step(tf, np, adaptive, cfg, args))
+        results.update(time_eval_step(tf, np, adaptive, cfg, args, modes))
     fractions = [float(np.mean((targets >= lo) & (targets < hi))) for lo, hi in
                  zip([0, *cfg.cutoffs], [*cfg.cutoffs, cfg.vocabulary_size])]
     host = host_block(tf, peak=not args.no_peak)
@@ -187,7 +199,9 @@ def main(argv=None):
                           vocabulary_size=cfg.vocabulary_size, cutoffs=list(cfg.cutoffs),
                           hidden_dim=cfg.hidden_dim, calls=args.calls,
                           cluster_fractions=[round(f, 4) for f in fractions],
-                          capacities=adaptive._capacities(args.rows), results=results,
+                          capacities=adaptive._capacities(args.rows),
+                          chunk_rows=adaptive._chunk_rows(args.rows),
+                          bucketed_logits_max=adaptive._BUCKETED_LOGITS_MAX, results=results,
                           host=host)))
     print(host_line(host))
     print(f"{args.preset}: {cfg.vocabulary_size:,} words, cutoffs {list(cfg.cutoffs)}, "

@@ -288,14 +288,17 @@ class AdaptiveSoftmax(keras.layers.Layer):
         column = ops.where(cluster == 0, targets, shortlist + cluster - 1)
         nll = _picked_nll(head, column)
         rows_static = hidden.shape[0]
-        bucketed = rows_static is not None and _tails_in_buckets()
+        static_rows = rows_static is not None and _tails_in_static_rows()
         import tensorflow as tf
         for i in range(1, cfg.num_clusters + 1):
-            start = cfg.cluster_bounds[i][0]
+            start, end = cfg.cluster_bounds[i]
             table, bias, projection = weights[i]
-            if bucketed:
-                nll = nll + self._tail_nll_bucketed(hidden, targets, cluster == i, start,
-                                                    weights[i], rows_static)
+            if static_rows:
+                tail_nll = (self._tail_nll_bucketed
+                            if rows_static * (end - start) <= _BUCKETED_LOGITS_MAX
+                            else self._tail_nll_chunked)
+                nll = nll + tail_nll(hidden, targets, cluster == i, start, weights[i],
+                                     rows_static)
                 continue
             # The rows whose target is in cluster i: a dynamic shape, exact.
             rows = ops.reshape(ops.where(cluster == i)[0], (-1, 1))
@@ -311,10 +314,13 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return ops.reshape(nll, out_shape)
 
     def _tail_nll_bucketed(self, hidden, targets, member, start, cluster_weights, n):
-        """A tail cluster's NLL, scattered to (N,), with static shapes (XLA).
+        """A small tail cluster's NLL, scattered to (N,), with static shapes (XLA).
 
-        XLA gives `ops.where(member)` its bound, N rows, so the dynamic path
-        above computes this cluster's logits for every row under XLA: at
+        (Tails whose N x V_i every-row logits exceed `_BUCKETED_LOGITS_MAX`
+        take `_tail_nll_chunked` instead: XLA sizes this one's memory for its
+        largest bucket, every row.) XLA gives `ops.where(member)` its bound, N
+        rows, so the dynamic path above computes this cluster's logits for
+        every row under XLA: at
         WikiText-103's vocabulary that is 247,735 logits per token where the
         official code computes ~20,000 (2.2x the FLOPs wt103_base needs per
         token; on an H200 the XLA-compiled float32 step trained at 0.76x graph
@@ -400,6 +406,101 @@ class AdaptiveSoftmax(keras.layers.Layer):
         inputs = (hidden, table, bias) + (() if projection is None else (projection,))
         return bucketed(*[ops.convert_to_tensor(x) for x in inputs])
 
+    def _tail_nll_chunked(self, hidden, targets, member, start, cluster_weights, n):
+        """A tail cluster's NLL, scattered to (N,), with static shapes (XLA).
+
+        XLA gives `ops.where(member)` its bound, N rows, so the dynamic path
+        above would compute this cluster's logits for every row under XLA: at
+        WikiText-103's vocabulary 247,735 logits per token where the official
+        code computes ~20,000 (2.2x the FLOPs wt103_base needs per token; on
+        an H200 the XLA-compiled float32 step trained at 0.76x graph mode's
+        speed). Here the member rows are taken in order, `_chunk_rows(n)` (N/32)
+        at a time, by a loop that runs as many times as this batch needs (a
+        `tf.while_loop` with a run-time trip count): at most one chunk of
+        filler rows is computed (masked to 0, no gradient), and XLA, whose
+        buffers are sized when compiling, holds one chunk's logits at a time.
+        Exact: the same per-row logits as the dynamic path.
+
+        For tails whose every-row logits exceed `_BUCKETED_LOGITS_MAX`; the
+        smaller ones take `_tail_nll_bucketed`'s buckets, whose memory XLA
+        sizes for their largest branch, every row (with buckets alone,
+        wt103_base's 2-layer evaluation step at batch 60 peaked at 14.7 GB in
+        bf16 on a CPU, docs/benchmarks.md).
+
+        The gradient loops over the same chunks, recomputes each one's logits
+        and differentiates them there, summing into the inputs' gradients: a
+        loop differentiated by TensorFlow would keep every iteration's logits
+        for its backward pass.
+        """
+        import tensorflow as tf
+
+        table, bias, projection = cluster_weights
+        chunk = _chunk_rows(n)
+        chunks = -(-n // chunk)
+        # Each member row's slot among the members, in order; row + 1 into
+        # its slot (slot `chunks * chunk` collects the rest and is dropped),
+        # 0 marking an empty slot.
+        slot = ops.cumsum(ops.cast(member, "int32")) - 1
+        count = ops.sum(ops.cast(member, "int32"))
+        size = chunks * chunk
+        into = ops.where(member, slot, size)
+        filled = ops.scatter(ops.reshape(into, (-1, 1)), ops.arange(1, n + 1, dtype="int32"),
+                             (size + 1,))[:size]
+        all_rows, all_valid = ops.maximum(filled - 1, 0), filled > 0
+        iterations = (count + chunk - 1) // chunk
+
+        def chunk_rows(i):
+            rows = tf.slice(all_rows, [i * chunk], [chunk])
+            return rows, tf.slice(all_valid, [i * chunk], [chunk])
+
+        def chunk_nll(rows, valid, picked_hidden, table, bias, projection):
+            logits = self._rows_logits(picked_hidden, table, bias, projection)
+            picked = _picked_nll(logits, tf.gather(targets, rows) - start)
+            return tf.where(valid, picked, tf.zeros_like(picked))
+
+        def loop(body, initial):
+            return tf.while_loop(lambda i, *_: i < iterations, body, (tf.constant(0), *initial),
+                                 maximum_iterations=chunks)[1:]
+
+        @tf.custom_gradient
+        def chunked(*inputs):
+            # The forward unseen by any tape (custom_gradient leaves it
+            # recorded: tracing a persistent tape's step took 26 s, not 1).
+            hidden, table, bias, *projection = [tf.stop_gradient(x) for x in inputs]
+            projection = projection[0] if projection else None
+
+            def forward(i, nll):
+                rows, valid = chunk_rows(i)
+                picked = chunk_nll(rows, valid, tf.gather(hidden, rows), table, bias,
+                                   projection)
+                return i + 1, tf.tensor_scatter_nd_add(nll, rows[:, None], picked)
+
+            (nll,) = loop(forward, (tf.zeros((n,), "float32"),))
+
+            def grad(upstream):
+                def backward(i, *sums):
+                    rows, valid = chunk_rows(i)
+                    weights = list(inputs[1:])
+                    picked_hidden = tf.gather(inputs[0], rows)
+                    with tf.GradientTape() as tape:
+                        tape.watch([picked_hidden, *weights])
+                        picked = chunk_nll(rows, valid, picked_hidden, *weights[:2],
+                                           weights[2] if len(weights) > 2 else None)
+                    grads = tape.gradient(
+                        picked, [picked_hidden, *weights],
+                        output_gradients=tf.gather(upstream, rows),
+                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                    d_hidden = tf.tensor_scatter_nd_add(sums[0], rows[:, None], grads[0])
+                    return (i + 1, d_hidden,
+                            *[total + g for total, g in zip(sums[1:], grads[1:])])
+
+                return loop(backward, [tf.zeros_like(x) for x in inputs])
+
+            return nll, grad
+
+        inputs = (hidden, table, bias) + (() if projection is None else (projection,))
+        return chunked(*[ops.convert_to_tensor(x) for x in inputs])
+
     def _rows_logits(self, rows, table, bias, projection):
         """(N, D) rows in the compute dtype -> (N, V_i) float32 logits, as `_logits`."""
         dtype = self.compute_dtype
@@ -414,11 +515,36 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return config
 
 
-def _tails_in_buckets():
-    """Whether `AdaptiveSoftmax.nll` takes each tail's rows in static buckets:
-    under XLA, whose shapes are static (`benchmarks/adaptive_nll.py` turns it
-    off to time the dynamic rows under XLA, as before the buckets)."""
+def _tails_in_static_rows():
+    """Whether `AdaptiveSoftmax.nll` takes each tail's rows in static shapes
+    (buckets or chunks): under XLA, whose shapes are static
+    (`benchmarks/adaptive_nll.py` turns it off to time the dynamic rows under
+    XLA, every row)."""
     return in_xla_context()
+
+
+# Under XLA a tail of V_i words over N rows takes its rows in buckets while
+# N * V_i logits (every row's, what XLA sizes the buckets' memory for) stay
+# within this, else in chunks (`_tail_nll_chunked`). 2**28: 1 GiB of float32
+# logits; WikiText-103's largest tail at 1,024 rows (1.6e8) is bucketed, at
+# the GPU benchmark's 9,000 (1.4e9) chunked. Measured on a 2-core Zen 5: the
+# buckets' fewer passes over a tail's table ran the loss at 1,024 rows in
+# 662-711 ms against 900-967 chunked, and an evaluation step at M = 1,600
+# (128 rows) in 166-182 ms against 199-201 (docs/benchmarks.md).
+_BUCKETED_LOGITS_MAX = 2**28
+
+
+def _chunk_rows(n):
+    """Rows per chunk of a tail cluster's loop over N rows (`_tail_nll_chunked`).
+
+    N/32 (at most 1/32 of the rows computed in vain, and one chunk's logits
+    held), but at least 64 rows, or all N: every chunk reads the cluster's
+    whole table, so a chunk must be large enough for its matmul to be bound by
+    arithmetic rather than by reading the table (WikiText-103's largest tail
+    is 160,000 x 410, 262 MB in float32: a 64-row chunk does ~32 FLOPs per
+    byte of it).
+    """
+    return min(n, max(64, -(-n // 32)))
 
 
 def _capacities(n, halvings=5):

@@ -564,12 +564,10 @@ def test_adaptive_softmax_nll_equals_the_full_log_probs_with_the_same_gradients(
         np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-6)
 
 
-@pytest.mark.parametrize("count", [0, 1, 2, 3, 9, 33, 63, 64])
-def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(count):
-    # Under XLA, a tail cluster's rows are taken in the smallest static
-    # capacity (64, 32, ..., 2 rows here) that holds them, chosen at run time;
-    # the same NLL and gradients as graph mode's exact dynamic rows, at each
-    # bucket and its edges: no row, one, a capacity, one past it, every row.
+def _nll_in_graph_mode_and_xla_with_tail_rows(count, positions):
+    """The tiny adaptive softmax's NLL and gradients, graph mode and XLA, over
+    4 x `positions` rows of which `count` have their target in the last tail;
+    asserts the two equal. Returns (graph function, XLA function, hidden, targets)."""
     cfg = _config()
     embedding, softmax = AdaptiveEmbedding(cfg), AdaptiveSoftmax(cfg)
     embedding.build()
@@ -577,18 +575,19 @@ def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(cou
     for w in softmax.weights:
         w.assign(np.random.default_rng(3).normal(size=w.shape).astype("float32"))
     rng = np.random.default_rng(count)
-    targets = rng.integers(0, 12, size=64)  # the head and cluster 1
-    in_last = rng.choice(64, count, replace=False)
+    n = 4 * positions
+    targets = rng.integers(0, 12, size=n)  # the head and cluster 1
+    in_last = rng.choice(n, count, replace=False)
     targets[in_last] = rng.integers(12, 20, size=count)  # cluster 2: `count` rows
-    targets = tf.constant(targets.reshape(4, 16).astype("int32"))
-    hidden = tf.constant(rng.normal(size=(4, 16, 8)).astype("float32"))
+    targets = tf.constant(targets.reshape(4, positions).astype("int32"))
+    hidden = tf.constant(rng.normal(size=(4, positions, 8)).astype("float32"))
     weights = [w.value for w in (*embedding.weights, *softmax.weights)]
 
     def loss_and_grads(hidden, targets):
         with tf.GradientTape() as tape:
             tape.watch(hidden)
             nll = softmax.nll(hidden, targets, embedding.tables, embedding.projections)
-        grads = tape.gradient(tf.reduce_sum(nll * tf.range(1.0, 17.0)), [
+        grads = tape.gradient(tf.reduce_sum(nll * tf.range(1.0, positions + 1.0)), [
             hidden, *weights], unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return nll, grads
 
@@ -597,25 +596,59 @@ def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(cou
     (nll, grads), (nll_xla, grads_xla) = graph(hidden, targets), xla(hidden, targets)
     np.testing.assert_allclose(nll_xla, nll, rtol=1e-6, atol=1e-6)
     for a, b in zip(grads, grads_xla):
-        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-5)
+        np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a),
+                                   rtol=1e-5, atol=1e-5)
+    if count == 1:  # one row in all: one capacity or chunk of one row
+        one = (hidden[:1, :1], targets[:1, :1])
+        np.testing.assert_allclose(xla(*one)[0], graph(*one)[0], rtol=1e-6)
+    return graph, xla, hidden, targets
 
-    def op_types(function):
-        graph = function.get_concrete_function(hidden, targets).graph
-        return {op.type for op in graph.get_operations()}
 
+def _op_types(function, *args):
+    return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 9, 33, 63, 64])
+def test_adaptive_softmax_nll_under_xla_takes_a_tails_rows_in_static_buckets(count):
+    # Under XLA, a tail cluster's rows are taken in the smallest static
+    # capacity (64, 32, ..., 2 rows here) that holds them, chosen at run time;
+    # the same NLL and gradients as graph mode's exact dynamic rows, at each
+    # bucket and its edges: no row, one, a capacity, one past it, every row.
+    graph, xla, hidden, targets = _nll_in_graph_mode_and_xla_with_tail_rows(count, 16)
     # XLA picks the bucket with conds (If ops) and no Where (which XLA would
     # pad to every row); graph mode takes the exact rows with Where.
-    assert "StatelessIf" in op_types(xla) and "Where" not in op_types(xla)
+    assert "StatelessIf" in _op_types(xla, hidden, targets)
+    assert "Where" not in _op_types(xla, hidden, targets)
     # The forward conds carry no intermediates out (differentiating through
     # one makes every branch output all branches' logits, as zeros): one per
     # tail cluster, each giving the (N,) NLL alone.
     conds = [op for op in xla.get_concrete_function(hidden, targets).graph.get_operations()
              if op.type == "StatelessIf"]
     assert [[tuple(t.shape) for t in op.outputs] for op in conds] == [[(64,)], [(64,)]]
-    assert "Where" in op_types(graph) and "StatelessIf" not in op_types(graph)
-    if count == 1:  # one row in all: one capacity, no cond
-        one = (hidden[:1, :1], targets[:1, :1])
-        np.testing.assert_allclose(xla(*one)[0], graph(*one)[0], rtol=1e-6)
+    assert "Where" in _op_types(graph, hidden, targets)
+    assert "StatelessIf" not in _op_types(graph, hidden, targets)
+
+
+@pytest.mark.parametrize("count", [0, 1, 63, 64, 65, 128, 200, 256])
+def test_adaptive_softmax_nll_under_xla_takes_a_large_tails_rows_in_chunks(count, monkeypatch):
+    # Under XLA, a tail whose every-row logits exceed the buckets' budget
+    # (here: every tail) has its member rows taken 64 at a time (N / 32, at
+    # least 64) by a loop that runs as often as the batch needs; the same NLL
+    # and gradients as graph mode's exact dynamic rows, at each chunk edge: no
+    # row, one, a chunk, one past it, two, a partial last chunk, every row.
+    from keras_txl import adaptive
+    from keras_txl.adaptive import _chunk_rows
+
+    monkeypatch.setattr(adaptive, "_BUCKETED_LOGITS_MAX", -1)
+    assert _chunk_rows(256) == 64 and _chunk_rows(9000) == 282 and _chunk_rows(20) == 20
+    graph, xla, hidden, targets = _nll_in_graph_mode_and_xla_with_tail_rows(count, 64)
+    # XLA loops over chunks (While) and has no Where (which XLA would pad to
+    # every row); graph mode takes the exact rows with Where.
+    loops = {"While", "StatelessWhile"}
+    assert loops & _op_types(xla, hidden, targets)
+    assert "Where" not in _op_types(xla, hidden, targets)
+    assert "Where" in _op_types(graph, hidden, targets)
+    assert not loops & _op_types(graph, hidden, targets)
 
 
 def _mean_nll_in_graph_mode_and_xla(softmax, embedding, hidden, targets, variables):
@@ -675,6 +708,30 @@ def test_adaptive_softmax_nll_trains_under_xla_with_a_large_vocabulary():
     np.testing.assert_allclose(loss_xla, loss, rtol=1e-6)
     for a, b in zip(grads, grads_xla):
         np.testing.assert_allclose(tf.convert_to_tensor(b), tf.convert_to_tensor(a), atol=1e-6)
+
+
+def test_adaptive_softmax_nll_under_xla_chunks_only_the_tails_too_large_for_buckets():
+    # XLA sizes a bucketed tail's memory for every row, so a tail whose N x V_i
+    # logits exceed 2**28 takes chunks: at 4,096 rows the 90,000-word tail
+    # (3.7e8) loops over chunks, the 2,000 and 6,000-word ones take buckets.
+    from keras_txl.adaptive import _BUCKETED_LOGITS_MAX
+
+    assert 4096 * 6_000 <= _BUCKETED_LOGITS_MAX < 4096 * 90_000
+    cfg = _config(vocabulary_size=100_000, cutoffs=(2_000, 4_000, 10_000), div_val=1,
+                  hidden_dim=16)
+    embedding, softmax = AdaptiveEmbedding(cfg), AdaptiveSoftmax(cfg)
+    embedding.build()
+    softmax.build()
+
+    @tf.function(jit_compile=True)
+    def nll(hidden, targets):
+        return softmax.nll(hidden, targets, embedding.tables, embedding.projections)
+
+    graph = nll.get_concrete_function(tf.TensorSpec((64, 64, 16), tf.float32),
+                                      tf.TensorSpec((64, 64), tf.int32)).graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("StatelessIf") == 2  # one nest of bucket conds per small tail
+    assert sum(t in ("While", "StatelessWhile") for t in types) == 1
 
 
 def test_adaptive_softmax_nll_in_bfloat16_and_with_a_vocabulary_past_int32_indexing():

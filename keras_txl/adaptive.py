@@ -266,6 +266,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
         Returns:
             float32 tensor of targets' shape.
         """
+        import tensorflow as tf
+
         cfg = self.config
         dtype = self.compute_dtype
         out_shape = ops.shape(targets)
@@ -289,7 +291,6 @@ class AdaptiveSoftmax(keras.layers.Layer):
         nll = _picked_nll(head, column)
         rows_static = hidden.shape[0]
         static_rows = rows_static is not None and _tails_in_static_rows()
-        import tensorflow as tf
         for i in range(1, cfg.num_clusters + 1):
             start, end = cfg.cluster_bounds[i]
             table, bias, projection = weights[i]
@@ -606,15 +607,22 @@ def _gather_columns(values, columns):
     columns = tf.reshape(columns, [-1])
     rows = tf.range(tf.size(columns, out_type=tf.int64), dtype=tf.int64)
 
+    # A column outside [0, V) picks 0 and gets no gradient, as the comparison
+    # does; its flat index would otherwise read a neighbouring row.
+    inside = (columns >= 0) & (columns < vocabulary)
+    columns = tf.where(inside, columns, tf.zeros_like(columns))
+
     @tf.custom_gradient
     def pick(values):
         picked = tf.gather(tf.reshape(values, [-1]), rows * vocabulary + columns)
+        picked = tf.where(inside, picked, tf.zeros_like(picked))
         # The gradient reads only the shape: the values need not stay alive for it.
         shape = tf.shape(values)
 
         def grad(upstream):
             indices = tf.stack([rows, columns], axis=1)
-            dense = tf.scatter_nd(indices, tf.reshape(upstream, [-1]),
+            upstream = tf.where(inside, tf.reshape(upstream, [-1]), tf.zeros_like(picked))
+            dense = tf.scatter_nd(indices, upstream,
                                   tf.stack([tf.size(rows, out_type=tf.int64), vocabulary]))
             return tf.reshape(dense, shape)
 

@@ -71,16 +71,20 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
         for d in tf.config.list_physical_devices("GPU")]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--rows", "0"], "--rows must be >= 1; received 0"),
-    (["--eval-steps", "2"], "--eval-steps must be >= 3; received 2"),
-    (["--cutoffs", "200;400"], "--cutoffs must be comma-separated positive integers"),
-    (["--modes", "xla,fast"], "--modes must name some of graph, xla, xla_chunks, xla_every_row"),
+@pytest.mark.parametrize("benchmark, argv, message", [
+    ("adaptive_nll", ["--rows", "0"], "--rows must be >= 1; received 0"),
+    ("adaptive_nll", ["--eval-steps", "2"], "--eval-steps must be >= 3; received 2"),
+    ("adaptive_nll", ["--cutoffs", "200;400"],
+     "--cutoffs must be comma-separated positive integers"),
+    ("adaptive_nll", ["--modes", "xla,fast"],
+     "--modes must name some of graph, xla, xla_chunks, xla_every_row"),
+    ("step_memory", ["--batch", "0"], "--batch must be >= 1, received 0"),
+    ("step_memory", ["--eval-steps", "1"], "--eval-steps must be >= 2, received 1"),
+    ("step_memory", ["--layers", "0"], "--layers must be >= 1, received 0"),
 ])
-def test_adaptive_nll_benchmark_rejects_bad_arguments(argv, message, capsys):
-    adaptive_nll = load_benchmark("adaptive_nll")
+def test_benchmarks_reject_bad_arguments(benchmark, argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
-        adaptive_nll.main(argv)
+        load_benchmark(benchmark).main(argv)
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -123,19 +127,6 @@ def test_adaptive_nll_benchmark_counts_the_logits_each_mode_computes(capsys):
     chunked = [-(-c // 64) * 64 for c in counts]
     assert results["xla_chunks"]["logits_per_token"] == round(
         head + sum(rows * v for rows, v in zip(chunked, tails)) / 256)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--batch", "0"], "--batch must be >= 1, received 0"),
-    (["--eval-steps", "1"], "--eval-steps must be >= 2, received 1"),
-    (["--layers", "0"], "--layers must be >= 1, received 0"),
-])
-def test_step_memory_benchmark_rejects_bad_arguments(argv, message, capsys):
-    step_memory = load_benchmark("step_memory")
-    with pytest.raises(SystemExit) as stopped:
-        step_memory.parse(argv)
-    assert stopped.value.code == 2
-    assert message in capsys.readouterr().err
 
 
 def test_step_memory_benchmark_counts_the_allocators_bytes(tmp_path):

@@ -92,8 +92,22 @@ def test_pick_columns_values_and_gradient(xla):
     np.testing.assert_array_equal(picked.numpy(), expected)
     one_hot = np.eye(7, dtype="float32")[columns.numpy()]
     np.testing.assert_array_equal(grad.numpy(), one_hot * upstream.numpy()[..., None])
-    # Graph mode gathers and scatters; it forms no (..., V) mask or zeros.
+    # A column outside [0, V) picks 0 and gets no gradient, in both modes (the
+    # flat gather would read a neighbouring row's value).
+    outside = tf.constant([[7, -1, 0], [3, 9, 6]], dtype=tf.int64)
+    picked, grad = picked_and_grad(values, outside)
+    inside = np.array([[False, False, True], [True, False, True]])
+    columns = np.where(inside, outside.numpy(), 0)
+    expected = np.take_along_axis(values.numpy(), columns[..., None], -1)[..., 0]
+    np.testing.assert_array_equal(picked.numpy(), np.where(inside, expected, 0))
+    one_hot = np.eye(7, dtype="float32")[columns] * inside[..., None]
+    np.testing.assert_array_equal(grad.numpy(), one_hot * upstream.numpy()[..., None])
+    # Graph mode gathers and scatters; its masks and selections are over the 6
+    # picked entries, none over the (2, 3, 7) values.
     if not xla:
         graph = picked_and_grad.get_concrete_function(values, columns).graph
-        types = {op.type for op in graph.get_operations()}
-        assert "ScatterNd" in types and not {"Equal", "ZerosLike", "SelectV2"} & types
+        operations = graph.get_operations()
+        assert "ScatterNd" in {op.type for op in operations}
+        masks = [t for op in operations if op.type in ("Equal", "ZerosLike", "SelectV2")
+                 for t in op.outputs]
+        assert masks and all(t.shape.num_elements() == 6 for t in masks)

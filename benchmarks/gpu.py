@@ -525,8 +525,10 @@ def summarize(runs, peak, flops):
     for (framework, precision), results in runs.items():
         if not results:
             continue
-        m = {k: statistics.median(r[k] for r in results) if results[0].get(k) is not None
-             else None for k in keys}
+        # Rounded: the median of an even count is a mean (42.5545 + 42.867 would print
+        # 42.710499999999996).
+        m = {k: round(statistics.median(r[k] for r in results), 3)
+             if results[0].get(k) is not None else None for k in keys}
         m["rounds"] = len(results)
         if peak.get(precision):
             m["train_mfu"] = round(3 * flops * m["train_tokens_per_s"]

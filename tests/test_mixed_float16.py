@@ -405,6 +405,18 @@ def test_gpu_benchmark_merges_saved_runs_and_goes_on_past_a_failed_one(tmp_path)
     assert medians["keras-xla mixed_bfloat16"]["train_mfu"] == round(
         3 * 1e9 * ours["train_tokens_per_s"] / 989.4e12, 4)
     assert "keras float32" not in medians  # not measured: no row, no ratio
+    # The H200's runs of 2026-11-26: two rounds of fp32 XLA and torch.compile, whose
+    # medians are the means of their two runs, rounded.
+    files = sorted(str(p) for p in (REPO / "benchmarks" / "results").glob(
+        "gpu_h200_2026-11-26_*.jsonl"))
+    runs = gpu.read_runs(files, ["mixed_bfloat16", "float32"], list(gpu.FRAMEWORKS))
+    medians, ratios = gpu.summarize(runs, {"mixed_bfloat16": 989.4, "float32": 66.9}, 1e9)
+    pair = runs[("keras-xla", "float32")]
+    assert medians["keras-xla float32"]["rounds"] == len(pair) == 2
+    assert medians["keras-xla float32"]["matmul_tflops_measured"] == round(
+        (pair[0]["matmul_tflops_measured"] + pair[1]["matmul_tflops_measured"]) / 2, 3)
+    assert medians["keras-xla float32"]["train_tokens_per_s"] == round(
+        (pair[0]["train_tokens_per_s"] + pair[1]["train_tokens_per_s"]) / 2, 3)
     # A run that fails is reported and the others go on.
     failed = gpu.run_child("false", "keras", "float32", [], str(tmp_path / "none.npy"))
     assert failed["error"].startswith("exited with 1")

@@ -2,7 +2,7 @@
 
 Prints one JSON line: TensorFlow's version and import time, the GPUs, a float32 matmul's
 device and its largest error against float64 (TF32 off), an XLA-compiled call, a bf16
-matmul.
+matmul, and where DeepCopy runs.
 """
 
 import json
@@ -28,4 +28,15 @@ if gpus:
     report["xla_sum"] = float(tf.reduce_sum(xla(a, b)).numpy())  # 2 x 2048 rows
     half = tf.matmul(tf.cast(a, tf.bfloat16), tf.cast(b, tf.bfloat16))
     report["bf16_device"] = half.device
+    # Graph mode copies the value cache with DeepCopy (relative_attention._own_buffer): it
+    # must have a GPU kernel for both dtypes, or the placer would move it to the CPU.
+    tf.config.set_soft_device_placement(False)
+    for dtype in (tf.float32, tf.bfloat16):
+        copy = tf.function(lambda x: tf.raw_ops.DeepCopy(x=x) * 2)
+        try:
+            with tf.device("/GPU:0"):
+                out = copy(tf.cast(a, dtype))
+            report[f"deepcopy_{dtype.name}"] = out.device
+        except Exception as error:  # noqa: BLE001  (reported, not raised)
+            report[f"deepcopy_{dtype.name}"] = f"{type(error).__name__}: {error}"[:300]
 print(json.dumps(report, default=str))

@@ -114,6 +114,7 @@ def main(argv=None):
 
     from keras_txl import TransformerXLCausalLM
     from keras_txl import TransformerXLConfig
+    from keras_txl.training.loop import eval_cache
     from keras_txl.training.loop import eval_jit_compile
     from keras_txl.training.loop import make_eval_step
 
@@ -154,7 +155,7 @@ def main(argv=None):
                 return nll  # (the new cache is computed: it is an output)
 
             seg = tf.constant(rng.integers(0, 256, size=(1, T + 1)), tf.int32)
-            cache = xl.build_cache(tf.random.normal(xl.memory_shape(1)), segment_length=T)
+            cache = eval_cache(xl, 1, T, memory=tf.random.normal(xl.memory_shape(1)))
             steps[label] = (xl_segment, (seg[:, :T], seg[:, 1:], cache))
             row[f"xl_memory{label}"] = memory
             flops_v = forward_flops(cfg, A, A, relative=False, scored=1)

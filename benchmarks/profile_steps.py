@@ -130,6 +130,7 @@ def main(argv=None):
     import keras_txl
     from keras_txl.training.config import TrainConfig
     from keras_txl.training.loop import Trainer
+    from keras_txl.training.loop import eval_cache
     from keras_txl.training.loop import make_eval_step
 
     cfg = dict(CONFIG, memory_length=args.memory, num_layers=args.layers)
@@ -159,7 +160,7 @@ def main(argv=None):
         model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**cfg))
     if args.steps in ("both", "eval"):
         eval_step = make_eval_step(model)
-        state = {"cache": model.build_cache(batch_size=B, segment_length=T)}
+        state = {"cache": eval_cache(model, B, T)}
 
         def evaluation_step():
             nll, state["cache"] = eval_step(x, y, state["cache"])

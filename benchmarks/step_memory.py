@@ -112,10 +112,11 @@ def main(argv=None):
     before_eval = used()
     # gpu.py's evaluation loop (steps.time_eval_steps), with each step's peak read.
     eval_peaks, eval_times, held = [], [], []
+    from keras_txl.training.loop import eval_cache
     from keras_txl.training.loop import make_eval_step
 
     step = make_eval_step(model, jit_compile=args.jit)
-    cache = model.build_cache(batch_size=B, segment_length=T)
+    cache = eval_cache(model, B, T)
     cache_built = used()
     for x, y in segments(tf, data, T, args.eval_steps):
         tf.config.experimental.reset_memory_stats("CPU:0")

@@ -33,10 +33,11 @@ def time_eval_steps(tf, model, data, segment_length, steps, jit_compile):
     """Seconds per step of the library's evaluation step (`make_eval_step`: per-token NLL
     of the targets, the memory carried as its key/value cache); the first step includes
     tracing (and XLA compilation)."""
+    from keras_txl.training.loop import eval_cache
     from keras_txl.training.loop import make_eval_step
 
     eval_step = make_eval_step(model, jit_compile=jit_compile)
-    cache = model.build_cache(batch_size=data.shape[0], segment_length=segment_length)
+    cache = eval_cache(model, data.shape[0], segment_length)
     times = []
     for x, y in segments(tf, data, segment_length, steps):
         t0 = time.perf_counter()

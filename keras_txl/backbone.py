@@ -281,7 +281,7 @@ class TransformerXLBackbone(Backbone):
         return x, new_memory
 
     # === Memory key/value cache (inference) ===
-    def build_cache(self, memory, segment_length=1, memory_mask=None):
+    def build_cache(self, memory, segment_length=1, memory_mask=None, keep_memory=True):
         """The memory with its keys and values projected, for decoding.
 
         Decoding one token at a time re-projects, in every layer, the keys
@@ -300,9 +300,17 @@ class TransformerXLBackbone(Backbone):
             segment_length: int. The T of the coming `call_with_cache`
                 calls (1 to decode): `W_R R` depends only on K = M + T.
             memory_mask: (B, M) bool or None, as in `call`.
+            keep_memory: bool. Whether the cache also carries the memory
+                itself, slid by every `call_with_cache` so that
+                `stack_memory` can return it. Evaluation, which needs only
+                the keys and values, passes False: in float32 the memory is
+                a third of what a step copies to slide the cache, in
+                mixed_bfloat16 half (float32 beside bfloat16 keys and
+                values).
 
         Returns:
-            dict of L-tuples: "memory" (B, M, D) float32, "keys"
+            dict of L-tuples: "memory" (B, M, D) float32 (with
+            `keep_memory`), "keys"
             (B, N, H, M) and "values" (B, N, M, H) in the compute dtype (the
             layouts the attention's products read, so a step neither
             transposes nor re-lays the cache) and, in relative mode,
@@ -317,10 +325,11 @@ class TransformerXLBackbone(Backbone):
             for block, layer_memory in zip(self.blocks, layers)
         ]
         cache = {
-            "memory": tuple(layers),
             "keys": tuple(k for k, _ in projected),
             "values": tuple(v for _, v in projected),
         }
+        if keep_memory:
+            cache["memory"] = tuple(layers)
         if memory_mask is not None:
             cache["memory_mask"] = ops.cast(memory_mask, "bool")
         if self.relative:
@@ -349,7 +358,8 @@ class TransformerXLBackbone(Backbone):
 
         Returns:
             `(hidden (B, T, D), new_cache)`; `stack_memory(new_cache)` is
-            the new memory `call` would return.
+            the new memory `call` would return (if the cache keeps the
+            memory, `build_cache(keep_memory=True)`).
         """
         memory_length = self.config.memory_length
         segment_length = ops.shape(token_ids)[1]
@@ -371,10 +381,12 @@ class TransformerXLBackbone(Backbone):
             )
 
         new_memory, new_keys, new_values = [], [], []
+        keep_memory = "memory" in cache
         for layer, block in enumerate(self.blocks):
-            new_memory.append(
-                update_memory(cache["memory"][layer], x, memory_length)
-            )
+            if keep_memory:
+                new_memory.append(
+                    update_memory(cache["memory"][layer], x, memory_length)
+                )
             content_bias, position_bias = self._layer_biases(layer)
             x, keys, values = block.call_with_cache(
                 x, cache["keys"][layer], cache["values"][layer],
@@ -384,11 +396,9 @@ class TransformerXLBackbone(Backbone):
             )  # the next cache: keys (B, N, H, M), values (B, N, M, H)
             new_keys.append(keys)
             new_values.append(values)
-        new_cache = {
-            "memory": tuple(ops.cast(m, "float32") for m in new_memory),
-            "keys": tuple(new_keys),
-            "values": tuple(new_values),
-        }
+        new_cache = {"keys": tuple(new_keys), "values": tuple(new_values)}
+        if keep_memory:
+            new_cache["memory"] = tuple(ops.cast(m, "float32") for m in new_memory)
         if memory_mask is not None:
             new_cache["memory_mask"] = update_memory_mask(
                 memory_mask, segment_length, memory_length
@@ -400,6 +410,11 @@ class TransformerXLBackbone(Backbone):
     @staticmethod
     def stack_memory(cache):
         """The (B, L, M, D) float32 memory held by a cache."""
+        if "memory" not in cache:
+            raise ValueError(
+                "This cache does not keep the memory (it was built with "
+                "`build_cache(..., keep_memory=False)`): build it with "
+                "`keep_memory=True` to read the memory back.")
         return ops.stack(cache["memory"], axis=1)
 
     def get_config(self):

@@ -459,7 +459,7 @@ class TransformerXLCausalLM(CausalLM):
         return out
 
     def build_cache(self, memory=None, batch_size=1, segment_length=1,
-                    memory_mask=None):
+                    memory_mask=None, keep_memory=True):
         """A memory key/value cache for fast decoding (see `call_with_cache`).
 
         Args:
@@ -469,11 +469,19 @@ class TransformerXLCausalLM(CausalLM):
             batch_size: int. Used when `memory` is None.
             segment_length: int. T of the coming calls (1 to decode).
             memory_mask: (B, M) bool validity of the memory's slots, or None.
+            keep_memory: bool. Whether the cache also carries the memory, so
+                that `call_with_cache` returns the new memory; evaluation
+                passes False (less to copy per segment; see
+                `TransformerXLBackbone.build_cache`).
 
         Returns:
             dict of per-layer tensors (see
             `TransformerXLBackbone.build_cache`).
         """
+        if not isinstance(keep_memory, (bool, np.bool_)):
+            raise ValueError(
+                "`keep_memory` must be True or False. Received: "
+                f"keep_memory={keep_memory!r}.")
         if memory is None:
             memory_mask = self.backbone.resolve_memory_mask(
                 None, memory_mask, batch_size
@@ -482,7 +490,8 @@ class TransformerXLCausalLM(CausalLM):
         else:
             ids = np.zeros((memory.shape[0] or 1, 1), "int32")
             memory = self._check_memory(memory, ids)
-        return self.backbone.build_cache(memory, segment_length, memory_mask)
+        return self.backbone.build_cache(memory, segment_length, memory_mask,
+                                         bool(keep_memory))
 
     def call_with_cache(self, token_ids, cache, targets=None):
         """Inference over one segment with the memory key/value cache.
@@ -500,14 +509,17 @@ class TransformerXLCausalLM(CausalLM):
                 replaces "log_probs".
 
         Returns:
-            dict with "log_probs" (B, T, V) float32 (or "nll"), "memory"
-            (B, L, M, D) float32 (the new memory) and "cache" (the slid cache).
+            dict with "log_probs" (B, T, V) float32 (or "nll"), "cache" (the
+            slid cache) and, if the cache keeps the memory (`build_cache`'s
+            `keep_memory`), "memory" (B, L, M, D) float32 (the new memory).
         """
         token_ids = self._check_token_ids(token_ids)
         if targets is not None:
             targets = self._check_targets(targets, tuple(token_ids.shape), "token_ids")
         hidden, new_cache = self.backbone.call_with_cache(token_ids, cache)
-        out = {"memory": self.backbone.stack_memory(new_cache), "cache": new_cache}
+        out = {"cache": new_cache}
+        if "memory" in new_cache:
+            out["memory"] = self.backbone.stack_memory(new_cache)
         if targets is None:
             out["log_probs"] = self.log_probs_from_hidden(hidden)
         else:

@@ -81,6 +81,11 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
     ("step_memory", ["--batch", "0"], "--batch must be >= 1, received 0"),
     ("step_memory", ["--eval-steps", "1"], "--eval-steps must be >= 2, received 1"),
     ("step_memory", ["--layers", "0"], "--layers must be >= 1, received 0"),
+    ("eval_cache", ["--memory", "1800;2800"],
+     "--memory must be comma-separated positive integers, e.g. 1800,2800; received"),
+    ("eval_cache", ["--memory", "0"], "--memory must be comma-separated positive integers"),
+    ("eval_cache", ["--rounds", "0"], "--rounds must be >= 1; received 0"),
+    ("eval_cache", ["--hidden", "48"], "--hidden must be a positive multiple of 32; received 48"),
 ])
 def test_benchmarks_reject_bad_arguments(benchmark, argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -150,3 +155,24 @@ def test_step_memory_benchmark_counts_the_allocators_bytes(tmp_path):
     for held in report["eval_held_mib"]:
         assert report["cache_built_mib"] <= held <= report["cache_built_mib"] + 0.1
     assert report["host"]["framework"] == "tensorflow"
+
+
+def test_eval_cache_benchmark_times_both_caches_on_the_same_numbers(capsys):
+    import json
+
+    load_benchmark("eval_cache").main(["--memory", "24,40", "--segment", "8", "--layers", "2",
+                                       "--hidden", "64", "--rounds", "2", "--steps", "2",
+                                       "--precision", "float32", "--jit", "off",
+                                       "--threads", "0", "--no-peak"])
+    out = capsys.readouterr().out
+    report = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+    assert [row["memory"] for row in report["results"]] == [24, 40]
+    for row in report["results"]:
+        assert row["keys"] == row["memory"] + 8 and row["jit_compile"] is False
+        # Without the memory in the cache the step computes the same NLL.
+        assert row["nll_max_difference"] == 0.0
+        for name in ("keep_memory", "eval_cache"):
+            assert len(row[f"{name}_ms_per_token_rounds"]) == 2
+        assert row["speedup"] == pytest.approx(
+            row["keep_memory_ms_per_token"] / row["eval_cache_ms_per_token"], rel=1e-2)
+    assert report["host"]["cores"] >= 1 and "| 24 | False |" in out

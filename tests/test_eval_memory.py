@@ -22,7 +22,7 @@ import json
 import numpy as np
 import keras_txl
 import tensorflow as tf
-from keras_txl.training.loop import make_eval_step
+from keras_txl.training.loop import eval_cache, make_eval_step
 
 B, T, V, cutoffs, layers, D = 8, 256, 30_000, (10_000, 20_000), 4, 128
 config = keras_txl.TransformerXLConfig.from_dict(dict(
@@ -35,7 +35,7 @@ rng = np.random.default_rng(0)
 ids = np.where(rng.random((B, 3 * T + 1)) < 0.5, rng.integers(0, cutoffs[0], (B, 3 * T + 1)),
                rng.integers(cutoffs[1], V, (B, 3 * T + 1))).astype("int32")
 step = make_eval_step(model, jit_compile=False)
-cache = model.build_cache(batch_size=B, segment_length=T)
+cache = eval_cache(model, B, T)
 info = lambda: tf.config.experimental.get_memory_info("CPU:0")
 peaks = []
 for k in range(3):

@@ -18,6 +18,7 @@ from keras_txl import TransformerXLCausalLM
 from keras_txl import generation
 from keras_txl.cli import main
 from keras_txl.export import generation as export_generation
+from keras_txl.training.loop import eval_cache
 
 V, T, M, B = 11, 4, 3, 2
 
@@ -87,6 +88,10 @@ def test_cache_with_whole_segments_equals_call_with_memory(variant, memory_lengt
     tokens = np.concatenate([random_ids((B, n), seed=s) for s, n in enumerate(lengths)], 1)
     plain = chain_segments(model, tokens, lengths, memory=model.initial_memory(B))
     cache = model.build_cache(model.initial_memory(B), segment_length=T)
+    # Evaluation's cache (`eval_cache`): the keys and values alone, the same
+    # log-probs and the same slid windows, no memory to read back.
+    bare = eval_cache(model, B, T)
+    assert set(bare) == set(cache) - {"memory"}
     for segment, expected in zip(plain.segments, plain.outputs):
         cached = model.call_with_cache(segment, cache)
         np.testing.assert_allclose(cached["log_probs"].numpy(),
@@ -94,6 +99,18 @@ def test_cache_with_whole_segments_equals_call_with_memory(variant, memory_lengt
         np.testing.assert_allclose(cached["memory"].numpy(),
                                    expected["memory"], atol=1e-5)
         cache = cached["cache"]
+        without = model.call_with_cache(segment, bare)
+        assert "memory" not in without and "memory" not in without["cache"]
+        np.testing.assert_array_equal(without["log_probs"].numpy(),
+                                      cached["log_probs"].numpy())
+        for name in ("keys", "values"):
+            for kept, slid in zip(cache[name], without["cache"][name]):
+                np.testing.assert_array_equal(slid.numpy(), kept.numpy())
+        bare = without["cache"]
+    with pytest.raises(ValueError, match="keep_memory=True"):
+        model.backbone.stack_memory(bare)
+    with pytest.raises(ValueError, match="`keep_memory` must be True or False.*'no'"):
+        model.build_cache(batch_size=B, keep_memory="no")
 
 
 # === Sampling ===

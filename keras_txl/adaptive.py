@@ -193,10 +193,20 @@ class AdaptiveSoftmax(keras.layers.Layer):
         cfg = self.config
         tables = self.own_tables if not cfg.tie_embeddings else embedding_tables
         ties = cfg.resolved_tie_projections
+        # The clusters' rows of the one (V, E) table with div_val 1, and of the
+        # bias, by one split: its gradient is one concatenation. A slice per
+        # cluster has a gradient of the whole table's size each, zero-padded,
+        # then summed (wt103_base: four 440 MB tensors per step in float32);
+        # nor does TensorFlow alias the slices when a row is not a multiple of
+        # 64 bytes (d 410: 1,640), so they were copies as well.
+        splits = [end for _, end in cfg.cluster_bounds[:-1]]
+        biases = ops.split(self.bias, splits, axis=0) if splits else [self.bias]
+        if cfg.div_val == 1:
+            rows = ops.split(tables[0], splits, axis=0) if splits else [tables[0]]
         out = []
-        for i, (start, end) in enumerate(cfg.cluster_bounds):
+        for i in range(len(cfg.cluster_bounds)):
             if cfg.div_val == 1:
-                table = tables[0][start:end]
+                table = rows[i]
                 shared = embedding_projections[0]
             else:
                 table = tables[i]
@@ -207,7 +217,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
                 projection = shared
             else:
                 projection = self.own_projections[i]
-            out.append((table, self.bias[start:end], projection))
+            out.append((table, biases[i], projection))
         return out
 
     def _logits(self, hidden, table, bias, projection):

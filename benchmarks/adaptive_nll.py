@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # hostinfo imports keras_txl (its host module) before TensorFlow, as users do.
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 MODES = ("graph", "xla", "xla_chunks", "xla_every_row")
 
@@ -142,6 +143,8 @@ def main(argv=None):
 
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     from keras_txl import adaptive
     from keras_txl.config import TransformerXLConfig

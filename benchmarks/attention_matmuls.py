@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # hostinfo imports keras_txl (its host module) before TensorFlow, as users do.
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 
 def median_ms(fn, args, calls):
@@ -56,6 +57,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)

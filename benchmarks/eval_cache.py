@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # hostinfo imports keras_txl (its host module) before TensorFlow, as users do.
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 CACHES = ("keep_memory", "eval_cache")
 
@@ -74,6 +75,8 @@ def main(argv=None):
     import keras
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     from keras_txl import TransformerXLCausalLM
     from keras_txl import TransformerXLConfig

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 PAPER = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
 MODEL = dict(vocabulary_size=256, num_layers=4, hidden_dim=256, num_heads=8, head_dim=32,
@@ -107,6 +108,8 @@ def main(argv=None):
 
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)

@@ -30,6 +30,7 @@ from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
 from throughput import BATCH  # noqa: E402
 from throughput import CONFIG  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 POLICIES = ("mixed_bfloat16", "bfloat16")
 
@@ -51,6 +52,8 @@ def main(argv=None):
     import keras
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     from keras_txl import TransformerXLCausalLM
     from keras_txl import TransformerXLConfig

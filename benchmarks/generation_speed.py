@@ -39,6 +39,7 @@ sys.path.insert(0, HERE)
 
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 MODEL = dict(
     vocabulary_size=256, num_layers=4, hidden_dim=256, num_heads=4,
@@ -110,6 +111,8 @@ def main(argv=None):
 
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)

@@ -101,6 +101,10 @@ def host_block(framework=None, peak=True, dtypes=("float32",)):
             peaks = {d: round(torch_matmul_peak_gflops(framework, dtype=d), 1) for d in dtypes}
     block["matmul_peak_gflops"] = peaks
     block["matmul_peak_shape"] = [PEAK_N, PEAK_N, PEAK_N] if peaks else None
+    cap = sys.modules.get("xla_isa_cap")
+    if name == "tensorflow" and cap is not None:
+        # Whether XLA's own kernels were held to the oneDNN cap (`xla_isa_cap.py`).
+        block["xla_kernels_cap"] = dict(cap.STATE)
     return block
 
 
@@ -125,6 +129,10 @@ def host_line(block):
             line += f" (ATen {block['torch_cpu_capability']})"
         if block.get("threads"):
             line += f", {block['threads']} threads"
+    cap = block.get("xla_kernels_cap")
+    if cap and cap.get("cap"):
+        line += (f"; XLA's kernels capped at {cap['cap']} too" if cap["applied"]
+                 else f"; XLA's kernels NOT capped ({cap['reason']})")
     if block.get("gpus"):
         line += "; GPU " + ", ".join(block["gpus"])
     peaks = block.get("matmul_peak_gflops")

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
 from throughput import CONFIG  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 # The profiler's event for one run of an XLA executable, and the op type it is
 # reported as.
@@ -124,6 +125,8 @@ def main(argv=None):
 
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)

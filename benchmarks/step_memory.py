@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 MIB = 2**20
 
@@ -71,6 +72,8 @@ def main(argv=None):
     import tensorflow as tf
     from gpu import make_tokens
     from steps import segments
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     from keras_txl.config import TransformerXLConfig
     from keras_txl.training.config import TrainConfig

@@ -30,6 +30,7 @@ from hostinfo import host_block  # noqa: E402
 from hostinfo import host_line  # noqa: E402
 from steps import time_eval_steps  # noqa: E402
 from steps import time_train_steps  # noqa: E402
+from xla_isa_cap import cap_xla_kernels  # noqa: E402
 
 BATCH, SEGMENT, MEMORY = 8, 128, 128
 WARMUP, TIMED = 3, 10
@@ -66,6 +67,8 @@ def main(argv=None):
 
     import numpy as np
     import tensorflow as tf
+
+    cap_xla_kernels()  # XLA's kernels under the oneDNN cap in force (xla_isa_cap.py)
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)

@@ -176,3 +176,55 @@ def test_eval_cache_benchmark_times_both_caches_on_the_same_numbers(capsys):
         assert row["speedup"] == pytest.approx(
             row["keep_memory_ms_per_token"] / row["eval_cache_ms_per_token"], rel=1e-2)
     assert report["host"]["cores"] >= 1 and "| 24 | False |" in out
+
+
+CAP_PROBE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, sys.argv[1])
+from xla_isa_cap import cap_xla_kernels
+state = cap_xla_kernels()
+a = np.random.default_rng(0).normal(size=(96, 64)).astype("float32")
+xla = tf.function(lambda x: tf.matmul(x, x, transpose_b=True), jit_compile=True)(a)
+state["max_difference"] = float(np.abs(xla.numpy() - a @ a.T).max())
+print(json.dumps(state))
+"""
+
+
+def run_cap_probe(cap):
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "XLA_FLAGS")}
+    if cap:
+        env["ONEDNN_MAX_CPU_ISA"] = cap
+    out = subprocess.run([sys.executable, "-c", CAP_PROBE, str(REPO / "benchmarks")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_xla_isa_cap_holds_xla_kernels_to_the_onednn_cap():
+    # An "AVX2-capped" XLA step ran YNNPACK's AVX-512 matmuls: the cap must reach
+    # XLA's flags and YNNPACK's kernel choice, and leave the numbers right.
+    import platform
+    import shutil
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("YNNPACK's x86 flags only")
+    state = run_cap_probe("AVX2")
+    assert state["cap"] == "AVX2" and "--xla_cpu_max_isa=AVX2" in state["xla_flags"]
+    if shutil.which("nm") is None:
+        assert not state["applied"] and "nm" in state["reason"]
+    else:
+        assert state["applied"], state
+        before, after = int(state["ynnpack_flags_before"], 16), int(state["ynnpack_flags"], 16)
+        assert after == before & 0x7F  # nothing above FMA3 left
+    assert state["max_difference"] < 1e-3
+    # Without a cap below AVX-512 nothing is touched.
+    state = run_cap_probe(None)
+    assert not state["applied"] and "no cap below AVX-512" in state["reason"]
+    assert state["max_difference"] < 1e-3

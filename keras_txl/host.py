@@ -464,24 +464,30 @@ def native_bfloat16(info=None):
 
 def xla_evaluation_pays(info=None):
     """Whether XLA-compiling a whole float32 evaluation step beats graph mode
-    at any memory length on this CPU: where TensorFlow's oneDNN kernels run
-    below AVX-512 (an AVX2 CPU, or a cap below AVX512_CORE).
+    at any memory length on this CPU: where TensorFlow runs Eigen's kernels
+    instead of oneDNN's (x86 with `TF_ENABLE_ONEDNN_OPTS=0`, or TensorFlow's
+    default on a CPU without AVX-512 VNNI/BF16, AVX-VNNI or AMX when
+    TensorFlow was imported before keras-txl; `tensorflow_uses_onednn`).
 
-    There the small batched matmuls (the attention's products, a 32-deep
-    contraction) run far below the dense ones: on a real AVX2 AMD EPYC (Zen 3,
-    2 cores, TensorFlow's Eigen kernels, its default there) one (64 x 128 x 32)
-    x (32 x 256) batch took 9.4 ms in graph mode, 5.0 ms in XLA and 5.7 ms in
-    PyTorch, and the whole XLA-compiled evaluation step ran 1.34x-1.45x the
-    graph-mode one (T = M = 128, batch 8, fp32), with no higher peak RSS. With
-    oneDNN's kernels under an AVX2 cap (Zen 5) XLA still won: 24,098 against
-    14,097 tokens/s (docs/benchmarks.md). With AVX-512 or AMX, oneDNN's
-    matmuls win at short memories and graph mode stays.
+    Eigen's kernels are built for AVX without FMA (TensorFlow's own start-up
+    message) and run a batched matmul one matrix at a time; XLA's dots are
+    YNNPACK's, which pick the CPU's best kernels. On a real AVX2 AMD EPYC
+    (Zen 3, 2 cores, T = M = 128, batch 8) the XLA step ran 1.34x-1.45x the
+    graph-mode one, and on the AMX Xeon with `TF_ENABLE_ONEDNN_OPTS=0`
+    1.6x-1.75x (8,247-9,320 against 5,146-5,328 tokens/s).
+
+    With oneDNN's kernels graph mode stays, at every ISA level: on the AMX
+    Xeon with oneDNN and XLA's kernels both capped at AVX2
+    (`benchmarks/xla_isa_cap.py`) the graph-mode step evaluated 6,205
+    against 5,579 tokens/s (medians of 5 alternating rounds, eighteenth
+    session). Earlier "AVX2-capped" figures that favoured XLA (24,098
+    against 14,097 on a Zen 5) had left YNNPACK on AVX-512, which no
+    environment variable caps.
     """
     info = cpu_info() if info is None else info
-    level = tensorflow_level(info)
-    if level is None:
-        return False
-    return LEVELS.index(level) < LEVELS.index("AVX512")
+    if tensorflow_level(info) is None:
+        return False  # not x86 Linux: the level (and Eigen's build) unknown
+    return info.get("tensorflow_onednn") is False
 
 
 def gpu_auto_precision(compute_capability):

@@ -350,16 +350,24 @@ def test_a_half_precision_model_is_refused_at_construction_under_such_a_cap(monk
     keras_txl.TransformerXLCausalLM(tiny_config())  # float32 builds under the same cap
 
 
-def test_xla_evaluation_pays_below_avx512_only():
-    # oneDNN's small batched matmuls are slow below AVX-512: an AVX2 CPU, or
-    # oneDNN capped there (XLA's dots are not capped by ONEDNN_MAX_CPU_ISA).
-    assert host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=EPYC_AVX2, environ={}))
-    for text in (XEON_AVX512, XEON_BF16, EPYC_GENOA, SPR_AMX):
-        assert not host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=text, environ={}))
-        capped = host.cpu_info(cpuinfo_text=text, environ={"ONEDNN_MAX_CPU_ISA": "AVX2"})
-        assert host.xla_evaluation_pays(capped)
+def test_xla_evaluation_pays_where_tensorflow_runs_eigen_kernels():
+    # Eigen's kernels (oneDNN off) lose to XLA's dots; oneDNN's do not, capped
+    # or not (an honest AVX2 cap also holds XLA's YNNPACK kernels at AVX2).
+    def pays(text, environ):
+        return host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=text, environ=environ))
+
+    # An AVX2 CPU: TensorFlow's own default there is Eigen's kernels.
+    assert pays(EPYC_AVX2, {})
+    for text in (EPYC_AVX2, XEON_AVX512, XEON_BF16, EPYC_GENOA, SPR_AMX):
+        assert pays(text, {"TF_ENABLE_ONEDNN_OPTS": "0"})
+        assert not pays(text, {"TF_ENABLE_ONEDNN_OPTS": "1"})
+        assert not pays(text, {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    for text in (XEON_BF16, EPYC_GENOA, SPR_AMX):  # oneDNN on by TensorFlow's default
+        assert not pays(text, {})
+        assert not pays(text, {"ONEDNN_MAX_CPU_ISA": "AVX2"})
     # A CPU whose level is unknown (arm64) keeps graph mode.
-    assert not host.xla_evaluation_pays(host.cpu_info(cpuinfo_text=ARM, environ={}))
+    assert not pays(ARM, {})
+    assert not pays(ARM, {"TF_ENABLE_ONEDNN_OPTS": "0"})
 
 
 def test_native_bfloat16_from_avx512_bf16_on():

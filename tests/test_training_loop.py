@@ -227,7 +227,7 @@ def test_evaluate_under_xla_equals_recomputing_the_memory_and_auto_follows_the_k
         np.testing.assert_allclose(result["loss"], expected, rtol=1e-5, err_msg=str(changes))
     model = keras_txl.TransformerXLCausalLM(model_config(dropout=0.0))
     # "auto" on a CPU with AVX-512: graph mode for this short memory, XLA from
-    # EVAL_JIT_MIN_KEYS keys; below AVX-512 XLA at any length.
+    # EVAL_JIT_MIN_KEYS keys; with Eigen's kernels (oneDNN off) XLA at any length.
     monkeypatch.setattr(loop, "xla_evaluation_pays", lambda: False)
     assert eval_jit_compile(model) is False
     long = keras_txl.TransformerXLCausalLM(model_config(

@@ -745,9 +745,10 @@ def eval_jit_compile(model, jit_compile="auto"):
     benchmark's K = 256 (batch 8), not worth what compiling costs there:
     ~140 MB more peak resident memory and ~1 s per segment shape. XLA's CPU
     backend does not use oneDNN's bf16 matmuls, so a bfloat16 model stays in
-    graph mode there. Where oneDNN runs below AVX-512 (an AVX2 CPU), XLA's
-    batched matmuls beat oneDNN's and the XLA step wins at short memories too
-    (1.34x-1.45x on an AVX2 AMD EPYC; `keras_txl.host.xla_evaluation_pays`).
+    graph mode there. Where TensorFlow runs Eigen's kernels instead of
+    oneDNN's (`TF_ENABLE_ONEDNN_OPTS=0`), XLA's matmuls beat them and the XLA
+    step wins at short memories too (1.34x-1.45x on an AVX2 AMD EPYC,
+    1.6x-1.75x on an AMX Xeon; `keras_txl.host.xla_evaluation_pays`).
     On a GPU "auto" is XLA at any length: on an H100 the XLA step evaluated
     wt103_base at T = M = 150 1.73x faster than graph mode.
     """

@@ -3,6 +3,7 @@
 Times the two batched products of one attention layer of the throughput benchmark's
 configuration (`benchmarks/throughput.py`: batch 8, 8 heads x 32, T = M = 128, so K = 256
 keys): the scores (B*N matrices of (T x H) x (H x K)) and the mixing ((T x K) x (K x H)),
+and for comparison one dense product (the feed-forward's (B*T x D) x (D x 4D)),
 in graph mode (oneDNN's `_MklBatchMatMulV2`, or Eigen's loop of one gemm per matrix where
 TensorFlow's oneDNN kernels are off) and XLA-compiled. This is the product behind the
 AVX2 EPYC Zen 3's slow training (docs/benchmarks.md). The host block records whether
@@ -50,6 +51,9 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--queries", type=int, default=128, help="T")
     parser.add_argument("--keys", type=int, default=256, help="K = M + T")
+    parser.add_argument("--hidden", type=int, default=256, help="D (the dense product)")
+    parser.add_argument("--inner", type=int, default=1024,
+                        help="the feed-forward's inner width (the dense product)")
     parser.add_argument("--calls", type=int, default=50, help="timed calls (median)")
     parser.add_argument("--threads", type=int, default=2,
                         help="intra- and inter-op threads (0: leave TensorFlow's setting)")
@@ -68,9 +72,15 @@ def main(argv=None):
     keys = tf.random.normal([b, n, h, k])
     probs = tf.nn.softmax(tf.random.normal([b, n, t, k]))
     values = tf.random.normal([b, n, k, h])
-    flops = 2 * b * n * t * h * k  # the same for both products
+    # The feed-forward's first product, for the dense rate beside the batched one.
+    inputs = tf.random.normal([b * t, args.hidden])
+    kernel = tf.random.normal([args.hidden, args.inner])
+    batched = 2 * b * n * t * h * k  # the same for both attention products
     results = {}
-    for product, operands in (("scores", (q, keys)), ("mixing", (probs, values))):
+    for product, operands, flops in (("scores", (q, keys), batched),
+                                     ("mixing", (probs, values), batched),
+                                     ("dense", (inputs, kernel),
+                                      2 * b * t * args.hidden * args.inner)):
         for mode, jit in (("graph", False), ("xla", True)):
             fn = tf.function(lambda x, y: tf.matmul(x, y), jit_compile=jit)
             ms = median_ms(fn, operands, args.calls)
@@ -82,7 +92,8 @@ def main(argv=None):
         results=results, host=host)))
     print(host_line(host))
     print(f"tensorflow_onednn: {host['tensorflow_onednn']}; {b * n} matrices of "
-          f"({t} x {h}) x ({h} x {k}) and ({t} x {k}) x ({k} x {h})")
+          f"({t} x {h}) x ({h} x {k}) and ({t} x {k}) x ({k} x {h}); dense "
+          f"({b * t} x {args.hidden}) x ({args.hidden} x {args.inner})")
     print(f"{'product':<10}{'mode':<8}{'ms (median)':>14}{'GFLOP/s':>10}")
     for name, r in results.items():
         product, mode = name.split("_")

@@ -229,6 +229,13 @@ def main(argv=None):
             result = run_json(command, env)
             run = {k: result[k] for k in metrics}
             run.update({k: result[k] for k in COMPILE_KEYS if k in result})
+            if name in ours_names:
+                # How ours evaluated, and whether XLA's own kernels were held to the
+                # cap (benchmarks/xla_isa_cap.py): a capped run whose XLA kernels
+                # were not is no measurement of that ISA level.
+                run["eval_jit_compile"] = result.get("eval_jit_compile")
+                cap = result.get("host", {}).get("xla_kernels_cap") or {}
+                run["xla_kernels_capped"] = cap.get("applied") if cap.get("cap") else None
             run["load_average_1m"] = round(os.getloadavg()[0], 2)
             runs[name].append(run)
             print(f"round {round_index + 1}/{args.rounds} {name}: "

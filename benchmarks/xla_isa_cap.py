@@ -10,11 +10,12 @@ XLA-compiled step's, which two other pieces produce:
   reads no environment variable.
 
 So on an AVX-512 host an "AVX2-capped" XLA step still ran AVX-512 matmuls: on the AMX
-Xeon (eighteenth session) `perf` showed `ynn::dot_fp32_5x64x1_1x16x1_avx512f`, and a
-(1024 x 256) x (256 x 1024) XLA matmul ran at 148-180 GFLOP/s under the cap against
-95-112 for oneDNN's AVX2 kernel; with this module's cap it ran YNNPACK's `fma3` kernel at
-89 GFLOP/s. Every benchmark that compiles with XLA calls `cap_xla_kernels()` right after
-importing TensorFlow, before anything is compiled, and reports what it did in its JSON.
+Xeon (eighteenth session) `perf` showed `ynn::dot_fp32_5x64x1_1x16x1_avx512f`, and the
+feed-forward's (1024 x 256) x (256 x 1024) product ran at 154-162 GFLOP/s XLA-compiled under
+the cap against 86-88 for oneDNN's AVX2 kernel (`attention_matmuls.py`); with this module's
+cap XLA ran YNNPACK's `fma3` kernel, at 94-114. Every benchmark that compiles with XLA calls
+`cap_xla_kernels()` right after importing TensorFlow, before anything is compiled, and
+reports what it did in its JSON.
 
 YNNPACK has no switch for this, so the cap writes its computed flags: the function's
 static result is a local symbol of `libtensorflow_cc.so.2` (found with binutils' `nm`);
@@ -22,8 +23,9 @@ the function is called once through ctypes (so the static is initialised), its a
 checked against /proc/cpuinfo (the low seven bits, SSE2 to FMA3, are the same in every
 YNNPACK layout seen; a mismatch means another layout and nothing is written), and the
 bits above the cap are cleared. Where any of this fails the benchmark still runs and its
-JSON says the cap was not applied, and why. Benchmark-only: keras-txl itself never does
-this.
+JSON says the cap was not applied, and why. `BENCH_XLA_ISA_CAP=0` leaves XLA's kernels
+uncapped (to reproduce the runs before this module). Benchmark-only: keras-txl itself never
+does this.
 """
 
 import ctypes
@@ -98,6 +100,11 @@ def cap_xla_kernels(environ=None):
     environ = os.environ if environ is None else environ
     cap = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "")
     cap = cap.upper()
+    if cap in CAPS and environ.get("BENCH_XLA_ISA_CAP") == "0":
+        # The behaviour before this module: oneDNN capped, XLA's kernels not.
+        STATE.clear()
+        STATE.update(applied=False, cap=cap, reason="turned off by BENCH_XLA_ISA_CAP=0")
+        return dict(STATE)
     if cap not in CAPS:
         STATE.clear()
         STATE.update(applied=False, reason=f"no cap below AVX-512 (ONEDNN_MAX_CPU_ISA={cap or None})")

@@ -56,12 +56,14 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
 
     attention_matmuls = load_benchmark("attention_matmuls")
     attention_matmuls.main(["--batch", "1", "--heads", "2", "--head-dim", "4", "--queries", "4",
-                            "--keys", "8", "--calls", "3", "--threads", "0", "--no-peak"])
+                            "--keys", "8", "--hidden", "8", "--inner", "16", "--calls", "3",
+                            "--threads", "0", "--no-peak"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
     report = json.loads(line)
-    assert set(report["results"]) == {"scores_graph", "scores_xla", "mixing_graph", "mixing_xla"}
-    flops = 2 * 1 * 2 * 4 * 4 * 8
-    for r in report["results"].values():
+    assert set(report["results"]) == {f"{p}_{m}" for p in ("scores", "mixing", "dense")
+                                      for m in ("graph", "xla")}
+    for name, r in report["results"].items():
+        flops = 2 * 4 * 8 * 16 if name.startswith("dense") else 2 * 1 * 2 * 4 * 4 * 8
         assert r["ms"] > 0
         assert abs(r["gflops"] - flops / r["ms"] / 1e6) <= 0.05 + 1e-3 * r["gflops"]
     # TensorFlow's own answer, which the host module predicts.
@@ -192,7 +194,7 @@ print(json.dumps(state))
 """
 
 
-def run_cap_probe(cap):
+def run_cap_probe(cap, **extra):
     import json
     import os
     import subprocess
@@ -201,6 +203,7 @@ def run_cap_probe(cap):
            if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "XLA_FLAGS")}
     if cap:
         env["ONEDNN_MAX_CPU_ISA"] = cap
+    env.update(extra)
     out = subprocess.run([sys.executable, "-c", CAP_PROBE, str(REPO / "benchmarks")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -224,7 +227,10 @@ def test_xla_isa_cap_holds_xla_kernels_to_the_onednn_cap():
         before, after = int(state["ynnpack_flags_before"], 16), int(state["ynnpack_flags"], 16)
         assert after == before & 0x7F  # nothing above FMA3 left
     assert state["max_difference"] < 1e-3
-    # Without a cap below AVX-512 nothing is touched.
+    # Without a cap below AVX-512, or with the switch off, nothing is touched.
     state = run_cap_probe(None)
     assert not state["applied"] and "no cap below AVX-512" in state["reason"]
     assert state["max_difference"] < 1e-3
+    state = run_cap_probe("AVX2", BENCH_XLA_ISA_CAP="0")
+    assert not state["applied"] and "BENCH_XLA_ISA_CAP=0" in state["reason"]
+    assert "xla_flags" not in state

@@ -88,6 +88,8 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
     ("eval_cache", ["--memory", "0"], "--memory must be comma-separated positive integers"),
     ("eval_cache", ["--rounds", "0"], "--rounds must be >= 1; received 0"),
     ("eval_cache", ["--hidden", "48"], "--hidden must be a positive multiple of 32; received 48"),
+    ("eval_weight_casts", ["--rounds", "0"], "--rounds must be >= 1; received 0"),
+    ("eval_weight_casts", ["--steps", "-1"], "--steps must be >= 1; received -1"),
 ])
 def test_benchmarks_reject_bad_arguments(benchmark, argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -234,3 +236,23 @@ def test_xla_isa_cap_holds_xla_kernels_to_the_onednn_cap():
     state = run_cap_probe("AVX2", BENCH_XLA_ISA_CAP="0")
     assert not state["applied"] and "BENCH_XLA_ISA_CAP=0" in state["reason"]
     assert "xla_flags" not in state
+
+
+def test_eval_weight_casts_benchmark_times_both_policies_on_the_same_weights(capsys):
+    import json
+
+    load_benchmark("eval_weight_casts").main(["--batch", "1", "--rounds", "2", "--steps", "1",
+                                              "--threads", "0", "--no-peak"])
+    out = capsys.readouterr().out
+    report = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+    policies = ("mixed_bfloat16", "bfloat16")
+    assert set(report["ms_per_step"]) == set(policies)
+    for policy in policies:
+        assert len(report["ms_per_step_rounds"][policy]) == 2
+        assert report["ms_per_step"][policy] > 0
+    assert report["stored_bfloat16_speedup"] == pytest.approx(
+        report["ms_per_step"]["mixed_bfloat16"] / report["ms_per_step"]["bfloat16"], rel=1e-2)
+    # The same weights (cast once to bfloat16): the NLL agrees to bfloat16's precision,
+    # so the two timings are of the same computation.
+    assert report["nll_max_difference"] < 0.05
+    assert "stored in bfloat16 (bfloat16 policy)" in out

@@ -753,10 +753,27 @@ def _lines_between_eos(ids, eos_id):
     return lines, lines_per_text
 
 
+def _ragged_join(strings, separator):
+    """`(B, None)` strings -> (B,) strings, each row joined by `separator`.
+
+    `tf.strings.reduce_join` of a ragged tensor (unsorted_segment_join in
+    TF 2.21) drops the separators after a row's leading empty strings:
+    `["", "a"]` joins to "a", not "\\na", which lost a text's leading blank
+    lines. So the separator goes onto every element but a row's last, and
+    the join adds none.
+    """
+    lengths = strings.row_lengths()
+    position = tf.ragged.range(lengths)
+    last = tf.equal(position, tf.expand_dims(lengths - 1, 1)).flat_values
+    values = strings.flat_values
+    values = tf.where(last, values, tf.strings.join([values, separator]))
+    return tf.strings.reduce_join(strings.with_flat_values(values), axis=1)
+
+
 def _join_lines(line_texts, lines_per_text):
     """(lines,) strings and lines per text -> (B,) texts joined by "\\n"."""
     texts = tf.RaggedTensor.from_row_lengths(line_texts, lines_per_text)
-    return tf.strings.reduce_join(texts, axis=1, separator="\n")
+    return _ragged_join(texts, "\n")
 
 
 def _strings_table(tokens, default):
@@ -1587,10 +1604,10 @@ class WordTokenizer(_VocabularyTokenizer):
     def _detokenize_batch(self, ids):
         if not self._add_eos:
             tokens = tf.ragged.map_flat_values(tf.gather, self._tokens, ids)
-            return tf.strings.reduce_join(tokens, axis=1, separator=" ")
+            return _ragged_join(tokens, " ")
         lines, lines_per_text = _lines_between_eos(ids, self._eos_id)
         words = tf.ragged.map_flat_values(tf.gather, self._tokens, lines)
-        line_texts = tf.strings.reduce_join(words, axis=1, separator=" ")
+        line_texts = _ragged_join(words, " ")
         return _join_lines(line_texts, lines_per_text)
 
 

@@ -90,6 +90,22 @@ def test_lossless_kinds_round_trip_exactly(kind, fitted):
     assert tokenizer.decode([]) == ""
 
 
+@pytest.mark.parametrize("kind", tokenizers.TOKENIZER_KINDS)
+def test_leading_and_only_blank_lines_survive_decoding(kind, fitted):
+    # tf.strings.reduce_join of a ragged tensor drops the separators after a
+    # row's leading empty strings; the texts of each kind's lines must not.
+    tokenizer = fitted[kind]
+    texts = ["\nthe dog", "\n\n", "\n\nthe fox\n\nthe dog\n", "the dog\n", "\n", ""]
+    for text in texts:
+        assert tokenizer.decode(tokenizer.encode(text)) == text, text
+    batch = tokenizer.detokenize(tokenizer.tokenize(texts)).numpy()
+    assert [text.decode("utf-8") for text in batch] == texts
+    # The ids of a continuation that starts at a newline (generation's).
+    eos = tokenizer.encode("\n")
+    dog = tokenizer.encode("the dog")
+    assert tokenizer.decode(np.concatenate([eos, eos, dog])) == "\n\nthe dog"
+
+
 def test_word_round_trips_whitespace_normalized_text(fitted):
     tokenizer = fitted["word"]
     assert tokenizer.decode(tokenizer.encode(NORMALIZED)) == NORMALIZED

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl.checks import positive_int
+from keras_txl.tokenizers import _utf8
 
 # How many values of a bad mask row an error shows.
 _SHOWN = 16
@@ -152,7 +153,14 @@ def normalize_prompts(inputs, preprocessor, max_length, vocabulary_size):
                     "tokenize them: attach a TransformerXLCausalLMPreprocessor or "
                     "pass token ids."
                 )
-            texts = [p.decode("utf-8") if isinstance(p, bytes) else p for p in prompts]
+            # Bytes go to the tokenizer as they are (the byte tokenizer takes
+            # any; the others read bytes that are not UTF-8 as U+FFFD);
+            # strings by the tokenizers' surrogate rule, so a lone
+            # surrogate is an error naming the prompt, not TensorFlow's.
+            texts = [
+                p if isinstance(p, bytes) else _utf8(p, f"inputs[{i}]")
+                for i, p in enumerate(prompts)
+            ]
             rows = [_tokenize_one(preprocessor.tokenizer, t) for t in texts]
             kind = "strings"
         elif all(

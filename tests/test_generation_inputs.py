@@ -187,6 +187,21 @@ def test_datasets_and_string_tensors_are_generated_like_lists():
             model.generate(batched, max_length=6, **kwargs)
 
 
+def test_bytes_and_surrogate_escaped_prompts_reach_the_tokenizer_as_bytes():
+    model = byte_model()
+    # Bytes that are not UTF-8 are byte tokens for a byte-level model, and a
+    # str holding them as surrogate escapes (os.fsdecode's) is the same prompt.
+    raw = b"\xff\xfeab"
+    expected = model.generate([[255, 254, 97, 98]], max_length=6)[0]
+    texts = model.generate([raw], max_length=6)
+    assert texts[0].startswith("\ufffd\ufffdab")
+    assert model.generate(raw.decode("utf-8", "surrogateescape"), max_length=6) == texts[0]
+    assert texts[0] == model.preprocessor.tokenizer.decode(expected)
+    # Any other lone surrogate is named with its prompt, before TensorFlow sees it.
+    with pytest.raises(ValueError, match=r"`inputs\[1\]` holds the lone surrogate '\\ud800'"):
+        model.generate(["ok", "a\ud800"], max_length=6)
+
+
 # === Samplers generate() cannot run ===
 
 

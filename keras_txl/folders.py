@@ -6,11 +6,17 @@ folder, its config within `keras_txl.limits`, and the files keras-hub will
 read, present and bounded.
 """
 
+import hashlib
+import json
 import os
+import re
+import tempfile
 
 from keras_txl.config import TransformerXLConfig
 from keras_txl.limits import check_config
+from keras_txl.safe_files import default_mode
 from keras_txl.safe_files import read_json
+from keras_txl.safe_files import resolve_inside
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -20,6 +26,10 @@ PRESET_WEIGHTS_FILE = "model.weights.h5"
 PRESET_TASK_FILE = "task.json"
 PRESET_TOKENIZER_FILE = "tokenizer.json"
 PRESET_PREPROCESSOR_FILE = "preprocessor.json"
+# The size and sha256 of every file of a model folder keras-txl wrote.
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "keras-txl-model-folder"
+_LOADED = re.compile(r"[^/]+\.(json|h5|safetensors)|(assets|tokenizer)/.+")
 # Keys of a keras-hub backbone config that are not TransformerXLConfig fields.
 _LAYER_KEYS = ("name", "trainable", "dtype")
 
@@ -82,8 +92,108 @@ def _preset_fields(data, path):
     return fields
 
 
+def sha256_file(path):
+    """The hex sha256 of a file's bytes, read in blocks."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _folder_files(directory):
+    """Relative paths of the files under `directory` a loader reads: the
+    top level's JSON, HDF5 and safetensors files and everything under
+    `assets/` (keras-hub's tokenizer files) or `tokenizer/` (a keras-txl
+    folder's). Other files (a README, a hub cache's dot-files, the user's
+    notes) are neither recorded nor checked."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if relative != MANIFEST_FILE and _LOADED.fullmatch(relative):
+                found.append(relative)
+    return found
+
+
+def write_manifest(directory):
+    """Writes `directory/manifest.json`: the size and sha256 of every file
+    of the folder, so a loader notices a damaged or changed file (keras-hub
+    presets and safetensors carry no checksum of their own). Written last
+    and atomically; the folder's files must be complete."""
+    files = {}
+    for relative in _folder_files(directory):
+        path = os.path.join(directory, relative)
+        files[relative] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    data = json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, os.path.join(directory, MANIFEST_FILE))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def verify_manifest(directory, limits=None):
+    """Checks a model folder against its `manifest.json`.
+
+    Returns False for a folder without one (written by hand, by keras-hub's
+    own `save_to_preset` or before keras-txl wrote manifests: nothing to
+    check against), True when every listed file has its recorded size and
+    sha256 and no unlisted file would be read.
+
+    Raises:
+        ValueError: naming the file that is missing, changed or unlisted,
+            or the manifest if it is not one.
+    """
+    directory = os.fspath(directory)
+    path = os.path.join(directory, MANIFEST_FILE)
+    if not os.path.lexists(path):
+        return False
+    data = read_json(path, limits)
+    files = data.get("files") if isinstance(data, dict) else None
+    if (not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT
+            or not isinstance(files, dict) or not all(
+                isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str) for entry in files.values())):
+        raise ValueError(
+            f"{path} is not a keras-txl manifest (expected {{\"format\": "
+            f"\"{MANIFEST_FORMAT}\", \"files\": {{name: {{\"bytes\", \"sha256\"}}}}}})."
+        )
+    for relative, entry in sorted(files.items()):
+        file = resolve_inside(directory, relative, f"file listed in {path}")
+        if not os.path.isfile(file):
+            raise ValueError(
+                f"{file} is listed in {path} but missing: an incomplete copy of the folder?"
+            )
+        size = os.path.getsize(file)
+        if size != entry["bytes"]:
+            raise ValueError(
+                f"{file} has {size} bytes, {path} says {entry['bytes']}: a truncated, "
+                "damaged or changed file."
+            )
+        if sha256_file(file) != entry["sha256"]:
+            raise ValueError(
+                f"{file} does not match the sha256 in {path}: a damaged or changed "
+                "file (written again without its manifest?)."
+            )
+    unlisted = [name for name in _folder_files(directory) if name not in files]
+    if unlisted:
+        raise ValueError(
+            f"{os.path.join(directory, unlisted[0])} is not listed in {path}: a file "
+            "added after the folder was written would be loaded unchecked. Remove it, "
+            f"or remove {MANIFEST_FILE} to load the folder without checksums."
+        )
+    return True
+
+
 def check_preset_files(directory, limits):
-    """Everything keras-hub will read, present and bounded, before loading."""
+    """Everything keras-hub will read, present and bounded, before loading,
+    and matching the folder's manifest where it has one."""
     weights = os.path.join(directory, PRESET_WEIGHTS_FILE)
     if not os.path.isfile(weights):
         raise ValueError(
@@ -104,6 +214,9 @@ def check_preset_files(directory, limits):
     task = os.path.join(directory, PRESET_TASK_FILE)
     if os.path.lexists(task):
         _check_task(task, load_config(directory, limits), limits)
+    # Last: the specific checks above name what is wrong with a hand-made
+    # or foreign folder; this one names a damaged or changed file.
+    verify_manifest(directory, limits)
 
 
 def check_preset_weights(directory):
@@ -130,7 +243,9 @@ def check_preset_weights(directory):
         try:
             with h5py.File(path, "r") as handle:
                 handle.visititems(visit)
-        except OSError as error:
+        # h5py raises RuntimeError, KeyError or ValueError, not only
+        # OSError, for a damaged symbol table or object header.
+        except (OSError, RuntimeError, KeyError, ValueError) as error:
             raise ValueError(
                 f"Could not read the preset {directory!r}: {path}: {error} (a "
                 "missing, truncated or corrupted file?)") from None

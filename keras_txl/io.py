@@ -22,7 +22,6 @@ temporary name and renamed, so a killed writer never leaves a half file
 under the final name.
 """
 
-import hashlib
 import math
 import os
 import re
@@ -38,14 +37,11 @@ from keras_txl.folders import TOKENIZER_DIR
 from keras_txl.folders import WEIGHTS_FILE
 from keras_txl.folders import folder_format
 from keras_txl.folders import load_config
+from keras_txl.folders import sha256_file  # noqa: F401 (shards, checkpoints)
+from keras_txl.folders import verify_manifest
+from keras_txl.folders import write_manifest
 from keras_txl.limits import check_config
 from keras_txl.safe_files import default_mode
-
-
-def sha256_file(path):
-    """The hex sha256 of a file's bytes, read in blocks (shards, checkpoints)."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def atomic_write_bytes(path, data):
@@ -93,6 +89,7 @@ def save_pretrained(model, directory, tokenizer=None):
                 shutil.copytree(tokenizer, target, dirs_exist_ok=True)
         else:
             tokenizer.save(target)
+    write_manifest(directory)
     return directory
 
 
@@ -161,6 +158,7 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     try:
         os.chmod(staging, default_mode(directory=True))
         task.save_to_preset(staging)
+        write_manifest(staging)
         _replace_directory(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -173,7 +171,7 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
 # sharded weights and their index, assets, model card).
 _PRESET_ENTRY = re.compile(
     r"(config|task|preprocessor|tokenizer|metadata|model\.weights)\.json"
-    r"|(model|task)\.weights\.h5|model_\d+\.weights\.h5|assets|README\.md"
+    r"|(model|task)\.weights\.h5|model_\d+\.weights\.h5|assets|README\.md|manifest\.json"
 )
 
 
@@ -271,6 +269,7 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
         f"{directory}", header,
         {name: tuple(w.shape) for name, w in expected.items()}, CONFIG_FILE,
     )
+    verify_manifest(directory, limits)
     tensors = read_safetensors(weights_path, limits=limits)
     for name, variable in expected.items():
         variable.assign(loaded_weight(name, tensors.pop(name), weights_path))

@@ -312,6 +312,11 @@ def test_a_preset_whose_tokenizer_has_another_vocabulary_is_refused(tmp_path):
     _, folder = word_preset(tmp_path)
     (folder / "assets" / "tokenizer" / "vocabulary.txt").write_text(
         "<eos>\n<unk>\nthe\ncat\nsat\ndog\n")
+    # The manifest save_preset wrote notices the edit; without it (a folder
+    # put together by hand) the vocabulary check names the mismatch.
+    with pytest.raises(ValueError, match=r"vocabulary.txt has \d+ bytes, .*manifest.json says"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    (folder / "manifest.json").unlink()
     with pytest.raises(ValueError, match="vocabulary of 6 tokens .* vocabulary_size=5"):
         TransformerXLCausalLM.from_preset(str(folder))
 
@@ -336,6 +341,9 @@ def test_a_hostile_preset_config_is_refused_before_building(tmp_path):
     _, folder = word_preset(tmp_path / "c")
     data = (folder / "model.weights.h5").read_bytes()
     (folder / "model.weights.h5").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model.weights.h5 has \d+ bytes, .*manifest.json says"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    (folder / "manifest.json").unlink()
     with pytest.raises(ValueError, match="Could not read the preset"):
         TransformerXLCausalLM.from_preset(str(folder))
 
@@ -391,10 +399,11 @@ def test_a_mixed_precision_model_saves_a_preset_that_loads(tmp_path, policy):
     ids = random_ids((1, 6), 256)
     np.testing.assert_array_equal(again.call_with_memory(ids)["log_probs"],
                                   model.call_with_memory(ids)["log_probs"])
-    # A folder written before this fix (its config names the mixed policy)
-    # loads in the current policy too.
+    # A folder written before this fix (its config names the mixed policy,
+    # and it has no manifest) loads in the current policy too.
     import json
 
+    (tmp_path / "preset" / "manifest.json").unlink()
     for name in ("config.json", "task.json"):
         path = tmp_path / "preset" / name
         path.write_text(path.read_text().replace('"name": "float32"', f'"name": "{policy}"'))
@@ -467,6 +476,7 @@ def test_a_preset_with_non_finite_or_integer_weights_is_refused(tmp_path, damage
     import h5py
 
     _, folder = word_preset(tmp_path)
+    (folder / "manifest.json").unlink()  # a foreign folder, no checksums to go by
     with h5py.File(folder / "model.weights.h5", "r+") as f:
         key = next(k for k in _datasets(f) if "output_dense" in k)
         value = f[key][()]

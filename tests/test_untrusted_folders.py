@@ -336,3 +336,97 @@ def test_names_that_leave_the_folder_and_json_depth(tmp_path):
             resolve_inside(tmp_path, name)
     assert json_depth(b'{"a": [1, {"b": []}]}') == 4
     assert json_depth(b"[" * 5000 + b"]" * 5000, chunk_size=7) == 5000
+
+
+# === Checksums: a damaged or changed file of a folder keras-txl wrote ===
+
+
+def _flip_middle_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_model_folders_carry_a_manifest_that_notices_damage(tmp_path):
+    from keras_txl.io import save_preset
+
+    models = {"weights": _tiny_folder(tmp_path / "weights")}
+    tokenizer = build_tokenizer("char", ["abc"])
+    models["preset"] = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(
+        **{**TINY, "vocabulary_size": tokenizer.vocabulary_size()}))
+    preset = tmp_path / "preset"
+    save_preset(models["preset"], str(preset), tokenizer=tokenizer)
+    listed = {
+        folder.name: sorted(json.loads((folder / "manifest.json").read_text())["files"])
+        for folder in (tmp_path / "weights", preset)
+    }
+    assert listed["weights"] == ["config.json", "model.safetensors",
+                                 "tokenizer/assets/tokenizer/vocabulary.txt",
+                                 "tokenizer/tokenizer.json"]
+    assert listed["preset"] == ["assets/tokenizer/vocabulary.json", "config.json",
+                                "metadata.json", "model.weights.h5", "preprocessor.json",
+                                "task.json", "task.weights.h5", "tokenizer.json"]
+    ids = np.array([[1, 2, 3]], "int32")
+    for name, weights in (("weights", "model.safetensors"), ("preset", "model.weights.h5")):
+        folder = tmp_path / name
+        expected = models[name].call_with_memory(ids)["log_probs"]
+        # Files a loader does not read may be added (a README, a hub's dot-files).
+        (folder / "README.md").write_text("notes")
+        (folder / ".gitattributes").write_text("*.h5 filter=lfs")
+        np.testing.assert_array_equal(
+            load_pretrained(str(folder)).call_with_memory(ids)["log_probs"], expected)
+        copy = tmp_path / f"{name}-flipped"
+        shutil.copytree(folder, copy)
+        _flip_middle_byte(copy / weights)  # same size: only the sha256 tells
+        with pytest.raises(ValueError, match=rf"{weights} does not match the sha256 in "
+                                             rf".*manifest.json: a damaged or changed file"):
+            load_pretrained(str(copy))
+        copy = tmp_path / f"{name}-missing"
+        shutil.copytree(folder, copy)
+        # (a file no other check reads at load time)
+        unread = {"weights": "tokenizer/tokenizer.json", "preset": "metadata.json"}[name]
+        (copy / unread).unlink()
+        with pytest.raises(ValueError, match=rf"{unread} is listed in .*manifest.json but missing"):
+            load_pretrained(str(copy))
+        copy = tmp_path / f"{name}-added"
+        shutil.copytree(folder, copy)
+        (copy / "model_1.weights.h5").write_bytes(b"x")
+        with pytest.raises(ValueError, match=r"model_1.weights.h5 is not listed in .*manifest.json"):
+            load_pretrained(str(copy))
+    # keras-hub's own loader entry point checks the preset the same way.
+    copy = tmp_path / "preset-flipped"
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        keras_txl.TransformerXLCausalLM.from_preset(str(copy))
+
+
+@pytest.mark.parametrize("manifest, message", [
+    ({"format": "keras-txl-model-folder", "files": {"../config.json": {"bytes": 1, "sha256": "0"}}},
+     "leaves the folder"),
+    ({"format": "something else", "files": {}}, "is not a keras-txl manifest"),
+    ({"format": "keras-txl-model-folder", "files": {"config.json": {"bytes": "1"}}},
+     "is not a keras-txl manifest"),
+    ([1, 2], "is not a keras-txl manifest"),
+])
+def test_a_hostile_manifest_is_refused_by_name(tmp_path, manifest, message):
+    _tiny_folder(tmp_path / "m")
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(str(tmp_path / "m"))
+
+
+def test_a_preset_whose_hdf5_metadata_is_damaged_is_a_value_error(tmp_path):
+    # h5py raises RuntimeError ("bad symbol table node signature"), not
+    # OSError, for damaged metadata; without a manifest to catch it first
+    # that must still be a ValueError naming the preset.
+    from keras_txl.io import save_preset
+
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
+    save_preset(model, str(tmp_path / "p"))
+    (tmp_path / "p" / "manifest.json").unlink()
+    path = tmp_path / "p" / "model.weights.h5"
+    data = bytearray(path.read_bytes())
+    for i in range(1024, 1536, 4):
+        data[i] = 0x7F
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"Could not read the preset .*model.weights.h5"):
+        load_pretrained(str(tmp_path / "p"))

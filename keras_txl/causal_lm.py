@@ -30,6 +30,12 @@ from keras_txl.memory import update_memory_mask
 # initial_memory() refuses to allocate more than this by default (4 GiB).
 MAX_INITIAL_MEMORY_BYTES = 4 << 30
 
+# generate() refuses a longer max_length: it allocates (batch, max_length)
+# buffers up front and runs one step per position, while the model's state
+# is its fixed-size memory, so a longer text is generated in pieces
+# (`memory=` / `return_memory=True`) at the same cost per token.
+MAX_GENERATE_LENGTH = 1 << 20
+
 
 class ResetMemory(keras.callbacks.Callback):
     """Zeroes a stateful model's memory at each epoch start (the ordered
@@ -150,6 +156,51 @@ def check_sampler(sampler):
     ):
         # A k above the vocabulary is clamped to it (`clamp_top_k`).
         checks.positive_int(f"sampler ({name}) k", sampler.k)
+    if isinstance(sampler, TopPSampler):
+        p = sampler.p
+        if (isinstance(p, bool) or not isinstance(p, numbers.Real)
+                or not 0 < p <= 1):
+            raise ValueError(
+                f"`sampler ({name}) p` must be in (0, 1] (1 keeps every "
+                f"token), received p={p!r}."
+            )
+    # The log-probs are divided by the temperature: 0 gives NaN/Inf
+    # probabilities, a negative one favours the least likely tokens.
+    checks.finite_number(
+        f"sampler ({name}) temperature", getattr(sampler, "temperature", 1.0),
+        expected="a finite number > 0 (use 'greedy' for temperature 0)",
+    )
+    if not sampler.temperature > 0:
+        raise ValueError(
+            f"`sampler ({name}) temperature` must be a finite number > 0 (use "
+            f"'greedy' for temperature 0), received temperature={sampler.temperature!r}."
+        )
+
+
+def _saved_settings(preset):
+    """What a local preset folder says of its statefulness: task.json's
+    "stateful"/"batch_size" and the rows of the memory its task weights
+    hold (None without one; a task.json edited to stateful=True has none)."""
+    import json
+
+    import h5py
+
+    settings = {"stateful": False, "batch_size": None, "memory_rows": None}
+    try:
+        with open(os.path.join(preset, "task.json")) as f:
+            config = json.load(f).get("config", {})
+        settings["stateful"] = bool(config.get("stateful", False))
+        settings["batch_size"] = config.get("batch_size")
+    except (OSError, ValueError, AttributeError):
+        pass  # keras-hub reports a missing or unreadable task.json
+    try:
+        with h5py.File(os.path.join(preset, "task.weights.h5"), "r") as f:
+            variables = f.get("vars")
+            if variables is not None and len(variables):
+                settings["memory_rows"] = int(variables["0"].shape[0])
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    return settings
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -227,6 +278,7 @@ class TransformerXLCausalLM(CausalLM):
                 "TransformerXLConfig or its dict), received "
                 f"{type(backbone).__name__}."
             )
+        stateful = checks.boolean("stateful", stateful)
         if stateful:
             if (isinstance(batch_size, bool)
                     or not isinstance(batch_size, numbers.Integral)
@@ -308,11 +360,16 @@ class TransformerXLCausalLM(CausalLM):
     def _check_token_ids(self, token_ids, name="token_ids"):
         cfg = self.txl_config
         if not (tf.is_tensor(token_ids) or isinstance(token_ids, keras.KerasTensor)):
-            array = np.asarray(token_ids)
-            if array.dtype == object:
+            try:
+                array = np.asarray(token_ids)
+            except ValueError:  # NumPy: "inhomogeneous shape" (ragged rows)
+                array = None
+            if array is None or array.dtype == object:
                 raise ValueError(
                     f"`{name}` must be an integer array of shape "
-                    "(batch, segment_length)."
+                    "(batch, segment_length), every row of the same length; "
+                    "received rows of different lengths or non-numbers (pad "
+                    "the rows, or pass prompts of any lengths to generate())."
                 )
             token_ids = array
         dtype = str(token_ids.dtype.name if hasattr(token_ids.dtype, "name")
@@ -322,16 +379,32 @@ class TransformerXLCausalLM(CausalLM):
                 f"`{name}` must be an integer tensor (int32 or int64) of "
                 f"shape (batch, segment_length), received dtype {dtype}."
             )
+        rank_message = f"`{name}` must have rank 2, (batch, segment_length)"
+        if isinstance(token_ids.shape, tf.TensorShape) and token_ids.shape.rank is None:
+            # Unknown rank (a traced step fed by a dataset of unknown
+            # shape): checked at run time, then given rank 2 for tracing.
+            # The reshape succeeds for any rank (a rank-2 tensor keeps its
+            # shape), so the assert is the op that fails: Grappler's
+            # constant folding would report a failing op ordered after it
+            # (tf.ensure_shape) first.
+            with tf.control_dependencies([
+                tf.debugging.assert_rank(token_ids, 2, message=rank_message)
+            ]):
+                token_ids = tf.identity(token_ids)
+            columns = tf.concat([tf.shape(token_ids), [1, 1]], 0)[1]
+            token_ids = tf.reshape(token_ids, tf.stack([-1, columns]))
         shape = tuple(token_ids.shape)
         if len(shape) != 2:
-            raise ValueError(
-                f"`{name}` must have rank 2, (batch, segment_length), "
-                f"received shape {shape}."
-            )
+            raise ValueError(f"{rank_message}, received shape {shape}.")
         if shape[1] == 0:
             raise ValueError(
                 f"`{name}` must hold at least one position per row, "
                 f"received shape {shape} (segment_length 0)."
+            )
+        if shape[0] == 0:
+            raise ValueError(
+                f"`{name}` must hold at least one row, received shape "
+                f"{shape} (batch 0)."
             )
         if _is_concrete(token_ids):
             values = np.asarray(token_ids)
@@ -413,6 +486,107 @@ class TransformerXLCausalLM(CausalLM):
                 memory = tf.identity(memory)
         return memory
 
+    def _check_memory_mask(self, memory_mask, batch):
+        """`memory_mask` as a (batch, memory_length) bool tensor; a
+        ValueError naming it for another dtype or shape. `batch` is the
+        ids' batch (an int, or None where unknown)."""
+        memory_length = self.txl_config.memory_length
+        expected = (
+            "a bool array of shape (batch, memory_length) = "
+            f"({'batch' if batch is None else batch}, {memory_length}), True "
+            "where a memory slot holds real memory"
+        )
+        if not (tf.is_tensor(memory_mask) or isinstance(memory_mask, keras.KerasTensor)
+                or isinstance(memory_mask, tf.Variable)):
+            try:
+                memory_mask = np.asarray(memory_mask)
+            except ValueError:
+                raise ValueError(
+                    f"`memory_mask` must be {expected}; received ragged rows."
+                ) from None
+        dtype = str(getattr(memory_mask.dtype, "name", memory_mask.dtype))
+        if dtype != "bool":
+            # A float or 0/1 mask is refused rather than cast: a soft mask
+            # (0.5) has no meaning here.
+            raise ValueError(
+                f"`memory_mask` must be {expected}; received dtype {dtype}."
+            )
+        shape = memory_mask.shape
+        if isinstance(shape, tf.TensorShape):
+            shape = None if shape.rank is None else tuple(shape.as_list())
+        else:
+            shape = tuple(shape)
+        if shape is None or len(shape) != 2 or (
+            shape[1] is not None and shape[1] != memory_length
+        ) or (shape[0] is not None and batch is not None and shape[0] != batch):
+            raise ValueError(
+                f"`memory_mask` must be {expected}; received shape {shape}."
+            )
+        if isinstance(memory_mask, np.ndarray):
+            return ops.convert_to_tensor(memory_mask)
+        return memory_mask
+
+    def _memory_mask_for(self, memory, memory_mask, batch, required=False):
+        """The checked mask of a memory given by the caller, or None (every
+        slot real: the explicit memory of the training loops, the stateful
+        model and the exports, which start from zeros). `required`
+        (generate's continuation): with `empty_memory="masked"` a memory
+        returned by `generate` has unfilled slots that are zero vectors;
+        without the mask they would count as real memory, and a text
+        continued from it would differ from the same text in one call."""
+        if memory_mask is not None:
+            return self._check_memory_mask(memory_mask, batch)
+        if (required and memory is not None and self.txl_config.empty_memory == "masked"
+                and self.txl_config.memory_length > 0):
+            raise ValueError(
+                "`memory_mask` is required with `memory` for a model with "
+                "empty_memory='masked': pass the validity returned with the "
+                "memory (the third value of generate(..., return_memory=True), "
+                "call_with_memory's out['memory_mask']), or "
+                "np.ones((batch, memory_length), bool) if every slot holds "
+                "real memory."
+            )
+        return None
+
+    def _check_cache(self, cache, token_ids):
+        """A cache from `build_cache` (or a previous `call_with_cache`) for
+        the batch of `token_ids`; a ValueError naming `cache` otherwise."""
+        cfg = self.txl_config
+        layers = cfg.num_layers
+        structure = (
+            "the dict returned by build_cache() or by the previous "
+            f"call_with_cache() (\"keys\" and \"values\": {layers} per-layer "
+            "tensors each)"
+        )
+        if not isinstance(cache, dict):
+            raise ValueError(
+                f"`cache` must be {structure}, received {type(cache).__name__}."
+            )
+        missing = [k for k in ("keys", "values") if k not in cache]
+        if missing:
+            raise ValueError(
+                f"`cache` must be {structure}; it lacks {missing} (received "
+                f"keys {sorted(cache)})."
+            )
+        for key in ("keys", "values"):
+            entry = cache[key]
+            if not isinstance(entry, (tuple, list)) or len(entry) != layers:
+                raise ValueError(
+                    f"`cache[{key!r}]` must hold one tensor per layer "
+                    f"({layers}), received {type(entry).__name__}"
+                    + (f" of length {len(entry)}" if isinstance(entry, (tuple, list)) else "")
+                    + "."
+                )
+        rows = cache["keys"][0].shape[0]
+        batch = token_ids.shape[0]
+        if rows is not None and batch is not None and rows != batch:
+            raise ValueError(
+                f"`cache` was built for a batch of {rows} rows but `token_ids` "
+                f"has {batch}; build the cache for this batch "
+                "(build_cache(memory) with this batch's memory, or "
+                f"build_cache(batch_size={batch}))."
+            )
+
     # --- forward ----------------------------------------------------------
     def call_with_memory(
         self, token_ids, memory=None, training=False, return_hidden=False,
@@ -436,12 +610,22 @@ class TransformerXLCausalLM(CausalLM):
             (B, M) bool).
 
         Raises:
-            ValueError: on ids out of range, wrong dtype/rank, or memory of
-                the wrong shape, batch or dtype.
+            ValueError: on ids out of range, wrong dtype/rank, memory of the
+                wrong shape, batch or dtype, a memory_mask that is not
+                (B, M) bool, or (with `empty_memory="masked"`) a memory
+                without its memory_mask.
         """
+        training = checks.boolean("training", training)
+        return_hidden = checks.boolean("return_hidden", return_hidden)
         token_ids = self._check_token_ids(token_ids)
         if memory is not None:
             memory = self._check_memory(memory, token_ids)
+        memory_mask = self._memory_mask_for(memory, memory_mask, token_ids.shape[0])
+        return self._forward(token_ids, memory, training, return_hidden, memory_mask)
+
+    def _forward(self, token_ids, memory, training=False, return_hidden=False,
+                 memory_mask=None):
+        """`call_with_memory` on checked arguments."""
         memory_mask = self.backbone.resolve_memory_mask(
             memory, memory_mask, ops.shape(token_ids)[0]
         ) if memory_mask is not None or memory is None else None
@@ -482,14 +666,22 @@ class TransformerXLCausalLM(CausalLM):
             raise ValueError(
                 "`keep_memory` must be True or False. Received: "
                 f"keep_memory={keep_memory!r}.")
+        segment_length = checks.positive_int("segment_length", segment_length)
         if memory is None:
+            batch_size = checks.positive_int("batch_size", batch_size)
+            if memory_mask is not None:
+                memory_mask = self._check_memory_mask(memory_mask, batch_size)
             memory_mask = self.backbone.resolve_memory_mask(
                 None, memory_mask, batch_size
             )
             memory = self.initial_memory(batch_size)
         else:
-            ids = np.zeros((memory.shape[0] or 1, 1), "int32")
+            if not (tf.is_tensor(memory) or isinstance(memory, (keras.KerasTensor, tf.Variable))):
+                memory = np.asarray(memory)
+            rows = memory.shape[0] if len(memory.shape) else None
+            ids = np.zeros((rows or 1, 1), "int32")
             memory = self._check_memory(memory, ids)
+            memory_mask = self._memory_mask_for(memory, memory_mask, rows)
         return self.backbone.build_cache(memory, segment_length, memory_mask,
                                          bool(keep_memory))
 
@@ -514,6 +706,7 @@ class TransformerXLCausalLM(CausalLM):
             `keep_memory`), "memory" (B, L, M, D) float32 (the new memory).
         """
         token_ids = self._check_token_ids(token_ids)
+        self._check_cache(cache, token_ids)
         if targets is not None:
             targets = self._check_targets(targets, tuple(token_ids.shape), "token_ids")
         hidden, new_cache = self.backbone.call_with_cache(token_ids, cache)
@@ -580,29 +773,97 @@ class TransformerXLCausalLM(CausalLM):
                 token_ids = tf.identity(token_ids)
         return token_ids
 
+    def _stateful_rows(self, x):
+        """The number of rows of `fit`/`evaluate`/`predict` data whose size
+        is known before Keras takes it (arrays, tensors, lists, a dict's
+        "token_ids"), or None (a dataset, a generator)."""
+        if isinstance(x, (tuple, list)) and x and isinstance(x[0], dict):
+            x = x[0]
+        if isinstance(x, dict):
+            x = x.get("token_ids")
+        if isinstance(x, (list, tuple)):
+            return len(x)
+        shape = getattr(x, "shape", None)
+        if shape is None or isinstance(x, tf.data.Dataset):
+            return None
+        if isinstance(shape, tf.TensorShape):
+            return None if shape.rank in (None, 0) else shape[0]
+        return shape[0] if len(shape) else None
+
+    def _check_stateful_data(self, x, batch_size, verb):
+        """Refuses, before Keras builds its data adapter, data that would
+        give a stateful model a batch other than its global batch
+        (`batch_size` rows per replica under a `tf.distribute` strategy);
+        returns the batch size to hand to Keras (the global one, for arrays
+        and lists). Batches only known in the graph meet the run-time
+        assert of `_check_full_batch`."""
+        if not self.stateful:
+            return batch_size
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        expected = self.batch_size * replicas
+        per_replica = (f" ({self.batch_size} per replica x {replicas} replicas)"
+                       if replicas > 1 else "")
+        what = (f"A stateful TransformerXLCausalLM built with batch_size="
+                f"{self.batch_size} {verb} in batches of exactly {expected} "
+                f"rows{per_replica}")
+        if isinstance(x, tf.data.Dataset):
+            spec = x.element_spec
+            if isinstance(spec, tuple) and spec:
+                spec = spec[0]
+            if isinstance(spec, dict):
+                spec = spec.get("token_ids")
+            if isinstance(spec, tf.TensorSpec) and spec.dtype != tf.string:
+                rank = spec.shape.rank
+                if rank is not None and rank >= 1 and spec.shape[0] is not None \
+                        and spec.shape[0] != expected:
+                    raise ValueError(
+                        f"{what}; the dataset's batches hold {spec.shape[0]}. "
+                        f"Batch it with `.batch({expected}, drop_remainder=True)`."
+                    )
+            return batch_size
+        step = expected if batch_size is None else batch_size
+        rows = self._stateful_rows(x)
+        if step != expected or (rows is not None and rows % step):
+            received = "" if rows is None else f"{rows} rows with "
+            raise ValueError(
+                f"{what}; received {received}batch_size={step}. Pass a multiple "
+                f"of {expected} rows (drop or pad the last batch)."
+            )
+        return expected
+
     def predict(self, x, batch_size=None, *args, **kwargs):
-        if self.stateful and hasattr(x, "shape") and len(x.shape) >= 1:
-            rows = x.shape[0]
-            step = batch_size or self.batch_size
-            if rows is not None and (step != self.batch_size or rows % step):
-                raise ValueError(
-                    f"A stateful TransformerXLCausalLM built with batch_size="
-                    f"{self.batch_size} predicts in batches of exactly "
-                    f"{self.batch_size} rows; received {rows} rows with "
-                    f"batch_size={step}. Pass a multiple of {self.batch_size} "
-                    "rows (drop or pad the last batch)."
-                )
-            batch_size = self.batch_size
+        batch_size = self._check_stateful_data(x, batch_size, "predicts")
         return super().predict(x, batch_size, *args, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        batch_size = self._check_stateful_data(x, batch_size, "evaluates")
+        return super().evaluate(x, y, batch_size, *args, **kwargs)
 
     def call(self, token_ids, training=False):
         if isinstance(token_ids, dict):  # keras-hub's preprocessor output
             token_ids = token_ids["token_ids"]
         if not self.stateful:
             return self.call_with_memory(token_ids, None, training)["log_probs"]
+        token_ids = self._check_token_ids(token_ids)
         token_ids = self._check_full_batch(token_ids)
-        out = self.call_with_memory(token_ids, self.memory, training)
-        self.memory.assign(out["memory"])
+        memory = ops.cast(self.memory, "float32")
+        dynamic = token_ids.shape[0] is None and tf.is_tensor(token_ids)
+        if dynamic:
+            # The assert of `_check_full_batch` is ordered before the ops
+            # that read the ids, but Grappler's constant folding reports a
+            # clash of a short batch with the variable's static batch (a
+            # ConcatOp, reshape or loss-shape error) before it runs. Every
+            # shape below is made valid for any batch (rows of the memory
+            # repeated or cut), so the assert is the one op that fails.
+            batch = tf.shape(token_ids)[0]
+            memory = tf.gather(memory, tf.range(batch) % self.batch_size)
+        # The stateful memory counts as real memory in every slot (it is
+        # zeros after reset_memory(), as in the official code).
+        out = self._forward(token_ids, memory, training)
+        new_memory = out["memory"]
+        if dynamic:
+            new_memory = tf.gather(new_memory, tf.range(self.batch_size) % batch)
+        self.memory.assign(new_memory)
         return out["log_probs"]
 
     def compute_output_spec(self, token_ids, training=False):
@@ -675,7 +936,10 @@ class TransformerXLCausalLM(CausalLM):
             )
             copy.assign_weights_from(self)
             return copy.save_to_preset(preset_dir, max_shard_size=max_shard_size)
-        return super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        # Last: the sizes and sha256s a loader checks (`folders.verify_manifest`),
+        # replacing a manifest a previous save left in the folder.
+        folders.write_manifest(os.fspath(preset_dir))
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):
@@ -691,10 +955,30 @@ class TransformerXLCausalLM(CausalLM):
             preset: a local preset folder or a keras-hub handle.
             load_weights: bool.
             limits: None, a dict or a `keras_txl.limits.Limits`.
+            stateful, batch_size: as for the constructor; by default those
+                the preset was saved with (its task.json). The weights are
+                loaded into the model the files hold, which then gets
+                these settings (`with_settings`, as `load_preset` does).
             **kwargs: passed to keras-hub (e.g. `dtype`).
         """
+        stateful = kwargs.pop("stateful", None)
+        batch_size = kwargs.pop("batch_size", None)
+        if stateful is not None:
+            stateful = checks.boolean("stateful", stateful)
+        if isinstance(preset, (str, os.PathLike)) and os.path.isfile(preset):
+            raise ValueError(
+                f"`preset` must be a preset folder, received the file "
+                f"{os.fspath(preset)!r}; pass its folder "
+                f"{os.path.dirname(os.fspath(preset)) or '.'!r}."
+            )
         if isinstance(preset, (str, os.PathLike)) and os.path.isdir(preset):
             preset = os.fspath(preset)
+            saved = _saved_settings(preset)
+            if stateful is None:
+                stateful, batch_size = saved["stateful"], saved["batch_size"]
+            # Built as the weights files hold it (a stateful preset's task
+            # weights include its memory), then given the settings asked for.
+            kwargs["stateful"], kwargs["batch_size"] = saved["memory_rows"] is not None, saved["memory_rows"]
             layout = folders.folder_format(preset, limits)
             if layout != "keras-hub":
                 raise ValueError(
@@ -729,6 +1013,8 @@ class TransformerXLCausalLM(CausalLM):
                 ) from None
             if load_weights:
                 checks.finite_weights(model, f"The preset {preset!r}")
+            if stateful != model.stateful or (stateful and batch_size != model.batch_size):
+                model = model.with_settings(stateful=stateful, batch_size=batch_size)
         else:
             from keras_txl.presets import PRESETS
 
@@ -742,6 +1028,11 @@ class TransformerXLCausalLM(CausalLM):
                     "or pass a preset folder (save_preset / txl train's WORKDIR/model)."
                 )
             model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+            if stateful is not None and (
+                stateful != model.stateful
+                or (stateful and batch_size != model.batch_size)
+            ):
+                model = model.with_settings(stateful=stateful, batch_size=batch_size)
         if model.preprocessor is not None:
             check_preprocessor(
                 model.preprocessor, model.txl_config.vocabulary_size, loaded=True
@@ -922,7 +1213,8 @@ class TransformerXLCausalLM(CausalLM):
         return tuple(int(i) for i in ids) or None
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto",
-                 strip_prompt=False, memory=None, return_memory=False):
+                 strip_prompt=False, memory=None, return_memory=False,
+                 memory_mask=None):
         """Generates continuations of a batch of prompts (keras-hub's API).
 
         Every argument is checked before anything is traced (`ValueError`
@@ -940,7 +1232,9 @@ class TransformerXLCausalLM(CausalLM):
             max_length: int. Length of prompt plus continuation; None is
                 the preprocessor's `sequence_length` (for a dict: its
                 padded length S). Must be at least the longest prompt's
-                length. A dict's prompts are re-packed to it.
+                length and at most `MAX_GENERATE_LENGTH` (2**20; continue a
+                longer text with `memory=`). A dict's prompts are re-packed
+                to it.
             stop_token_ids: "auto" (the tokenizer's `end_token_id` when it
                 has one), None, an id, or a tuple of ids in [0, V).
             strip_prompt: bool. Return only the continuations.
@@ -950,14 +1244,39 @@ class TransformerXLCausalLM(CausalLM):
             return_memory: bool. Also return the memory after each row's
                 whole sequence. Not with a dataset, nor with a sampler that
                 runs its own loop (beam search returns no memory).
+            memory_mask: (B, M) bool validity of `memory`'s slots. Required
+                with `memory` when the config has `empty_memory="masked"`
+                (pass the one returned with the memory); refused otherwise
+                unless given with a memory.
 
         Returns:
             Strings for string prompts (a string for a single one), lists of
             token ids for id prompts; with `return_memory`, a pair
-            `(outputs, memory)`.
+            `(outputs, memory)`, or, when the memory has a validity mask
+            (`empty_memory="masked"`, or a `memory_mask` passed in), a
+            triple `(outputs, memory, memory_mask)`, the mask to pass back with
+            the memory so that a text continued in pieces equals the text
+            generated in one call.
         """
         from keras_txl.prompts import normalize_prompts
 
+        strip_prompt = checks.boolean("strip_prompt", strip_prompt)
+        return_memory = checks.boolean("return_memory", return_memory)
+        if memory_mask is not None and memory is None:
+            raise ValueError(
+                "`memory_mask` is the validity of `memory`'s slots: pass it "
+                "with the memory it came with (memory=...)."
+            )
+        if (isinstance(max_length, numbers.Integral)
+                and not isinstance(max_length, bool)
+                and max_length > MAX_GENERATE_LENGTH):
+            raise ValueError(
+                f"`max_length` must be at most {MAX_GENERATE_LENGTH} (2**20), "
+                f"received max_length={max_length}: the (batch, max_length) "
+                "buffers are allocated up front; generate a longer text in "
+                "pieces, passing the memory of one call to the next "
+                "(return_memory=True, memory=...)."
+            )
         if self.stateful:
             raise ValueError(
                 "generate() runs on a model built with stateful=False (its "
@@ -1002,7 +1321,12 @@ class TransformerXLCausalLM(CausalLM):
         )
         if memory is not None:
             memory = self._check_memory(memory, batch["token_ids"])
+            memory_mask = self._memory_mask_for(
+                memory, memory_mask, batch["token_ids"].shape[0], required=True
+            )
             batch["memory"] = memory
+            if memory_mask is not None:
+                batch["memory_mask"] = memory_mask
         generate_function = self.make_generate_function()
         outputs = generate_function(batch, stop_token_ids=stop_token_ids)
         prompt_mask = np.asarray(batch["padding_mask"])
@@ -1021,6 +1345,8 @@ class TransformerXLCausalLM(CausalLM):
         if scalar:
             result = result[0]
         if return_memory:
+            if "memory_mask" in outputs:
+                return result, outputs["memory"], outputs["memory_mask"]
             return result, outputs["memory"]
         return result
 
@@ -1058,6 +1384,15 @@ class TransformerXLCausalLM(CausalLM):
             replicas = self.distribute_strategy.num_replicas_in_sync
             x = self.preprocessor.ordered_segments(x, self.batch_size * replicas)
             return keras.Model.fit(self, x, **kwargs)
+        batch_size = self._check_stateful_data(x, batch_size, "fits")
+        validation = kwargs.get("validation_data")
+        if self.stateful and validation is not None:
+            data = validation[0] if isinstance(validation, tuple) else validation
+            self._check_stateful_data(data, kwargs.get("validation_batch_size"),
+                                      "evaluates")
+            if not isinstance(data, tf.data.Dataset):
+                kwargs.setdefault("validation_batch_size", self._check_stateful_data(
+                    data, kwargs.get("validation_batch_size"), "evaluates"))
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):

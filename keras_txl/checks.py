@@ -56,12 +56,33 @@ def finite_number(name, value, minimum=None, maximum=None, expected=None):
     return float(value)
 
 
+def boolean(name, value):
+    """`value` as a `bool` (NumPy booleans too); a ValueError naming it for
+    anything else: a string such as "no" is truthy and would silently mean
+    True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"`{name}` must be True or False. Received: {name}={value!r}"
+            f" of type {type(value).__name__}."
+        )
+    return bool(value)
+
+
+# Float dtypes a memory may come in (a bfloat16 or float16 model's outputs,
+# a float64 NumPy array): cast to float32.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
 def finite_float32(name, value, hint=""):
     """`value` as a float32 NumPy array with no NaN or Inf *after* the cast
-    (a float64 1e300 is finite before it and Inf after)."""
+    (a float64 1e300 is finite before it and Inf after). Any of
+    `FLOAT_DTYPES` is accepted and cast."""
     array = np.asarray(value)
-    if array.dtype.kind != "f":
-        raise ValueError(f"`{name}` must be a float array, received dtype {array.dtype}.")
+    if array.dtype.kind != "f" and array.dtype.name not in FLOAT_DTYPES:
+        raise ValueError(
+            f"`{name}` must be a float array ({', '.join(FLOAT_DTYPES)}), "
+            f"received dtype {array.dtype}."
+        )
     with np.errstate(over="ignore"):
         array = array.astype(np.float32)
     if not np.all(np.isfinite(array)):

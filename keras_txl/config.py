@@ -7,7 +7,9 @@ rebuilds its own model.
 
 import dataclasses
 import json
+import math
 import numbers
+import os
 from typing import Any
 
 SAME_LENGTH_CONVENTIONS = ("official_tf", "pytorch")
@@ -242,18 +244,22 @@ class TransformerXLConfig:
                 "`hidden_dim` must be even (the sinusoid position encoding "
                 f"has sin and cos halves), received hidden_dim={self.hidden_dim}."
             )
-        for name in ("dropout", "attention_dropout"):
+        # Every float field: a finite real number, not a bool (NaN passes
+        # `value <= 0` and a NaN epsilon makes every output NaN).
+        for name, expected, valid in (
+            ("dropout", "in [0, 1), a finite number", lambda v: 0.0 <= v < 1.0),
+            ("attention_dropout", "in [0, 1), a finite number",
+             lambda v: 0.0 <= v < 1.0),
+            ("layer_norm_epsilon", "a positive, finite number (> 0)", lambda v: v > 0),
+            ("init_std", "a positive, finite number (> 0)", lambda v: v > 0),
+            ("projection_init_std", "a positive, finite number (> 0)",
+             lambda v: v > 0),
+        ):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or not valid(value)):
                 raise ValueError(
-                    f"`{name}` must be in [0, 1), received {name}={value!r}."
-                )
-        for name in ("layer_norm_epsilon", "init_std", "projection_init_std"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(
-                    f"`{name}` must be a positive number, received "
-                    f"{name}={value!r}."
+                    f"`{name}` must be {expected}, received {name}={value!r}."
                 )
         for name in ("same_length", "pre_layer_norm", "untie_relative_bias",
                      "tie_embeddings", "project_same_dim"):
@@ -351,9 +357,17 @@ class TransformerXLConfig:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> "TransformerXLConfig":
+    def from_json(cls, text_or_path: str | os.PathLike) -> "TransformerXLConfig":
+        """A config from JSON text (an object) or from a file holding it."""
+        if not isinstance(text_or_path, (str, os.PathLike)):
+            raise ValueError(
+                "`text_or_path` must be JSON text or the path of a JSON file, "
+                f"received {type(text_or_path).__name__}."
+            )
         text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
+        # JSON text starts with "{" (a config) or "[" (refused by from_dict
+        # with its type, rather than opened as a file name).
+        if isinstance(text, os.PathLike) or not text.lstrip().startswith(("{", "[")):
             with open(text_or_path) as f:
                 text = f.read()
         try:

@@ -178,13 +178,16 @@ class KerasBackend:
         self._cached = CompiledFunction(
             self._cached_fn, jit_compile=jit_compile, reduce_retracing=True
         )
-        self._build = CompiledFunction(model.build_cache, jit_compile=jit_compile)
+        self._build = CompiledFunction(self._build_fn, jit_compile=jit_compile)
         self.num_traces = 0
 
-    def _forward_fn(self, token_ids, memory):
+    def _forward_fn(self, token_ids, memory, memory_mask=None):
         self.num_traces += 1  # Python side effect: runs once per trace
-        out = self.model.call_with_memory(token_ids, memory)
-        return out["log_probs"][0], out["memory"]
+        out = self.model.call_with_memory(token_ids, memory, memory_mask=memory_mask)
+        return out["log_probs"][0], out["memory"], out.get("memory_mask")
+
+    def _build_fn(self, memory, memory_mask=None):
+        return self.model.build_cache(memory, memory_mask=memory_mask)
 
     def _cached_fn(self, token_ids, cache):
         self.num_traces += 1
@@ -192,27 +195,41 @@ class KerasBackend:
         return out["log_probs"][0], out["cache"]
 
     def initial_state(self, memory=None):
+        # With empty_memory="masked" the slots of an empty memory are masked
+        # (as model.generate does); a memory given here counts as real in
+        # every slot.
+        masked = (self.config.empty_memory == "masked"
+                  and self.config.memory_length > 0)
+        memory_mask = None
         if memory is None:
             memory = self.model.initial_memory(1)
+            if masked:
+                memory_mask = tf.zeros((1, self.config.memory_length), tf.bool)
+        elif masked:
+            memory_mask = tf.ones((1, self.config.memory_length), tf.bool)
         return {"memory": tf.convert_to_tensor(memory, tf.float32),
-                "cache": None}
+                "memory_mask": memory_mask, "cache": None}
 
     def prepare(self, state):
         """The state with its cache built (before re-running partial
         segments against the same memory)."""
         if self.use_cache and state["cache"] is None:
             state = {"memory": state["memory"],
-                     "cache": self._build(state["memory"])}
+                     "memory_mask": state.get("memory_mask"),
+                     "cache": self._build(state["memory"], state.get("memory_mask"))}
         return state
 
     def run(self, token_ids, state, position=-1):
         token_ids = tf.convert_to_tensor(token_ids, tf.int32)
         if not self.use_cache:
-            log_probs, memory = self._forward(token_ids, state["memory"])
-            return log_probs.numpy()[position], {"memory": memory, "cache": None}
+            log_probs, memory, memory_mask = self._forward(
+                token_ids, state["memory"], state.get("memory_mask")
+            )
+            return log_probs.numpy()[position], {
+                "memory": memory, "memory_mask": memory_mask, "cache": None}
         cache = state["cache"]
         if cache is None:
-            cache = self._build(state["memory"])
+            cache = self._build(state["memory"], state.get("memory_mask"))
         step = self._cached_step if token_ids.shape[1] == 1 else self._cached
         log_probs, cache = step(token_ids, cache)
         # The memory stays inside the cache (stacked only on request).
@@ -507,11 +524,19 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
         rows.append([int(t) for t in array])
     sampler = sampler_from_options(temperature, top_k, top_p, seed,
                                    vocabulary_size=model.txl_config.vocabulary_size)
-    model.compile(sampler=sampler)
-    outputs = model.generate(
-        rows, max_length=max(len(r) for r in rows) + max_new_tokens,
-        strip_prompt=True,
-    )
+    # Not `model.compile(sampler=...)`: that would also replace the user's
+    # optimizer (and its state), loss and metrics. keras-hub's generate
+    # reads `model.sampler` when it traces `generate_function`; both are
+    # swapped for this call and put back.
+    previous = (getattr(model, "sampler", None), getattr(model, "generate_function", None))
+    model.sampler, model.generate_function = sampler, None
+    try:
+        outputs = model.generate(
+            rows, max_length=max(len(r) for r in rows) + max_new_tokens,
+            strip_prompt=True,
+        )
+    finally:
+        model.sampler, model.generate_function = previous
     return [np.asarray(out, np.int32)[:max_new_tokens] for out in outputs]
 
 

@@ -1,0 +1,354 @@
+"""Hostile use of the public API: every misuse gets an early error naming
+the argument and the expected value, and nothing that succeeds changes
+numbers or state it should not (config floats, generate_ids' compile
+state, a stateful model's batches, from_preset's settings, the cache, the
+memory mask, unknown ranks, masked memory continued in pieces)."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras_hub import samplers
+
+from keras_txl import generation
+from keras_txl.causal_lm import MAX_GENERATE_LENGTH
+from keras_txl.causal_lm import TransformerXLCausalLM
+from keras_txl.config import TransformerXLConfig
+from keras_txl.io import load_pretrained
+from keras_txl.io import save_pretrained
+from tests.testing import TINY
+from tests.testing import random_ids
+from tests.testing import tiny_config
+
+B, T, L, M, D = 2, 3, TINY["num_layers"], TINY["memory_length"], TINY["hidden_dim"]
+
+STATEFUL_TEXT = "needs every batch to hold exactly 2 rows"
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(0)
+    return TransformerXLCausalLM(tiny_config())
+
+
+# --- 1. config floats --------------------------------------------------------
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("layer_norm_epsilon", float("nan"), "a positive, finite number"),
+    ("layer_norm_epsilon", float("inf"), "a positive, finite number"),
+    ("layer_norm_epsilon", True, "a positive, finite number"),
+    ("init_std", float("nan"), "a positive, finite number"),
+    ("projection_init_std", float("-inf"), "a positive, finite number"),
+    ("projection_init_std", 0.0, "a positive, finite number"),
+    ("dropout", float("nan"), r"in \[0, 1\), a finite number"),
+    ("dropout", True, r"in \[0, 1\), a finite number"),
+    ("attention_dropout", float("inf"), r"in \[0, 1\), a finite number"),
+])
+def test_config_float_fields_must_be_finite_and_in_range(name, value, expected):
+    with pytest.raises(ValueError, match=f"`{name}` must be {expected}"):
+        tiny_config(**{name: value})
+
+
+def test_a_nan_in_a_saved_config_is_refused_on_load(tmp_path, model):
+    save_pretrained(model, str(tmp_path / "m"))
+    path = tmp_path / "m" / "config.json"
+    text = path.read_text()
+    assert '"layer_norm_epsilon": 1e-05' in text
+    path.write_text(text.replace('"layer_norm_epsilon": 1e-05', '"layer_norm_epsilon": NaN'))
+    with pytest.raises(ValueError, match="`layer_norm_epsilon` must be a positive, finite number"):
+        load_pretrained(str(tmp_path / "m"))
+
+
+def test_config_from_json_of_a_list_names_the_type():
+    with pytest.raises(ValueError, match="A config must be a dict, received list"):
+        TransformerXLConfig.from_json("[1, 2]")
+
+
+# --- 2. generate_ids leaves the compile state alone --------------------------
+
+def test_generate_ids_keeps_optimizer_loss_and_sampler():
+    model = TransformerXLCausalLM(tiny_config())
+    optimizer = keras.optimizers.Adam(0.123)
+    beam = samplers.BeamSampler(num_beams=2)
+    model.compile(optimizer=optimizer, sampler=beam)
+    ids = random_ids((2, 4))
+    model.fit(ids, ids, batch_size=2, epochs=1, verbose=0)
+    iterations = int(optimizer.iterations.numpy())
+    loss = model.loss
+    assert iterations == 1
+    greedy = generation.generate_ids(model, [[1, 2], [3]], 3, temperature=0)
+    assert model.optimizer is optimizer
+    assert int(model.optimizer.iterations.numpy()) == iterations
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.123)
+    assert model.loss is loss
+    assert model.sampler is beam
+    # Greedy, as asked (not the compiled beam sampler): the argmax chain.
+    out = model.generate([[1, 2]], max_length=5, stop_token_ids=None)
+    model.sampler = samplers.GreedySampler()
+    model.generate_function = None
+    expected = model.generate([[1, 2]], max_length=5, stop_token_ids=None, strip_prompt=True)
+    np.testing.assert_array_equal(greedy[0], expected[0])
+    assert len(out[0]) == 5
+
+
+# --- 3. stateful batches -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stateful():
+    model = TransformerXLCausalLM(tiny_config(), stateful=True, batch_size=2)
+    model.compile(optimizer="adam")
+    return model
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+@pytest.mark.parametrize("kind", ["array", "list"])
+def test_stateful_short_data_fails_before_keras(stateful, method, kind):
+    x = random_ids((5, 4))
+    data = x if kind == "array" else x.tolist()
+    args = (data,) if method == "predict" else (data, data)
+    with pytest.raises(ValueError, match=r"batch_size=2 \w+ in batches of exactly 2 rows; "
+                                         r"received 5 rows with batch_size=2"):
+        getattr(stateful, method)(*args, verbose=0)
+
+
+def test_stateful_other_batch_size_is_named(stateful):
+    x = random_ids((4, 4))
+    with pytest.raises(ValueError, match="received 4 rows with batch_size=4"):
+        stateful.fit(x, x, batch_size=4, epochs=1, verbose=0)
+
+
+def test_stateful_dataset_with_fixed_wrong_batch_is_refused(stateful):
+    x = random_ids((6, 4))
+    data = tf.data.Dataset.from_tensor_slices((x, x)).batch(3, drop_remainder=True)
+    with pytest.raises(ValueError, match=r"the dataset's batches hold 3\. Batch it with "
+                                         r"`\.batch\(2, drop_remainder=True\)`"):
+        stateful.fit(data, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("method", ["fit", "predict"])
+def test_stateful_short_last_dataset_batch_meets_the_assert(stateful, method):
+    x = random_ids((5, 4))
+    data = (tf.data.Dataset.from_tensor_slices(x) if method == "predict"
+            else tf.data.Dataset.from_tensor_slices((x, x))).batch(2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=STATEFUL_TEXT):
+        getattr(stateful, method)(data, verbose=0)
+
+
+def test_stateful_full_batches_still_train_and_equal_the_chain(stateful):
+    x = random_ids((4, 4))
+    stateful.reset_memory()
+    history = stateful.fit(x, x, epochs=1, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"][0])
+    pure = TransformerXLCausalLM(tiny_config())
+    pure.assign_weights_from(stateful)
+    stateful.reset_memory()
+    got = stateful.predict(x, verbose=0)
+    first = pure.call_with_memory(x[:2])
+    second = pure.call_with_memory(x[2:], first["memory"])
+    np.testing.assert_allclose(got, np.concatenate([first["log_probs"], second["log_probs"]]),
+                               atol=1e-5)
+
+
+def test_stateful_must_be_a_bool():
+    with pytest.raises(ValueError, match="`stateful` must be True or False"):
+        TransformerXLCausalLM(tiny_config(), stateful="yes", batch_size=2)
+
+
+# --- 4. from_preset with stateful settings -----------------------------------
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory, model):
+    folder = str(tmp_path_factory.mktemp("presets") / "plain")
+    model.save_to_preset(folder)
+    return folder
+
+
+def test_from_preset_stateful_settings(preset, model):
+    loaded = TransformerXLCausalLM.from_preset(preset, stateful=True, batch_size=2)
+    assert loaded.stateful and loaded.batch_size == 2
+    ids = random_ids((2, 4))
+    np.testing.assert_allclose(loaded(ids), model.call_with_memory(ids)["log_probs"], atol=1e-6)
+    with pytest.raises(ValueError, match="needs a fixed positive integer `batch_size`"):
+        TransformerXLCausalLM.from_preset(preset, stateful=True)
+
+
+def test_from_preset_task_json_saying_stateful(preset, tmp_path, model):
+    import shutil
+
+    folder = str(tmp_path / "edited")
+    shutil.copytree(preset, folder)
+    task = json.load(open(os.path.join(folder, "task.json")))
+    task["config"].update(stateful=True, batch_size=2)
+    json.dump(task, open(os.path.join(folder, "task.json"), "w"))
+    os.remove(os.path.join(folder, "manifest.json"))  # edited by hand on purpose
+    loaded = TransformerXLCausalLM.from_preset(folder)
+    assert loaded.stateful and loaded.batch_size == 2
+    back = TransformerXLCausalLM.from_preset(folder, stateful=False)
+    assert not back.stateful
+    ids = random_ids((2, 4))
+    np.testing.assert_allclose(back(ids), model(ids), atol=1e-6)
+
+
+def test_stateful_preset_round_trip_and_back_to_pure(tmp_path):
+    model = TransformerXLCausalLM(tiny_config(), stateful=True, batch_size=2)
+    model(random_ids((2, 4)))
+    model.save_to_preset(str(tmp_path / "s"))
+    again = TransformerXLCausalLM.from_preset(str(tmp_path / "s"))
+    assert again.stateful and again.batch_size == 2
+    np.testing.assert_array_equal(again.memory.numpy(), model.memory.numpy())
+    pure = TransformerXLCausalLM.from_preset(str(tmp_path / "s"), stateful=False)
+    assert not pure.stateful
+
+
+def test_from_preset_of_a_file_names_its_folder(preset):
+    with pytest.raises(ValueError, match="must be a preset folder, received the file"):
+        TransformerXLCausalLM.from_preset(os.path.join(preset, "config.json"))
+
+
+# --- 5. cache arguments ------------------------------------------------------
+
+def test_call_with_cache_checks_the_cache(model):
+    cache = model.build_cache(batch_size=2)
+    with pytest.raises(ValueError, match="`cache` was built for a batch of 2 rows but "
+                                         "`token_ids` has 1"):
+        model.call_with_cache(random_ids((1, 1)), cache)
+    with pytest.raises(ValueError, match="`cache` must be the dict returned by build_cache"):
+        model.call_with_cache(random_ids((2, 1)), [1, 2])
+    memory = model.call_with_memory(random_ids((2, 3)))["memory"]
+    with pytest.raises(ValueError, match=r"it lacks \['keys', 'values'\]"):
+        model.call_with_cache(random_ids((2, 1)), {"memory": memory})
+
+
+def test_build_cache_checks_its_arguments(model):
+    memory = model.call_with_memory(random_ids((2, 3)))["memory"]
+    from_list = model.build_cache(np.asarray(memory).tolist())
+    step = random_ids((2, 1))
+    np.testing.assert_allclose(model.call_with_cache(step, from_list)["log_probs"],
+                               model.call_with_memory(step, memory)["log_probs"], atol=1e-5)
+    with pytest.raises(ValueError, match="`segment_length` must be a positive integer"):
+        model.build_cache(batch_size=1, segment_length=0)
+    with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+        model.build_cache(batch_size=0)
+
+
+# --- 6. memory_mask ----------------------------------------------------------
+
+def test_memory_mask_shape_and_dtype(model):
+    ids = random_ids((B, T))
+    memory = model.call_with_memory(ids)["memory"]
+    with pytest.raises(ValueError, match=r"`memory_mask` must be a bool array of shape "
+                                         r"\(batch, memory_length\) = \(2, 4\).*shape \(2, 3\)"):
+        model.call_with_memory(ids, memory, memory_mask=np.ones((2, 3), bool))
+    with pytest.raises(ValueError, match="`memory_mask` must be .*received dtype float32"):
+        model.call_with_memory(ids, memory, memory_mask=np.ones((2, M), "float32"))
+    with pytest.raises(ValueError, match="`memory_mask` must be .*received shape"):
+        model.build_cache(memory, memory_mask=np.ones((1, M), bool))
+
+
+# --- 7. unknown rank ---------------------------------------------------------
+
+def test_unknown_rank_gets_the_rank_error(model):
+    fn = tf.function(lambda ids: model.call_with_memory(ids)["log_probs"],
+                     input_signature=[tf.TensorSpec(None, tf.int32)])
+    np.testing.assert_allclose(fn(random_ids((2, 3))),
+                               model.call_with_memory(random_ids((2, 3)))["log_probs"],
+                               atol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`token_ids` must have rank 2"):
+        fn(random_ids((3,)))
+
+
+def test_predict_on_an_unknown_rank_dataset(model):
+    data = tf.data.Dataset.from_generator(
+        lambda: iter([random_ids((2, 3))]), output_signature=tf.TensorSpec(None, tf.int32))
+    got = model.predict(data, verbose=0)
+    np.testing.assert_allclose(got, model.call_with_memory(random_ids((2, 3)))["log_probs"],
+                               atol=1e-6)
+
+
+# --- 8. masked memory continued in pieces ------------------------------------
+
+def test_masked_memory_continued_by_generate_equals_one_call():
+    keras.utils.set_random_seed(1)
+    model = TransformerXLCausalLM(tiny_config(memory_length=16, empty_memory="masked"))
+    model.compile(sampler="greedy")
+    prompt, more = [1, 2, 3], [4, 5]
+    out_a, memory, mask = model.generate([prompt], max_length=5, return_memory=True,
+                                         stop_token_ids=None)
+    assert mask.dtype == tf.bool and tuple(mask.shape) == (1, 16)
+    assert int(np.sum(mask)) == 5  # the memory covers the whole sequence
+    out_b, memory_b, mask_b = model.generate(
+        [more], max_length=5, memory=memory, memory_mask=mask,
+        return_memory=True, stop_token_ids=None)
+    whole, memory_ab, mask_ab = model.generate(
+        [[*map(int, out_a[0]), *more]], max_length=10, return_memory=True,
+        stop_token_ids=None)
+    np.testing.assert_array_equal(np.concatenate([out_a[0], out_b[0]]), whole[0])
+    np.testing.assert_allclose(memory_b, memory_ab, atol=1e-5)
+    np.testing.assert_array_equal(mask_b, mask_ab)
+    # Without its mask the memory is refused, by name.
+    with pytest.raises(ValueError, match="`memory_mask` is required with `memory`"):
+        model.generate([more], max_length=4, memory=memory)
+    # call_with_memory takes an explicit memory as real in every slot (the
+    # training loops' and the exports' zeros); with the mask it continues.
+    alone = model.call_with_memory(np.array([more]), memory)
+    masked = model.call_with_memory(np.array([more]), memory, memory_mask=mask)
+    assert not np.allclose(alone["log_probs"], masked["log_probs"], atol=1e-6)
+    with pytest.raises(ValueError, match="pass it with the memory"):
+        model.generate([more], max_length=4, memory_mask=mask)
+
+
+def test_masked_host_generate_equals_model_generate():
+    keras.utils.set_random_seed(2)
+    model = TransformerXLCausalLM(tiny_config(memory_length=8, empty_memory="masked"))
+    model.compile(sampler="greedy")
+    host = generation.generate(model, [1, 2, 3], 4, temperature=0)
+    compiled = model.generate([[1, 2, 3]], max_length=7, strip_prompt=True, stop_token_ids=None)
+    np.testing.assert_array_equal(host, compiled[0])
+
+
+# --- 9. nitpicks -------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(strip_prompt="yes"), "`strip_prompt` must be True or False"),
+    (dict(return_memory="no"), "`return_memory` must be True or False"),
+    (dict(max_length=MAX_GENERATE_LENGTH + 1), r"`max_length` must be at most 1048576"),
+])
+def test_generate_argument_types(model, kwargs, match):
+    model.compile(sampler="greedy")
+    kwargs.setdefault("max_length", 5)
+    with pytest.raises(ValueError, match=match):
+        model.generate([[1, 2]], **kwargs)
+
+
+def test_call_with_memory_flags_and_shapes(model):
+    ids = random_ids((B, T))
+    with pytest.raises(ValueError, match="`training` must be True or False"):
+        model.call_with_memory(ids, training="no")
+    with pytest.raises(ValueError, match=r"`token_ids` must hold at least one row, .*\(batch 0\)"):
+        model.call_with_memory(np.zeros((0, 3), "int32"))
+    with pytest.raises(ValueError, match="`token_ids` must be an integer array of shape "
+                                         r"\(batch, segment_length\), every row of the same"):
+        model.call_with_memory([[1, 2], [3]])
+
+
+def test_bfloat16_memory_is_cast(model):
+    ids = random_ids((B, T))
+    memory = model.call_with_memory(ids)["memory"]
+    half = tf.cast(memory, tf.bfloat16)
+    got = model.call_with_memory(ids, half)["log_probs"]
+    expected = model.call_with_memory(ids, tf.cast(half, tf.float32))["log_probs"]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("sampler, match", [
+    (samplers.RandomSampler(temperature=0.0), "temperature` must be a finite number > 0"),
+    (samplers.TopKSampler(k=3, temperature=-1.0), "temperature` must be a finite number > 0"),
+    (samplers.TopPSampler(p=0.0), r"p` must be in \(0, 1\]"),
+    (samplers.TopPSampler(p=2.0), r"p` must be in \(0, 1\]"),
+])
+def test_bad_sampler_settings_are_refused(model, sampler, match):
+    with pytest.raises(ValueError, match=match):
+        model.compile(sampler=sampler)

@@ -118,6 +118,112 @@ class StopOnSignals:
         return False
 
 
+# --- resuming: one set of checks for both loops ---------------------------
+def checkpoint_step(path):
+    """The step in a checkpoint folder's name (`ckpt-00000050`: 50), or 0."""
+    name = os.path.basename(os.path.normpath(path))
+    digits = name.rsplit("-", 1)[-1]
+    return int(digits) if digits.isdigit() else 0
+
+
+def check_model_config(path, saved, model_config):
+    """Refuses checkpoint `path` written for another model config (`saved`,
+    its `model_config` dict; None for checkpoints that did not record it),
+    naming every key that differs with both values."""
+    if saved is None:
+        return
+    # Through JSON, as state.json stored it (tuples read back as lists).
+    current = json.loads(json.dumps(model_config.to_dict()))
+    if saved == current:
+        return
+    missing = "(not set)"
+    changed = ", ".join(
+        f"{key} {saved.get(key, missing)!r} -> {current.get(key, missing)!r}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key, missing) != current.get(key, missing))
+    raise ValueError(
+        f"{path} was written for another model config: {changed} (checkpoint "
+        "-> this run). Pass the checkpoint's values to resume it, or train in "
+        "a new --workdir."
+    )
+
+
+def check_train_config(path, saved, train_config):
+    """Refuses a resume that would silently change the data stream (another
+    batch size); says what a changed step count does to the schedule and
+    lists the other changed training settings. `saved`: the checkpoint's
+    `train_config` dict."""
+    cfg = train_config
+    saved_batch = saved.get("batch_size", cfg.batch_size)
+    if saved_batch != cfg.batch_size:
+        raise ValueError(
+            f"{path} was written with batch_size={saved_batch}; resuming "
+            f"with batch_size={cfg.batch_size} would restart the memory "
+            "and the position in the text. Resume with --batch-size "
+            f"{saved_batch}, or train in a new --workdir."
+        )
+    saved_steps = saved.get("steps", cfg.steps)
+    if saved_steps != cfg.steps:
+        before = learning_rate_schedule(
+            saved.get("learning_rate", cfg.learning_rate),
+            saved.get("warmup_steps", cfg.warmup_steps),
+            saved_steps,
+            saved.get("min_lr_ratio", cfg.min_lr_ratio))
+        after = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps,
+                                       cfg.steps, cfg.min_lr_ratio)
+        at = checkpoint_step(path)
+        logger.warning(
+            "%s was trained for a schedule of %d steps; this run has "
+            "steps=%d, so the cosine learning-rate schedule is stretched "
+            "to end at step %d (at the checkpoint's step the learning "
+            "rate goes from %.3g to %.3g). Pass --steps %d to keep the "
+            "original schedule.", path, saved_steps, cfg.steps, cfg.steps,
+            float(before(at)), float(after(at)), saved_steps,
+        )
+    current = cfg.to_dict()
+    changed = sorted(
+        k for k, v in saved.items()
+        if k not in ("steps", "batch_size") and k in current and current[k] != v
+    )
+    if changed:
+        logger.warning(
+            "Resuming %s with changed training settings: %s.", path,
+            ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed),
+        )
+
+
+def data_position(layout, step, data_key):
+    """What a checkpoint records of the train data (`state["data"]`): the
+    position in every stream after `step` steps. Stream b of the train split
+    is tokens [b*S, (b+1)*S); the next batch reads offset segment*T."""
+    return {
+        "train_tokens": layout.num_tokens,
+        "streams": layout.batch_size,
+        "tokens_per_stream": layout.tokens_per_stream,
+        "segment": step % layout.steps_per_epoch,
+        "shards_key": data_key,
+    }
+
+
+def check_data_position(path, saved, layout, data_key):
+    """A checkpoint's data position (`saved`, its `state["data"]`; None when
+    it recorded none) is only valid for the same train split: refuses one
+    written while reading another. `layout`: this run's `LMBatches`."""
+    if not saved:
+        return
+    if saved.get("train_tokens") != layout.num_tokens or (
+            saved.get("shards_key") and data_key
+            and saved["shards_key"] != data_key):
+        raise ValueError(
+            f"{path} was written while reading a train split of "
+            f"{saved.get('train_tokens')} tokens (shards key "
+            f"{saved.get('shards_key')}); this run's has {layout.num_tokens} "
+            f"(key {data_key}), so its position in the text would not "
+            "be the same. Train with the data it was written with, or in a "
+            "new --workdir."
+        )
+
+
 # --- the trainer ---------------------------------------------------------
 class Trainer:
     """Trains a `TransformerXLCausalLM` with the custom loop.
@@ -316,23 +422,23 @@ class Trainer:
         Every checkpoint is verified against its manifest (sha256): a
         damaged newest one is skipped with a warning for the newest intact
         one; `path` given explicitly must itself be intact. Errors name the
-        file (`CheckpointError`, a ValueError).
+        file (`CheckpointError`, a ValueError). A checkpoint of another
+        model config or batch size is refused here; its data position is
+        checked by `train`, which knows the train split. Nothing on disk
+        changes before those checks passed: the rows of metrics.jsonl
+        logged after the checkpoint are dropped by `train`.
         """
         if path is not None:
             tensors, state = CheckpointManager.read(path)
         else:
             found = self.checkpoints.newest_intact() if self.checkpoints else None
             if found is None:
-                self._drop_metrics_after(0)  # a fresh start: no stale rows
+                self._restored_data = (None, None)
+                self._metrics_kept_until = 0  # a fresh start: no stale rows
                 return 0
             path, tensors, state = found
-        saved = state.get("model_config")
-        if saved is not None and saved != self.model_config.to_dict():
-            raise ValueError(
-                f"{path} was written for another model config; start a new "
-                "workdir or pass the same config."
-            )
-        self._check_resumable(path, state.get("train_config") or {})
+        check_model_config(path, state.get("model_config"), self.model_config)
+        check_train_config(path, state.get("train_config") or {}, self.config)
         with self.strategy.scope():
             assign_tensors(tensors, self.model, self.optimizer, source=path)
         multi_worker = isinstance(
@@ -350,74 +456,9 @@ class Trainer:
         self._restored_data = (path, state.get("data"))
         self.loss_scale_skips = int(state.get("loss_scale_skips", 0))
         self.history = list(state.get("history", []))
-        self._drop_metrics_after(self.step)
+        self._metrics_kept_until = self.step
         logger.info("Resumed from %s at step %d.", path, self.step)
         return self.step
-
-    def _check_data_position(self):
-        """A checkpoint's data position is only valid for the same train
-        split: refuse one written while reading another."""
-        path, saved = getattr(self, "_restored_data", (None, None))
-        if not saved:
-            return
-        layout = self._data_layout
-        if saved.get("train_tokens") != layout.num_tokens or (
-                saved.get("shards_key") and self._data_key
-                and saved["shards_key"] != self._data_key):
-            raise ValueError(
-                f"{path} was written while reading a train split of "
-                f"{saved.get('train_tokens')} tokens (shards key "
-                f"{saved.get('shards_key')}); this run's has {layout.num_tokens} "
-                f"(key {self._data_key}), so its position in the text would not "
-                "be the same. Train with the data it was written with, or in a "
-                "new --workdir."
-            )
-
-    def _check_resumable(self, path, saved):
-        """Refuses a resume that would silently change the data stream;
-        says what a changed step count does to the schedule."""
-        cfg = self.config
-        saved_batch = saved.get("batch_size", cfg.batch_size)
-        if saved_batch != cfg.batch_size:
-            raise ValueError(
-                f"{path} was written with batch_size={saved_batch}; resuming "
-                f"with batch_size={cfg.batch_size} would restart the memory "
-                "and the position in the text. Resume with --batch-size "
-                f"{saved_batch}, or train in a new --workdir."
-            )
-        saved_steps = saved.get("steps", cfg.steps)
-        if saved_steps != cfg.steps:
-            schedule = learning_rate_schedule(
-                saved.get("learning_rate", cfg.learning_rate),
-                saved.get("warmup_steps", cfg.warmup_steps),
-                saved_steps,
-                saved.get("min_lr_ratio", cfg.min_lr_ratio))
-            at = self._checkpoint_step(path)
-            logger.warning(
-                "%s was trained for a schedule of %d steps; this run has "
-                "steps=%d, so the cosine learning-rate schedule is stretched "
-                "to end at step %d (at the checkpoint's step the learning "
-                "rate goes from %.3g to %.3g). Pass --steps %d to keep the "
-                "original schedule.", path, saved_steps, cfg.steps, cfg.steps,
-                float(schedule(at)), float(self.schedule(at)), saved_steps,
-            )
-        changed = sorted(
-            k for k, v in saved.items()
-            if k not in ("steps", "batch_size") and k in cfg.to_dict()
-            and cfg.to_dict()[k] != v
-        )
-        if changed:
-            logger.warning(
-                "Resuming %s with changed training settings: %s.", path,
-                ", ".join(f"{k} {saved[k]!r} -> {cfg.to_dict()[k]!r}"
-                          for k in changed),
-            )
-
-    @staticmethod
-    def _checkpoint_step(path):
-        name = os.path.basename(os.path.normpath(path))
-        digits = name.rsplit("-", 1)[-1]
-        return int(digits) if digits.isdigit() else 0
 
     def _drop_metrics_after(self, step):
         """A resume replays the steps after the checkpoint: remove their
@@ -454,16 +495,7 @@ class Trainer:
             "loss_scale_skips": self.loss_scale_skips,
         }
         if getattr(self, "_data_layout", None) is not None:
-            # The position in every stream: stream b of the train split is
-            # tokens [b*S, (b+1)*S); the next batch reads offset segment*T.
-            layout = self._data_layout
-            state["data"] = {
-                "train_tokens": layout.num_tokens,
-                "streams": layout.batch_size,
-                "tokens_per_stream": layout.tokens_per_stream,
-                "segment": self.step % layout.steps_per_epoch,
-                "shards_key": self._data_key,
-            }
+            state["data"] = data_position(self._data_layout, self.step, self._data_key)
         return self.checkpoints.save(
             self.step, self.model, self.optimizer, self.memory_numpy(), state
         )
@@ -488,7 +520,13 @@ class Trainer:
                                       name="The train split")
         self._data_key = getattr(train_tokens, "key", None)
         per_epoch = self._data_layout.steps_per_epoch
-        self._check_data_position()
+        check_data_position(*getattr(self, "_restored_data", (None, None)),
+                            self._data_layout, self._data_key)
+        # Every resume check passed: only now is the workdir changed.
+        kept_until = getattr(self, "_metrics_kept_until", None)
+        if kept_until is not None:
+            self._drop_metrics_after(kept_until)
+            self._metrics_kept_until = None
         iterator = iter(distributed_lm_dataset(
             self.strategy, train_tokens, cfg.batch_size, T, repeat=True,
             start_segment=self.step, name="The train split",
@@ -593,7 +631,7 @@ class Trainer:
         path = None
         if self.checkpoints and self.chief:
             latest = self.checkpoints.latest()
-            if latest is None or self._checkpoint_step(latest) < self.step:
+            if latest is None or checkpoint_step(latest) < self.step:
                 try:
                     path = self.save_checkpoint() if self.step > 0 else None
                 except (FloatingPointError, OSError) as e:
@@ -602,7 +640,7 @@ class Trainer:
             if path is None:
                 found = self.checkpoints.newest_intact(warn=False) if latest else None
                 path = found[0] if found else None
-        kept = (f"The last good checkpoint is {path} (step {self._checkpoint_step(path)})."
+        kept = (f"The last good checkpoint is {path} (step {checkpoint_step(path)})."
                 if path else "No checkpoint holds a good state (no workdir, or "
                 "the guard tripped at the first step).")
         raise FloatingPointError(

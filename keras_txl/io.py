@@ -157,8 +157,7 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     staging = tempfile.mkdtemp(dir=parent, prefix=".tmp-preset-")
     try:
         os.chmod(staging, default_mode(directory=True))
-        task.save_to_preset(staging)
-        write_manifest(staging)
+        task.save_to_preset(staging)  # with its manifest.json
         _replace_directory(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

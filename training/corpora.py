@@ -354,7 +354,8 @@ def load_corpus(
     # chunks whole (every file as UTF-8 with universal newlines, raw files
     # byte for byte), so both give the same text by construction.
     stream = open_corpus_source(source, char_symbols=char_symbols)
-    texts = {split: "".join(text for text, _ in stream.chunks(split)) for split in SPLITS}
+    texts = {split: "".join(text for text, _ in stream.chunks(split, kind="byte"))
+             for split in SPLITS}
     logger.info("%s: %s layout, splits of %d/%d/%d characters", stream.source,
                 stream.layout, *(len(texts[split]) for split in SPLITS))
     corpus = Corpus(
@@ -394,8 +395,19 @@ def _parse_tfds_name(spec: str) -> str:
     return spec
 
 
-def _tfds_builder(tfds, name: str, data_dir, download: bool):
-    where = f"data_dir={str(data_dir) if data_dir else None!r}"
+# How the TFDS arguments are named in errors: the Python ones, or the CLI's flags.
+_TFDS_ARGUMENTS = {"download": "download=True", "data_dir": "data_dir="}
+_TFDS_FLAGS = {"download": "--download", "data_dir": "--data-dir "}
+
+
+def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
+    names = names or _TFDS_ARGUMENTS
+    where = f"{names['data_dir']}{str(data_dir) if data_dir else None!r}"
+    if data_dir and not download and not os.path.isdir(data_dir):
+        raise ValueError(
+            f"{names['data_dir']}{str(data_dir)!r} does not exist: pass the folder the "
+            f"TFDS dataset {name!r} was prepared in (or {names['download']} to download "
+            "and prepare it there).")
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as error:  # DatasetNotFoundError, bad config, ...
@@ -404,16 +416,16 @@ def _tfds_builder(tfds, name: str, data_dir, download: bool):
             f"TFDS dataset {name!r} was not found in the TFDS catalog or in "
             f"{where} ({type(error).__name__}: {first_line}). Check the "
             "name (e.g. 'tfds:lm1b', 'tfds:wiki40b:en'); for a local dataset "
-            "pass the data_dir given to build_local_tfds; for a catalog "
-            "dataset pass download=True (needs internet)."
+            f"pass the {names['data_dir'].strip(' =')} given to build_local_tfds; for a "
+            f"catalog dataset pass {names['download']} (needs internet)."
         ) from None
     if not builder.is_prepared():
         if not download:
             raise ValueError(
                 f"TFDS dataset {name!r} is not prepared in {where} (looked in "
-                f"{builder.data_dir}). Pass download=True to download and "
-                "prepare it (needs internet), or the data_dir where it was "
-                "prepared."
+                f"{builder.data_dir}). Pass {names['download']} to download and "
+                f"prepare it (needs internet), or the {names['data_dir'].strip(' =')} "
+                "where it was prepared."
             )
         logger.info("Downloading and preparing TFDS dataset %s", name)
         try:
@@ -502,9 +514,21 @@ def _read_tfds_text(tfds, builder, split, feature, max_examples) -> str:
     pieces = []
     for batch in dataset.as_numpy_iterator():
         for value in batch.tolist():
-            text = value.decode("utf-8", "replace")
+            text = _tfds_text(value, builder.name, split, len(pieces))
             pieces.append(text if text.endswith("\n") else text + "\n")
     return "".join(pieces)
+
+
+def _tfds_text(value: bytes, name: str, split: str, example: int) -> str:
+    """One TFDS example's text, which must be UTF-8 as every text corpus."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"TFDS dataset {name!r} split {split!r}: example {example} (counting from 0) "
+            f"is not valid UTF-8 text (byte {error.start} of the example: "
+            f"{value[max(0, error.start - 8):error.start + 8]!r}). Text corpora must be "
+            "UTF-8; fix the dataset (or its source) and prepare it again.") from None
 
 
 def _load_tfds(
@@ -829,15 +853,48 @@ def prepare_stdlib_docs(
 # Bytes read per chunk before cutting at the next newline.
 DEFAULT_CHUNK_BYTES = 4 << 20
 # A chunk is extended by at most min(chunk_bytes, this) bytes to end at a
-# newline. A longer line is cut inside (before a run of spaces, else at a
-# UTF-8 character boundary), so a chunk never holds more than about
-# chunk_bytes + 1 MiB, also on a single-line corpus such as text8.
+# newline. A longer line is cut inside, where the tokenizer gives the same
+# ids on both sides (`_cut_places`), so a chunk holds about chunk_bytes +
+# 1 MiB, also on a single-line corpus such as text8.
 _MAX_LINE_BYTES = 1 << 20
-# Sources whose lines must not be cut (LM1B's `double_eos`: "<S> words <S>"
-# per line, so a cut inside a line would add two <S>) extend up to this far.
+# Where a line holds no such place (LM1B's `double_eos`: "<S> words <S>" per
+# line, where any cut would add two <S>; a word tokenizer on a line without
+# whitespace), the chunk grows up to this far past chunk_bytes to reach one;
+# past it, the line is refused rather than cut inexactly.
 _MAX_SENTENCE_BYTES = 64 << 20
 # Bytes read at a time while looking for the end of a line.
 _READ_BYTES = 1 << 20
+
+# What the word tokenizer splits at (`keras_txl.tokenizers.UNICODE_WHITESPACE`)
+# but "\n", which chunks already end after. Kept here as bytes: a chunk is cut
+# in bytes, and a UTF-8 separator cannot start inside another character.
+_WORD_SEPARATORS = tuple(
+    char.encode() for char in "\t\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
+    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000")
+# FastWordpieceTokenizer splits words at ASCII whitespace only (without
+# `lower_case`, U+00A0, U+3000 and the like join words; measured).
+_WORDPIECE_SEPARATORS = (b" ", b"\t", b"\x0b", b"\x0c", b"\r")
+# SentencePiece (identity normalization, no dummy prefix) starts a piece at
+# every space and at no other whitespace: a tab or U+3000 may sit inside a piece.
+_SPACE = (b" ",)
+
+
+def _cut_places(kind: str | None, double_eos: bool) -> tuple:
+    """Where a chunk may end inside a line for tokenizer `kind`: `(separators,
+    anywhere)`: before the last of `separators`, else (with `anywhere`) at
+    any character boundary, else nowhere (the chunk grows). `kind=None`:
+    before a space, where every kind gives the same ids, else anywhere (exact
+    for `char` and `byte` only: callers that encode pass their kind)."""
+    if double_eos:
+        return (), False  # "<S> words <S>" per line: a cut would add two <S>
+    if kind is None or kind in ("char", "byte"):
+        return _SPACE, True  # char, byte: any boundary; a space gives tidier chunks
+    if kind == "word":
+        return _WORD_SEPARATORS, False
+    if kind == "wordpiece":
+        return _WORDPIECE_SEPARATORS, False
+    return _SPACE, False  # sentencepiece, and any kind not known here
 
 
 def _character_boundary(block) -> int:
@@ -854,26 +911,27 @@ def _character_boundary(block) -> int:
     return end
 
 
-def _long_line_cut(block, *, prefer_space: bool, universal_newlines: bool) -> int:
+def _long_line_cut(block, start: int, places: tuple, *, universal_newlines: bool):
     """Where to end a chunk inside `block`, a window of a line too long to
-    extend to its end: after the last line end in `block` (a lone `"\r"`
-    too, for text read with universal newlines); else, with `prefer_space`,
-    before its last run of spaces and tabs (the words of a whitespace split
-    and the characters are the same on both sides of such a cut, and a
-    SentencePiece piece does not start inside a word); else at its last
-    UTF-8 character boundary. Never between a `"\r"` and a `"\n"` that may
-    follow it."""
-    cut = block.rfind(b"\n") + 1
+    extend to its end, or None if `block[start:]` (the bytes not searched
+    before) holds no place to do so: after the last line end (a lone `"\r"`
+    too, for text read with universal newlines); else before the last of
+    `places` (see `_cut_places`), where the tokenizer's ids are the same on
+    both sides; else, where `places` allows it anywhere, at the last UTF-8
+    character boundary.
+    Never between a `"\r"` and a `"\n"` that may follow it."""
+    low = max(0, start - 4)  # a separator may straddle `start`
+    cut = block.rfind(b"\n", low) + 1
     if universal_newlines:  # a "\r" at the very end may be half of "\r\n"
-        cut = max(cut, block.rfind(b"\r", 0, len(block) - 1) + 1)
+        cut = max(cut, block.rfind(b"\r", low, len(block) - 1) + 1)
     if cut > 0:
         return cut
-    if prefer_space:
-        start = max(block.rfind(b" "), block.rfind(b"\t"))
-        while start > 0 and block[start - 1] in b" \t":
-            start -= 1
-        if start > 0:
-            return start
+    separators, anywhere = places
+    cut = max((block.rfind(sep, max(low, 1)) for sep in separators), default=-1)
+    if cut > 0:
+        return cut
+    if not anywhere:
+        return None
     cut = _character_boundary(block)
     if universal_newlines and cut > 1 and block[cut - 1] == 0x0D:
         cut -= 1  # keep a final "\r" for the next chunk
@@ -894,13 +952,17 @@ class CorpusSource:
     returns as three streams: `chunks(split)` yields pieces of text of about
     `chunk_bytes` that each end after a newline, together with a cursor from
     which `chunks(split, cursor)` resumes. A line that does not end within
-    `min(chunk_bytes, 1 MiB)` bytes past `chunk_bytes` is cut before its last
-    run of spaces and tabs in that window, else at a UTF-8 character
-    boundary, so no chunk is larger than that window (a single-line corpus
-    such as text8 included). Concatenated, the chunks are the split's text
-    as `load_corpus` reads it; encoded one by one they give the same token
-    ids as the whole text (the tokenizers encode line by line, words are
-    split at whitespace, characters are independent).
+    `min(chunk_bytes, 1 MiB)` bytes past `chunk_bytes` is cut inside, only
+    where the tokenizer the chunks are for (`chunks(..., kind=)`) gives the
+    same ids on both sides: before any of its whitespace for `word` (every
+    `UNICODE_WHITESPACE` character, multi-byte ones included) and
+    `wordpiece`, before a space for `sentencepiece`, at any UTF-8 character
+    boundary for `char` and `byte`, nowhere with `double_eos`. A line with
+    no such place grows its chunk until one comes, up to 64 MiB, and is
+    refused past that. Concatenated, the chunks are the split's text as
+    `load_corpus` reads it; encoded one by one with that tokenizer they give
+    the same token ids as the whole text (the tokenizers encode line by
+    line).
 
     Text files (`errors="strict"`) must be UTF-8: anything else is a
     ValueError naming the file and the byte. With `universal_newlines`
@@ -973,12 +1035,16 @@ class CorpusSource:
         return out
 
     def stat_key(self) -> list:
-        """`[[path, size, mtime_ns], ...]` of `files()`: a cheap check that
-        nothing changed (a changed one is then compared by content)."""
+        """`[[path, size, mtime_ns, ctime_ns, inode], ...]` of `files()`: a
+        cheap check that nothing changed (a changed one is then compared by
+        content). Size and mtime can be set back after an edit (`touch -d`);
+        the ctime (set by the kernel on every write, rename or `touch`) and
+        the inode (a file replaced by another) cannot."""
         out = []
         for path in self.files():
             info = os.stat(path)
-            out.append([os.path.abspath(path), info.st_size, info.st_mtime_ns])
+            out.append([os.path.abspath(path), info.st_size, info.st_mtime_ns,
+                        info.st_ctime_ns, info.st_ino])
         return out
 
     def content_sha256(self) -> str:
@@ -1027,25 +1093,40 @@ class CorpusSource:
                     left -= len(block)
                 yield block
 
-    def chunks(self, split: str, cursor=None) -> Iterator[tuple[str, list]]:
+    def chunks(self, split: str, cursor=None, *, kind: str | None = None,
+               double_eos: bool | None = None) -> Iterator[tuple[str, list]]:
         """Yields `(text, cursor_after)` for split `split` from `cursor`.
 
         Args:
             split: str. `"train"`, `"valid"` or `"test"`.
             cursor: list or None. A cursor yielded before (resume there),
                 or None for the start.
+            kind: str or None. The tokenizer kind the chunks are encoded
+                with: a line too long for one chunk is cut only where this
+                kind gives the same ids on both sides (a line with no such
+                place grows the chunk, up to 64 MiB, then is refused). None:
+                before a space (the same ids for every kind), else at any
+                character boundary (the same ids for `char` and `byte`
+                only). A resumed read must pass the same.
+            double_eos: bool or None. The word tokenizer's `double_eos`
+                (no cut inside a line at all); None: the corpus's own.
         """
         if split not in SPLITS:
             raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}.")
         if self._tfds is not None:
             yield from self._tfds_chunks(split, cursor)
             return
+        if double_eos is None:
+            double_eos = (kind in (None, self.tokenizer_kind)
+                          and bool(self.tokenizer_options.get("double_eos", False)))
+        places = _cut_places(kind, bool(double_eos))
         part_index, offset = cursor or (0, 0)
         parts = self._parts[split]
-        double_eos = bool(self.tokenizer_options.get("double_eos", False))
         size = self.chunk_bytes
-        limit = size + (_MAX_SENTENCE_BYTES if double_eos
-                        else max(4, min(size, _MAX_LINE_BYTES)))
+        soft = size + max(4, min(size, _MAX_LINE_BYTES))
+        if places == ((), False):
+            soft = size + _MAX_SENTENCE_BYTES
+        hard = size + _MAX_SENTENCE_BYTES
         while part_index < len(parts):
             part = parts[part_index]
             with _open_binary(part.path) as handle:
@@ -1054,10 +1135,15 @@ class CorpusSource:
                 window, ended = bytearray(), left == 0
                 while True:
                     # `size` bytes, then on to the first newline after them,
-                    # reading at most up to `limit` bytes.
-                    cut, scan = None, size - 1
+                    # reading up to `soft` bytes; past it, on to the first
+                    # place where the line may be cut, up to `hard` bytes.
+                    cut, scan, searched = None, size - 1, 0
                     while cut is None:
-                        want = size if len(window) < size else min(limit, len(window) + _READ_BYTES)
+                        if len(window) < size:
+                            want = size
+                        else:
+                            want = min(soft if len(window) < soft else hard,
+                                       len(window) + _READ_BYTES)
                         if not ended and len(window) < want:
                             count = want - len(window)
                             if left is not None:
@@ -1076,10 +1162,14 @@ class CorpusSource:
                             cut = newline + 1
                         elif ended:
                             cut = len(window)
-                        elif len(window) >= limit:
+                        elif len(window) >= soft:
                             cut = _long_line_cut(
-                                window, prefer_space=not double_eos,
+                                window, searched, places,
                                 universal_newlines=self._universal_newlines)
+                            searched = len(window)
+                            if cut is None and len(window) >= hard:
+                                raise self._uncuttable(part, part.start + offset, kind,
+                                                       double_eos, len(window))
                     if not cut:
                         break
                     block = bytes(window[:cut])
@@ -1088,6 +1178,21 @@ class CorpusSource:
                     offset += cut
                     yield self._decode(block, part, position), [part_index, offset]
             part_index, offset = part_index + 1, 0
+
+    def _uncuttable(self, part, position, kind, double_eos, length) -> ValueError:
+        if double_eos:
+            why = ("with double_eos every line is one sentence, \"<S> words <S>\": a cut "
+                   "inside it would add two <S>")
+        elif kind in ("word", "wordpiece"):
+            why = f"the {kind} tokenizer would read a word cut in two as two words"
+        else:
+            why = (f"the {kind} tokenizer starts its pieces only at a space, so a cut "
+                   "elsewhere could change them")
+        return ValueError(
+            f"{part.path}: the line at byte {position} runs on for more than "
+            f"{length:,} bytes with no place to cut it into chunks ({why}). Break the "
+            "line (newlines, or spaces between words), or use a tokenizer that can cut "
+            "anywhere (--tokenizer char or byte).")
 
     def _decode(self, block: bytes, part: _FilePart, position: int) -> str:
         """The text of `block`, the bytes of `part` from file offset
@@ -1166,7 +1271,7 @@ class CorpusSource:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
         pieces, size = [], 0
         for value in dataset.as_numpy_iterator():
-            text = value.decode("utf-8", "replace")
+            text = _tfds_text(value, spec["name"], spec["splits"][split], done)
             pieces.append(text if text.endswith("\n") else text + "\n")
             size += len(value)
             done += 1
@@ -1269,6 +1374,7 @@ def open_corpus_source(
     text_feature: str | None = None,
     split_names: Mapping[str, str] | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    cli_flags: bool = False,
 ) -> CorpusSource:
     """Opens a corpus for streaming: the layouts of `load_corpus`, read in
     chunks (see `CorpusSource`), plus the official LM1B folder layout.
@@ -1277,6 +1383,8 @@ def open_corpus_source(
         source, char_symbols, data_dir, download, text_feature, split_names:
             as in `load_corpus`.
         chunk_bytes: int. Bytes per chunk (before cutting at a newline).
+        cli_flags: bool. Name `--data-dir` and `--download` in errors (for
+            `txl prepare`/`train`/`eval`) instead of `data_dir=`, `download=True`.
 
     Returns:
         A `CorpusSource`.
@@ -1288,7 +1396,8 @@ def open_corpus_source(
     if isinstance(source, str) and source.startswith("tfds:"):
         tfds = _import_tfds()
         name = _parse_tfds_name(source[len("tfds:"):])
-        builder = _tfds_builder(tfds, name, data_dir, download)
+        builder = _tfds_builder(tfds, name, data_dir, download,
+                                _TFDS_FLAGS if cli_flags else _TFDS_ARGUMENTS)
         feature = _tfds_text_feature(builder, text_feature)
         names = _tfds_split_names(builder, split_names)
         kind = "char" if builder.name in _TFDS_CHAR_DATASETS else "word"

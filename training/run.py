@@ -7,11 +7,11 @@ A workdir holds everything of a run:
       train_config.json    the training config
       tokenizer/           the tokenizer, fitted on the training split
       data/{split}/        the encoded splits as token shards (training/shards.py)
-      data/source.json     what the shards were made from (source path, size,
-                           mtime and content sha256; tokenizer kind, options
-                           and sha256): a changed --data is refused
+      data/source.json     what the shards were made from (source path; each file's
+                           size, mtime, ctime and inode, and content sha256;
+                           tokenizer kind, options and sha256): a changed --data is refused
       checkpoints/ckpt-*   atomic, checksummed checkpoints (+ latest.json)
-      train.lock           held by the running `txl train` (one per workdir)
+      train.lock           held by the running `txl train` or `txl prepare`
       model/               the latest model folder (config, safetensors,
                            tokenizer): what eval, export and generate read
       tensorboard/, metrics.jsonl
@@ -265,25 +265,80 @@ def _where(source):
     return source if source.startswith("tfds:") else os.path.abspath(source)
 
 
-def _check_source(workdir, meta, corpus_source, data_cache):
-    """Refuses `--data` when it is not what the workdir's data was made
-    from. Returns the content sha256 (None when the quick check passed)."""
+def _finished(meta, data_cache):
+    """True once the workdir's preparation has finished (every split written),
+    in this run or any before it: a tokenizer and shards that may have been
+    trained on."""
+    if meta.get("finished"):
+        return True
+    from keras_txl.training import shards
+
+    return meta.get("key") is not None and all(
+        shards.is_complete(os.path.join(data_cache, s), meta["key"]) for s in SPLITS)
+
+
+def _check_source(workdir, meta, corpus_source, data_cache, stat):
+    """Compares `--data` with what the workdir's data was made from.
+
+    Returns the content sha256, or None when the content differs but the
+    workdir's preparation never finished and built its own tokenizer: that
+    tokenizer and the partial shards came from a corpus no run could train
+    on (e.g. a preparation that stopped at an empty or broken split), so the
+    caller prepares again rather than refusing the corrected corpus.
+    Refuses other content otherwise. The quick check compares `stat`
+    (size, mtime, ctime and inode of every file): a ctime or inode that
+    changed (an edit with its mtime set back, a moved or copied corpus)
+    falls to the content."""
     identity = corpus_source.identity()
-    stat = corpus_source.stat_key()
     if meta.get("stat") == stat and meta.get("identity") == identity:
         return meta.get("sha256")
-    logger.info("%s: files changed size or time since %s; comparing contents",
+    logger.info("%s: files changed (size, times or inode) since %s; comparing contents",
                 corpus_source.source, data_cache)
     sha = corpus_source.content_sha256()
-    if sha != meta.get("sha256") or meta.get("identity") != identity:
-        where = _where(corpus_source.source)
+    if sha == meta.get("sha256") and meta.get("identity") == identity:
+        return sha
+    if meta.get("built_tokenizer") and not _finished(meta, data_cache):
+        logger.warning("%s holds an unfinished preparation from other content (%s): "
+                       "preparing --data %s from the start.", data_cache,
+                       meta.get("source"), corpus_source.source)
+        return None
+    where = _where(corpus_source.source)
+    raise ValueError(
+        f"{workdir} was prepared from {meta.get('source')!r}; --data "
+        f"{where!r} has different content. Its tokenizer and prepared shards belong to "
+        f"the old corpus: train in a new --workdir (or delete {data_cache} "
+        f"and {os.path.join(workdir, 'tokenizer')} to start over)."
+    )
+
+
+def _discard_unfinished(data_cache, tokenizer_dir):
+    """Removes what an unfinished preparation wrote: its shards, its
+    source.json and the tokenizer it built."""
+    import shutil
+
+    for split in SPLITS:
+        shutil.rmtree(os.path.join(data_cache, split), ignore_errors=True)
+        old = os.path.join(data_cache, f"{split}.npy")
+        if os.path.exists(old):
+            os.remove(old)
+    shutil.rmtree(tokenizer_dir, ignore_errors=True)
+    meta_path = os.path.join(data_cache, "source.json")
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+
+
+def _check_text(corpus_source, source):
+    """Refuses a split with no text (empty, or whitespace only) before any
+    work is done: reads each split up to its first chunk with a word in it."""
+    origins = None
+    for split in SPLITS:
+        if any(not text.isspace() for text, _ in corpus_source.chunks(split, kind="byte")
+               if text):
+            continue
+        origins = origins or corpus_source.split_origins()
         raise ValueError(
-            f"{workdir} was prepared from {meta.get('source')!r}; --data "
-            f"{where!r} has different content. Its tokenizer and prepared shards belong to "
-            f"the old corpus: train in a new --workdir (or delete {data_cache} "
-            f"and {os.path.join(workdir, 'tokenizer')} to start over)."
-        )
-    return sha
+            f"the {split} split of --data {source} is empty: {origins[split]} holds no "
+            "text (nothing, or only whitespace). Every split needs some text.")
 
 
 def _save_tokenizer_atomically(tokenizer, tokenizer_dir):
@@ -359,7 +414,8 @@ def _build_tokenizer(build, kind, corpus_source, options):
 
     def texts():
         return (text for split in corpus_source.vocabulary_splits
-                for text, _ in corpus_source.chunks(split))
+                for text, _ in corpus_source.chunks(
+                    split, kind=kind, double_eos=bool(options.get("double_eos", False))))
 
     counted = kind in ("word", "char") and not options.get("vocabulary_file")
     specials = [options.get("unk_token", UNK_TOKEN)]
@@ -474,7 +530,7 @@ def prepare_main(args):
     if not args.data:
         raise ValueError("txl prepare needs --data (the corpus to prepare).")
     _writable_workdir(args.workdir)
-    with WorkdirLock(args.workdir):
+    with WorkdirLock(args.workdir, command="txl prepare"):
         tokenizer, splits = prepare_data(
             args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
             vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens)
@@ -495,10 +551,12 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     The corpus is streamed in chunks: the vocabulary is counted and each
     split is encoded into `WORKDIR/data/{split}/` shards in bounded memory
     (`training/shards.py`); a killed preparation resumes where it stopped.
-    `WORKDIR/data/source.json` keys the shards: the source (path, size,
-    mtime, and the content sha256), the tokenizer's kind, options and
+    `WORKDIR/data/source.json` keys the shards: the source (path; size,
+    mtime, ctime and inode; the content sha256), the tokenizer's kind, options and
     files' sha256. A different `--data` (by content) or a changed
-    tokenizer is refused with a message.
+    tokenizer is refused with a message, unless the workdir's preparation
+    never finished (see `_check_source`). A split with no text is refused
+    before anything is written.
 
     Args:
         source: str or None. `--data`; None reuses the prepared shards.
@@ -545,8 +603,30 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     meta = _read_meta(meta_path)
     if meta is not None and meta.get("format") != DATA_FORMAT:
         meta = None  # an older workdir's cache: prepared again below
+    corpus_source = sha = stat = None
+    use_workdir_tokenizer = True
+    if source is not None:
+        if not source.startswith("tfds:") and not os.path.exists(source):
+            raise ValueError(f"--data {source!r}: the corpus path does not exist.")
+        corpus_source = open_corpus_source(source, data_dir=data_dir, download=download,
+                                           cli_flags=True)
+        logger.info("Corpus: %r", corpus_source)
+        # Before anything is written: a split with no text would otherwise
+        # fail only after the tokenizer and the train shards.
+        _check_text(corpus_source, source)
+        # Taken before the content is hashed: an edit during the hashing
+        # changes it, and the next run compares the content again.
+        stat = corpus_source.stat_key()
+        if meta is not None:
+            sha = _check_source(workdir, meta, corpus_source, data_cache, stat)
+            if sha is None:  # an unfinished preparation from other content
+                if write:
+                    _discard_unfinished(data_cache, tokenizer_dir)
+                else:
+                    use_workdir_tokenizer = False
+                meta = None
     tokenizer = None
-    if os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
+    if use_workdir_tokenizer and os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
         tokenizer = load_tokenizer(tokenizer_dir)
         kind = tokenizer.get_config().get("kind", tokenizer_kind)
         if tokenizer_kind and kind != tokenizer_kind:
@@ -572,14 +652,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                            "source.json: cannot check where they come from.", data_cache)
             return tokenizer, {s: np.load(p) for s, p in zip(SPLITS, cached)}
         raise ValueError(f"--data is needed: {workdir} has no prepared data yet.")
-    if not source.startswith("tfds:") and not os.path.exists(source):
-        raise ValueError(f"--data {source!r}: the corpus path does not exist.")
-    corpus_source = open_corpus_source(source, data_dir=data_dir, download=download)
-    logger.info("Corpus: %r", corpus_source)
-    sha = None
-    if meta is not None:
-        sha = _check_source(workdir, meta, corpus_source, data_cache)
-    elif tokenizer is not None and os.path.isdir(data_cache) and write:
+    if meta is None and tokenizer is not None and os.path.isdir(data_cache) and write:
         logger.warning("%s has no source.json of this version: preparing its "
                        "shards again from --data %s.", data_cache, source)
     kind = tokenizer_kind or (tokenizer.get_config().get("kind") if tokenizer else None) \
@@ -591,6 +664,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         _check_tokenizer_options(workdir, meta, tokenizer_kind,
                                  {**tokenizer_options, **_kind_options(kind, vocabulary or {})},
                                  kind)
+    # Whether this workdir's tokenizer was built by its own preparation (and
+    # may be rebuilt while that preparation is unfinished) or was there before.
+    built_tokenizer = (meta or {}).get("built_tokenizer", tokenizer is None)
     if sha is None:
         sha = corpus_source.content_sha256()
         if write:  # before the tokenizer: a kill in between cannot mix corpora
@@ -599,8 +675,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             os.makedirs(data_cache, exist_ok=True)
             atomic_write_bytes(meta_path, json.dumps({
                 "format": DATA_FORMAT, "source": _where(source), "key": None,
-                "stat": corpus_source.stat_key(), "sha256": sha,
-                "identity": corpus_source.identity(),
+                "stat": stat, "sha256": sha, "identity": corpus_source.identity(),
+                "built_tokenizer": built_tokenizer, "finished": False,
                 "tokenizer": {"kind": kind, "options": options}}, indent=2).encode())
     private = None
     if tokenizer is None:
@@ -625,8 +701,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()
     # The same content from another path keeps the name it was prepared from.
     first_source = (meta or {}).get("source") or _where(source)
-    new_meta = {"format": DATA_FORMAT, "source": first_source,
-                "stat": corpus_source.stat_key(), "key": key,
+    new_meta = {"format": DATA_FORMAT, "source": first_source, "stat": stat, "key": key,
+                "built_tokenizer": built_tokenizer,
+                "finished": meta is not None and _finished(meta, data_cache),
                 "tokenizer": {"kind": kind, "options": options}, **key_fields}
     target = data_cache
     if not write:
@@ -643,7 +720,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         logger.info("Non-chief worker: preparing its own copy of the shards in %s", target)
     else:
         os.makedirs(data_cache, exist_ok=True)
-        if meta is None or meta.get("key") != key or meta.get("stat") != new_meta["stat"]:
+        if meta is None or any(meta.get(k) != new_meta[k] for k in new_meta):
             from keras_txl.io import atomic_write_bytes
 
             atomic_write_bytes(meta_path, json.dumps(new_meta, indent=2).encode())
@@ -651,6 +728,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             old = os.path.join(data_cache, f"{name}.npy")
             if os.path.exists(old):
                 os.remove(old)
+    # Long lines are cut only where this tokenizer gives the same ids on both sides.
+    cut_for = {"kind": tokenizer.kind,
+               "double_eos": bool(tokenizer.get_config().get("double_eos", False))}
     out = {}
     for split in SPLITS:
         folder = os.path.join(target, split)
@@ -660,7 +740,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
 
             shutil.rmtree(folder)  # made under another key: source.json allowed it
         out[split] = shards.write_split(
-            folder, lambda cursor, split=split: corpus_source.chunks(split, cursor),
+            folder,
+            lambda cursor, split=split: corpus_source.chunks(split, cursor, **cut_for),
             tokenizer.encode, key=key, dtype=shards.dtype_for(size), split=split,
             shard_tokens=shard_tokens, after_shard=after_shard)
         if not len(out[split]):
@@ -669,6 +750,11 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                 "tokens. Every split needs some text.")
         logger.info("%s: %d tokens in %d shards", split, len(out[split]),
                     len(out[split].index["shards"]))
+    if write and not new_meta["finished"]:
+        from keras_txl.io import atomic_write_bytes
+
+        atomic_write_bytes(meta_path, json.dumps({**new_meta, "finished": True},
+                                                 indent=2).encode())
     return tokenizer, out
 
 
@@ -692,10 +778,13 @@ def match_vocabulary(model_dict, tokenizer, explicit):
 class WorkdirLock:
     """An exclusive lock on `workdir/train.lock` (fcntl.flock, released by
     the OS when the process dies, so a killed run never leaves a stale
-    lock). A second `txl train` on the same workdir is refused."""
+    lock). A second `txl train` or `txl prepare` on the same workdir is
+    refused, naming the command that holds it (`command`, written in the
+    lock file with the pid)."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, command="txl train"):
         self.path = os.path.join(workdir, "train.lock")
+        self.command = command
         self._file = None
 
     def __enter__(self):
@@ -706,17 +795,20 @@ class WorkdirLock:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._file.seek(0)
-            owner = self._file.read().strip() or "unknown"
+            owner, _, holder = self._file.read().strip().partition(" ")
             self._file.close()
             self._file = None
+            holder = f"`{holder}`" if holder else "txl process"
+            where = ("train in another --workdir" if self.command == "txl train"
+                     else "use another --workdir")
             raise ValueError(
-                f"{os.path.dirname(self.path)} is in use by another `txl train` "
-                f"(pid {owner}, lock {self.path}). Wait for it to finish, stop "
-                "it, or train in another --workdir."
+                f"{os.path.dirname(self.path)} is in use by another {holder} "
+                f"(pid {owner or 'unknown'}, lock {self.path}). Wait for it to finish, "
+                f"stop it, or {where}."
             ) from None
         self._file.seek(0)
         self._file.truncate()
-        self._file.write(str(os.getpid()))
+        self._file.write(f"{os.getpid()} {self.command}")
         self._file.flush()
         return self
 
@@ -944,9 +1036,13 @@ def encode_split_to_shards(source, split, tokenizer, folder, data_dir=None,
 
     aliases = {"validation": "valid", "dev": "valid"}
     split = aliases.get(split, split)
-    corpus_source = open_corpus_source(source, data_dir=data_dir, download=download)
+    corpus_source = open_corpus_source(source, data_dir=data_dir, download=download,
+                                       cli_flags=True)
+    cut_for = {"kind": tokenizer.kind,
+               "double_eos": bool(tokenizer.get_config().get("double_eos", False))}
     out = shards.write_split(
-        os.path.join(folder, split), lambda cursor: corpus_source.chunks(split, cursor),
+        os.path.join(folder, split),
+        lambda cursor: corpus_source.chunks(split, cursor, **cut_for),
         tokenizer.encode, key="eval", dtype=shards.dtype_for(tokenizer.vocabulary_size()),
         split=split)
     if not len(out):

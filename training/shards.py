@@ -136,7 +136,11 @@ class ShardedTokens:
         for shard in index["shards"]:
             file = os.path.join(self.folder, os.path.basename(shard["file"]))
             expected = int(shard["tokens"]) * self.dtype.itemsize
-            actual = os.path.getsize(file) if os.path.isfile(file) else None
+            if not os.path.isfile(file):
+                raise ValueError(
+                    f"shard {file} is missing (listed in {path}): the shards are "
+                    f"damaged; delete {self.folder} and prepare again.")
+            actual = os.path.getsize(file)
             if actual != expected:
                 raise ValueError(
                     f"shard {file} has {actual} bytes, the index says {expected}: the "
@@ -217,18 +221,50 @@ class ShardedTokens:
                     "(`txl prepare` with the same --data and --workdir).")
 
 
-def tokens_sha256(paths, dtype):
+def tokens_sha256(paths, dtype, expected=None):
     """sha256 of the token stream held by the shard files `paths` (in
     order): the ids as little-endian int32, so it depends on the tokens
-    only, not on where the shards cut them nor on their `dtype`."""
+    only, not on where the shards cut them nor on their `dtype`.
+
+    `expected`: the sha256 of each file, as recorded when it was written;
+    a file that no longer matches is a ValueError (the stream's hash is
+    never taken over damaged bytes)."""
     dtype = np.dtype(dtype)
     digest = hashlib.sha256()
     block = (1 << 22) * dtype.itemsize  # whole tokens: 4M per read
-    for path in paths:
+    for number, path in enumerate(paths):
+        own = hashlib.sha256()
         with open(path, "rb") as handle:
             for data in iter(lambda handle=handle: handle.read(block), b""):
+                own.update(data)
                 digest.update(np.frombuffer(data, dtype).astype("<i4").tobytes())
+        if expected is not None and own.hexdigest() != expected[number]:
+            raise ValueError(
+                f"shard {path} changed after it was written (its sha256 no longer "
+                f"matches the one recorded in {PROGRESS}). Run `txl prepare` again: "
+                "it re-encodes the shards that do not match.")
     return digest.hexdigest()
+
+
+def _recorded_shards_intact(folder, shards, dtype, split):
+    """The recorded shards of an unfinished split up to the first one that is
+    missing, of the wrong size or does not match its sha256 (re-encoded from
+    there: a resumed run must not build on damaged bytes)."""
+    item = np.dtype(dtype).itemsize
+    for number, shard in enumerate(shards):
+        path = os.path.join(folder, shard["file"])
+        why = None
+        if not os.path.isfile(path):
+            why = "is missing"
+        elif os.path.getsize(path) != shard["tokens"] * item:
+            why = f"has {os.path.getsize(path)} bytes, not {shard['tokens'] * item}"
+        elif sha256_file(path) != shard["sha256"]:
+            why = "does not match its recorded sha256"
+        if why is not None:
+            logger.warning("prepare %s: recorded shard %s %s: encoding again from "
+                           "shard %d", split, path, why, number)
+            return shards[:number]
+    return shards
 
 
 class _Progress:
@@ -291,7 +327,7 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
     if os.path.isfile(progress_path):
         progress = _read_json(progress_path)
         if progress.get("key") == key and progress.get("dtype") == dtype:
-            shards = progress["shards"]
+            shards = _recorded_shards_intact(folder, progress["shards"], dtype, split)
             if shards:
                 resume = shards[-1]["resume"]
             logger.info("prepare %s: resuming after %d finished shards", split, len(shards))
@@ -367,7 +403,8 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
     # Read back once (the files were just written: from the page cache):
     # the stream's own hash, which a resumed run checks, cannot be carried
     # across a kill in the middle of the writing.
-    content = tokens_sha256([os.path.join(folder, s["file"]) for s in shards], dtype)
+    content = tokens_sha256([os.path.join(folder, s["file"]) for s in shards], dtype,
+                            expected=[s["sha256"] for s in shards])
     _write_json(index_path, {"format": FORMAT, "key": key, "dtype": dtype,
                              "num_tokens": total, "max_id": max_id,
                              "tokens_sha256": content, "shards": listed})

@@ -1,0 +1,317 @@
+"""Hostile corpora and workdirs for data preparation: edits hidden from the
+quick check, long lines joined by any whitespace, damaged shards of an
+unfinished split, text that is not UTF-8 in TFDS, empty splits, and the
+wording of the errors."""
+
+import fcntl
+import functools
+import os
+import pathlib
+import shutil
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from keras_txl.cli import main
+from keras_txl.tokenizers import UNICODE_WHITESPACE
+from keras_txl.tokenizers import build_tokenizer
+from keras_txl.training import corpora
+from keras_txl.training import shards
+from keras_txl.training.corpora import load_corpus
+from keras_txl.training.corpora import open_corpus_source
+from keras_txl.training.run import WorkdirLock
+from keras_txl.training.run import prepare_data
+
+WORDS = ["the", "cat", "Sat", "on", "a", "mat", "naïve", "日本", "é", "x", "ab,c"]
+SEPARATORS = [c for c in UNICODE_WHITESPACE if c != "\n"]
+
+
+def write_corpus(folder, seed=0, lines=(120, 12, 12), sep=" "):
+    rng = np.random.default_rng(seed)
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "valid", "test"), lines):
+        text = "\n".join(sep.join(rng.choice(WORDS, size=rng.integers(1, 14)))
+                         for _ in range(n)) + "\n"
+        (folder / f"{split}.txt").write_bytes(text.encode())
+    return str(folder)
+
+
+def data_files(workdir):
+    data = pathlib.Path(workdir) / "data"
+    return {str(p.relative_to(data)): p.read_bytes()
+            for p in sorted(data.rglob("*")) if p.is_file() and p.name != "source.json"}
+
+
+# --- 1. an edit hidden from size and mtime --------------------------------
+def test_an_edit_with_size_and_mtime_set_back_is_noticed(tmp_path, capsys):
+    folder = pathlib.Path(write_corpus(tmp_path / "c"))
+    workdir = tmp_path / "w"
+    flags = ["--data", str(folder), "--tokenizer", "word", "--shard-tokens", "1024"]
+    assert main(["prepare", "--workdir", str(workdir), *flags]) == 0
+    before = data_files(workdir)
+    # A moved workdir and a copied corpus (new ctime and inode, same
+    # content): compared by content, reused.
+    moved = tmp_path / "moved"
+    shutil.move(str(workdir), str(moved))
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)  # copy2: the same mtimes
+    assert main(["prepare", "--workdir", str(moved), "--data", str(copy),
+                 "--tokenizer", "word"]) == 0
+    assert data_files(moved) == before
+    # The same size, the mtime set back: the ctime gives the edit away.
+    path = copy / "train.txt"
+    info = path.stat()
+    path.write_bytes(path.read_bytes().replace(b"cat", b"dog"))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert path.stat().st_size == info.st_size
+    capsys.readouterr()
+    assert main(["prepare", "--workdir", str(moved), "--data", str(copy)]) == 2
+    assert "has different content" in capsys.readouterr().err
+    assert data_files(moved) == before
+
+
+# --- 2. long lines are cut only where the tokenizer allows ----------------
+@functools.cache
+def tokenizers():
+    """One tokenizer of each kind, fitted on text with every separator."""
+    rng = np.random.default_rng(0)
+    text = "".join(
+        rng.choice(WORDS) + (rng.choice(SEPARATORS) if rng.random() < 0.4 else " ")
+        + ("\n" if rng.random() < 0.1 else "") for _ in range(1500))
+    return {
+        "word": build_tokenizer("word", text),
+        "char": build_tokenizer("char", text),
+        "byte": build_tokenizer("byte"),
+        "sentencepiece": build_tokenizer("sentencepiece", text, vocabulary_size=60,
+                                         num_threads=1),
+        "wordpiece": build_tokenizer("wordpiece", text, vocabulary_size=80),
+    }
+
+
+def chunked_ids(tokenizer, pieces):
+    # One batched call (the same ids as `encode`, piece by piece).
+    ragged = tokenizer.tokenize(pieces)
+    return np.concatenate([row.numpy() for row in ragged] + [np.zeros(0, np.int32)])
+
+
+def test_the_word_separators_are_the_tokenizers_whitespace():
+    assert set(corpora._WORD_SEPARATORS) == {c.encode() for c in SEPARATORS}
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                 HealthCheck.too_slow])
+@given(words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=40),
+       separators=st.lists(st.sampled_from(SEPARATORS + ["\n", "  ", "\r\n"]),
+                           min_size=1, max_size=40),
+       chunk_bytes=st.integers(1, 24))
+def test_chunks_give_the_ids_of_the_whole_text_for_every_kind(
+        tmp_path, words, separators, chunk_bytes):
+    """Random words joined by random whitespace (multi-byte, CR, runs),
+    read in tiny chunks: every tokenizer kind gets the ids of the whole.
+    (Found U+1680 joining words for wordpiece, which first cut there.)"""
+    text = "".join(w + separators[i % len(separators)] for i, w in enumerate(words))
+    folder = tmp_path / f"c{chunk_bytes}"
+    folder.mkdir(exist_ok=True)
+    (folder / "train.txt").write_bytes(text.encode())
+    for split in ("valid", "test"):
+        (folder / f"{split}.txt").write_bytes(b"x\n")
+    whole = load_corpus(str(folder), char_symbols=False).train
+    source = open_corpus_source(str(folder), chunk_bytes=chunk_bytes, char_symbols=False)
+    for kind, tokenizer in tokenizers().items():
+        pieces = [t for t, _ in source.chunks("train", kind=kind)]
+        assert "".join(pieces) == whole
+        np.testing.assert_array_equal(chunked_ids(tokenizer, pieces),
+                                      tokenizer.encode(whole), err_msg=kind)
+
+
+def test_a_long_line_joined_by_ideographic_spaces_keeps_its_word_ids(tmp_path):
+    # The probe's case, smaller: one 300 KB line of words joined by U+3000.
+    rng = np.random.default_rng(1)
+    line = "\u3000".join(rng.choice(["日本", "cat", "naïve"], size=30_000)) + "\n"
+    path = tmp_path / "c"
+    path.mkdir()
+    (path / "train.txt").write_bytes(line.encode() * 2)
+    for split in ("valid", "test"):
+        (path / f"{split}.txt").write_bytes(b"cat\n")
+    whole = load_corpus(str(path)).train
+    word = build_tokenizer("word", whole)
+    source = open_corpus_source(str(path), chunk_bytes=16 << 10)
+    pieces = [t for t, _ in source.chunks("train", kind="word")]
+    assert len(pieces) > 10
+    assert max(len(p.encode()) for p in pieces) <= 32 << 10  # still cut: bounded
+    ids = np.concatenate([word.encode(p) for p in pieces])
+    np.testing.assert_array_equal(ids, word.encode(whole))
+    assert word.unk_id not in ids
+
+
+def test_a_line_with_no_place_to_cut_grows_then_is_refused(tmp_path):
+    path = tmp_path / "c"
+    path.mkdir()
+    # A space 3000 bytes into a line: past the soft limit, within the hard one.
+    (path / "train.txt").write_bytes(b"a" * 3000 + b" " + b"b" * 2000 + b"\n")
+    (path / "valid.txt").write_bytes(b"c" * 9000 + b"\n")
+    (path / "test.txt").write_bytes(b"d\n")
+    with mock.patch.object(corpora, "_MAX_SENTENCE_BYTES", 4096):
+        source = open_corpus_source(str(path), chunk_bytes=64)
+        pieces = [t for t, _ in source.chunks("train", kind="word")]
+        assert pieces == ["a" * 3000, " " + "b" * 2000 + "\n"]
+        with pytest.raises(ValueError, match=r"valid.txt: the line at byte 0 .* no place "
+                           r"to cut it .*word tokenizer.*--tokenizer char or byte"):
+            list(source.chunks("valid", kind="word"))
+        with pytest.raises(ValueError, match="double_eos"):
+            list(source.chunks("train", kind="word", double_eos=True))
+        # The char tokenizer cuts anywhere: bounded chunks.
+        assert max(len(t) for t, _ in source.chunks("valid", kind="char")) <= 128
+
+
+# --- 3. a resumed split re-checks what it recorded ------------------------
+class Stop(Exception):
+    pass
+
+
+def test_a_resumed_preparation_re_encodes_a_damaged_recorded_shard(tmp_path):
+    folder = write_corpus(tmp_path / "c", lines=(600, 12, 12))
+    prepare_data(folder, str(tmp_path / "straight"), "word", shard_tokens=1024)
+    straight = data_files(tmp_path / "straight")
+
+    def stop_at(n):
+        def after_shard(number):
+            if number == n:
+                raise Stop
+        return after_shard
+
+    for damage in ("flip", "delete"):
+        workdir = tmp_path / damage
+        with pytest.raises(Stop):
+            prepare_data(folder, str(workdir), "word", shard_tokens=1024,
+                         after_shard=stop_at(3))
+        shard = workdir / "data" / "train" / "shard-00001.bin"
+        if damage == "flip":
+            data = bytearray(shard.read_bytes())
+            data[10:12] = bytes([data[10] ^ 0xFF, data[11] ^ 0xFF])
+            shard.write_bytes(bytes(data))
+        else:
+            shard.unlink()
+        _, splits = prepare_data(folder, str(workdir), "word", shard_tokens=1024)
+        splits["train"].verify()
+        assert data_files(workdir) == straight
+
+
+def test_the_stream_hash_is_never_taken_over_a_changed_shard(tmp_path):
+    path = tmp_path / "s.bin"
+    path.write_bytes(np.arange(10, dtype="<u2").tobytes())
+    good = shards.tokens_sha256([str(path)], "<u2")
+    from keras_txl.io import sha256_file
+
+    recorded = sha256_file(str(path))
+    assert shards.tokens_sha256([str(path)], "<u2", expected=[recorded]) == good
+    path.write_bytes(np.arange(1, 11, dtype="<u2").tobytes())
+    with pytest.raises(ValueError, match="changed after it was written"):
+        shards.tokens_sha256([str(path)], "<u2", expected=[recorded])
+
+
+def test_a_missing_shard_is_said_to_be_missing(tmp_path):
+    folder = write_corpus(tmp_path / "c")
+    _, splits = prepare_data(folder, str(tmp_path / "w"), "word", shard_tokens=1024)
+    os.remove(splits["valid"]._paths[0])
+    with pytest.raises(ValueError, match=r"shard-00000.bin is missing \(listed in"):
+        shards.ShardedTokens(splits["valid"].folder)
+
+
+# --- 4. TFDS text that is not UTF-8; TFDS errors in flags -------------------
+def test_tfds_text_that_is_not_utf8_is_refused(tmp_path, capsys):
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    data_dir = tmp_path / "tfds"
+    lines = {"train": [b"hello world", b"hello world \xff\xfe bad bytes"],
+             "validation": [b"fine"], "test": [b"fine"]}
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="hostile_bytes", version="1.0.0",
+        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+        split_datasets={s: tf.data.Dataset.from_tensor_slices(v).map(
+            lambda line: {"text": line}) for s, v in lines.items()},
+        data_dir=str(data_dir), disable_shuffling=True)
+    message = r"'hostile_bytes' split 'train': example 1 .* not valid UTF-8 .*byte 12"
+    with pytest.raises(ValueError, match=message):
+        load_corpus("tfds:hostile_bytes", data_dir=str(data_dir))
+    workdir = tmp_path / "w"
+    assert main(["prepare", "--data", "tfds:hostile_bytes", "--data-dir", str(data_dir),
+                 "--workdir", str(workdir), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    assert "example 1" in err and "not valid UTF-8" in err
+    assert not (workdir / "tokenizer").exists()
+    # Errors from the CLI name its flags; a --data-dir that does not exist is said.
+    missing = tmp_path / "nowhere"
+    assert main(["prepare", "--data", "tfds:hostile_bytes", "--data-dir", str(missing),
+                 "--workdir", str(workdir)]) == 2
+    assert f"--data-dir '{missing}' does not exist" in capsys.readouterr().err
+    assert main(["prepare", "--data", "tfds:not_a_dataset_xyz", "--data-dir",
+                 str(data_dir), "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert "--download" in err and "--data-dir" in err and "download=True" not in err
+
+
+# --- 5. empty splits, and an unfinished preparation ------------------------
+def test_an_empty_split_is_refused_before_any_work(tmp_path, capsys):
+    folder = pathlib.Path(write_corpus(tmp_path / "c"))
+    workdir = tmp_path / "w"
+    valid = (folder / "valid.txt").read_bytes()
+    for content, split in ((b"", "valid"), (" \n\t\r\n\u3000\n".encode(), "valid")):
+        (folder / f"{split}.txt").write_bytes(content)
+        assert main(["prepare", "--data", str(folder), "--workdir", str(workdir)]) == 2
+        err = capsys.readouterr().err
+        assert f"the {split} split of --data {folder} is empty" in err
+        assert f"{folder / 'valid.txt'} holds no text" in err
+        assert not (workdir / "tokenizer").exists()
+        assert not (workdir / "data" / "train").exists()
+    (folder / "valid.txt").write_bytes(valid)
+    assert main(["prepare", "--data", str(folder), "--workdir", str(workdir)]) == 0
+
+
+def test_an_unfinished_preparation_does_not_block_the_corrected_corpus(tmp_path, capsys):
+    folder = pathlib.Path(write_corpus(tmp_path / "c", seed=0))
+    workdir = str(tmp_path / "w")
+
+    def stop(number):
+        raise Stop
+
+    with pytest.raises(Stop):
+        prepare_data(str(folder), workdir, "word", shard_tokens=1024, after_shard=stop)
+    corrected = write_corpus(tmp_path / "fixed", seed=5)
+    for split in ("train", "valid", "test"):
+        shutil.copy(pathlib.Path(corrected) / f"{split}.txt", folder / f"{split}.txt")
+    prepare_data(str(folder), workdir, "word", shard_tokens=1024)
+    prepare_data(corrected, str(tmp_path / "straight"), "word", shard_tokens=1024)
+    assert data_files(workdir) == data_files(tmp_path / "straight")
+    assert ((pathlib.Path(workdir) / "tokenizer" / "tokenizer.json").read_bytes()
+            == (tmp_path / "straight" / "tokenizer" / "tokenizer.json").read_bytes())
+    # Finished: now other content is refused again.
+    other = write_corpus(tmp_path / "other", seed=9)
+    with pytest.raises(ValueError, match="has different content"):
+        prepare_data(other, workdir, "word")
+
+
+# --- 6. the workdir lock names the command ---------------------------------
+def test_the_workdir_lock_names_the_command_holding_it(tmp_path, capsys):
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    with WorkdirLock(str(workdir), command="txl prepare"):
+        assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert f"in use by another `txl prepare` (pid {os.getpid()}" in err
+    assert "use another --workdir" in err
+    # A lock file of an older version holds the pid alone.
+    (workdir / "train.lock").write_text("4242")
+    with open(workdir / "train.lock") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 2
+    assert "in use by another txl process (pid 4242" in capsys.readouterr().err

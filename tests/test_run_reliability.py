@@ -100,6 +100,35 @@ def test_damaged_checkpoints_are_named_and_the_newest_intact_one_is_used(tmp_pat
         trainer(tmp_path).restore()
 
 
+def test_a_damaged_model_folder_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog):
+    import shutil
+
+    from keras_txl.training.checkpoint import materialize_model_folder
+    from keras_txl.training.checkpoint import workdir_model_source
+
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())  # checkpoint 2 and the model folder, the same weights
+    trained = weights(run.model)
+    model_dir = str(tmp_path / "model")
+    assert workdir_model_source(str(tmp_path)) == ("model", model_dir)
+    data = bytearray(open(os.path.join(model_dir, "model.weights.h5"), "rb").read())
+    data[len(data) // 2] ^= 0x01  # same size: only the manifest's sha256 tells
+    open(os.path.join(model_dir, "model.weights.h5"), "wb").write(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        kind, path = workdir_model_source(str(tmp_path))
+    assert (kind, os.path.basename(path)) == ("checkpoint", "ckpt-00000002")
+    assert "model.weights.h5 does not match the sha256" in caplog.text
+    assert "using the newest intact checkpoint" in caplog.text
+    folder = materialize_model_folder(str(tmp_path), out=str(tmp_path / "out"))
+    loaded = keras_txl.load_pretrained(folder)
+    for name, value in weights(loaded).items():
+        np.testing.assert_array_equal(value, trained[name])
+    # Without a checkpoint to fall back to, the damage is the error.
+    shutil.rmtree(tmp_path / "checkpoints")
+    with pytest.raises(ValueError, match="model.weights.h5 does not match the sha256"):
+        workdir_model_source(str(tmp_path))
+
+
 def test_an_invalid_state_json_names_its_file(tmp_path):
     run = trainer(tmp_path, steps=2)
     run.train(corpus())

@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_txl.checks import WEIGHT_DTYPES
 from keras_txl.folders import model_weights_file
+from keras_txl.folders import verify_manifest
 from keras_txl.io import atomic_write_bytes
 from keras_txl.io import sha256_file
 from keras_txl.limits import check_config
@@ -432,6 +433,16 @@ def workdir_model_source(workdir, checkpoint=None):
         if newest is None or os.path.getmtime(weights) >= os.path.getmtime(
             os.path.join(newest, STATE)
         ):
+            try:
+                verify_manifest(model_dir)
+            except ValueError as error:
+                if newest is None:
+                    raise
+                # The checkpoint is verified too, and the model folder is a
+                # copy of one: use the newest intact checkpoint, said loudly.
+                logger.warning("The model folder is damaged (%s); using the newest "
+                               "intact checkpoint %s instead.", error, newest)
+                return "checkpoint", newest
             return "model", model_dir
         logger.info("%s is newer than %s: using the checkpoint.", newest, model_dir)
     if newest is not None:

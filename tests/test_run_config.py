@@ -58,6 +58,13 @@ def test_a_config_file_problem_names_the_file_and_the_key(tmp_path, data, messag
     assert str(info.value).startswith(f"--config {path!r}")
 
 
+def test_preset_and_config_together_are_refused(tmp_path):
+    path = write(tmp_path, json.dumps({"model": {"num_layers": 2}}))
+    with pytest.raises(ValueError, match=r"--preset 'tiny' and --config .* both give the whole "
+                                         r"configuration: pass one"):
+        resolve_configs("tiny", path)
+
+
 def test_a_missing_file_or_a_folder_is_named(tmp_path):
     missing = str(tmp_path / "missing.json")
     with pytest.raises(ValueError, match=re.escape(f"--config {missing!r}: no such file.")):

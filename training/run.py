@@ -168,6 +168,13 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
     """
     model, train, evaluation = {}, {}, {}
     from_preset = False
+    if preset and config_path:
+        # One would be dropped in silence (the file's model, with the
+        # default training settings, not the preset's).
+        raise ValueError(
+            f"--preset {preset!r} and --config {config_path!r} both give the whole "
+            "configuration: pass one (change single values with --set key=value)."
+        )
     if config_path:
         model, train, evaluation = read_config_file(config_path)
     elif preset:

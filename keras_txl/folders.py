@@ -15,6 +15,7 @@ import tempfile
 from keras_txl.config import TransformerXLConfig
 from keras_txl.limits import check_config
 from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import folder_path
 from keras_txl.safe_files import read_json
 from keras_txl.safe_files import resolve_inside
 
@@ -40,7 +41,7 @@ def folder_format(directory, limits=None):
     Raises:
         ValueError: no folder or no readable `config.json` in it.
     """
-    directory = os.fspath(directory)
+    directory = folder_path(directory)
     if not os.path.isdir(directory):
         raise ValueError(f"{directory!r} is not a folder (a model preset was expected).")
     path = os.path.join(directory, CONFIG_FILE)

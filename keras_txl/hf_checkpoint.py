@@ -414,7 +414,9 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             or a config beyond `limits`.
     """
     from keras_txl.causal_lm import TransformerXLCausalLM
+    from keras_txl.safe_files import folder_path
 
+    directory = folder_path(directory)
     config_path = os.path.join(directory, "config.json")
     if not os.path.lexists(config_path):
         raise ValueError(f"No config.json in {directory!r}.")

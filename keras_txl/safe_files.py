@@ -52,6 +52,17 @@ def _kind(mode):
     return "not a regular file"
 
 
+def folder_path(value, name="directory"):
+    """`value` as a str path, or a TypeError naming the argument (os.fspath's
+    own message names neither it nor what was expected)."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"`{name}` must be a folder path (str or os.PathLike), received "
+            f"{type(value).__name__} {value!r}."
+        )
+    return os.fspath(value)
+
+
 def open_regular_file(path, what="file"):
     """`path` opened for binary reading, or a ValueError if it is no regular file.
 

@@ -430,3 +430,13 @@ def test_a_preset_whose_hdf5_metadata_is_damaged_is_a_value_error(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"Could not read the preset .*model.weights.h5"):
         load_pretrained(str(tmp_path / "p"))
+
+
+@pytest.mark.parametrize("value", [5, None, b"folder"])
+def test_a_folder_argument_that_is_no_path_is_named(value):
+    from keras_txl.hf_checkpoint import load_hf_checkpoint
+
+    for load in (load_pretrained, load_hf_checkpoint):
+        with pytest.raises(TypeError, match=r"`directory` must be a folder path \(str or "
+                                            rf"os.PathLike\), received {type(value).__name__}"):
+            load(value)

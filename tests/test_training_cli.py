@@ -128,6 +128,19 @@ def test_eval_prints_json_with_the_test_time_settings(corpus_dir, tmp_path, caps
     assert result["tokens"] > 0 and result["bpc"] == pytest.approx(result["loss"] / np.log(2))
 
 
+def test_the_fit_loop_keeps_stdout_for_the_result(corpus_dir, tmp_path, capsys):
+    # Keras prints its progress to stdout; `txl train` prints one JSON result there.
+    assert main(["train", "--data", str(corpus_dir), "--workdir", str(tmp_path / "fit"),
+                 "--preset", "tiny", "--tokenizer", "char", "--steps", "2", "--loop", "fit",
+                 "--batch-size", "4", "--segment-length", "8",
+                 "--set", "warmup_steps=1"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    assert json.loads(lines[0])["split"] == "valid"
+    assert "loss:" in err  # Keras' epoch line, on stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--data", "{missing}"], "does not exist|not found|No such|no corpus"),
     (["--set", "hidden_size=3"], "Unknown key 'hidden_size'"),

@@ -17,11 +17,13 @@ A workdir holds everything of a run:
       tensorboard/, metrics.jsonl
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
+import sys
 
 import numpy as np
 
@@ -892,10 +894,12 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     eval_kwargs = _eval_kwargs(eval_settings)
     try:
         if train_config.loop == "fit":
-            model, _ = train_with_fit(
-                model_config, train_config, strategy, splits["train"], splits["valid"],
-                workdir=args.workdir, tokenizer=tokenizer_dir,
-                verbose=1 if args.progress else 2)
+            # Keras prints its progress to stdout, which holds the result.
+            with contextlib.redirect_stdout(sys.stderr):
+                model, _ = train_with_fit(
+                    model_config, train_config, strategy, splits["train"], splits["valid"],
+                    workdir=args.workdir, tokenizer=tokenizer_dir,
+                    verbose=1 if args.progress else 2)
         else:
             trainer = Trainer(model_config, train_config, strategy,
                               workdir=args.workdir, tokenizer=tokenizer_dir,

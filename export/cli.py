@@ -183,6 +183,7 @@ def check_arguments(args):
         raise ValueError(
             f"--out {args.out!r} is a file: it must be a folder (new or existing) "
             "for the exports.")
+    _check_writable(args.out)
     # What would be replaced, refused before anything is loaded or written
     # (with --format all, a half-done export is worse than none).
     if not args.overwrite:
@@ -211,6 +212,15 @@ def check_arguments(args):
                 "--format saved_model writes none. The SavedModel takes any "
                 "batch and segment length; to fix them, pass "
                 "--saved-model-batch-size / --saved-model-segment-length.")
+        given = [flag for flag, on in (("--quantize " + args.quantize,
+                                        args.quantize != "none"),
+                                       ("--stateful", args.stateful)) if on]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)} "
+                f"{'applies' if len(given) == 1 else 'apply'} to the TFLite "
+                "model, and --format saved_model writes none: pass --format "
+                "tflite (or all), or drop the flag.")
     if args.format == "tflite":
         given = [f"--{o.replace('_', '-')}"
                  for o in ("saved_model_batch_size", "saved_model_segment_length")
@@ -221,6 +231,26 @@ def check_arguments(args):
                 f"{'applies' if len(given) == 1 else 'apply'} to the SavedModel, and "
                 "--format tflite writes none; the TFLite shapes are "
                 "--batch-size and --segment-length.")
+
+
+def _check_writable(out):
+    """A clear error naming --out when the exports cannot be written there
+    (a read-only file system or folder), before any model is loaded."""
+    import tempfile
+
+    existing = os.path.abspath(out)
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    try:
+        # A probe file, not os.access: that answers for the mode bits, not
+        # for a read-only mount or what root may do.
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        where = "" if existing == os.path.abspath(out) else f" (in {existing!r})"
+        raise ValueError(
+            f"--out {out!r} is not writable{where}: {e.strerror or e}. Pass a "
+            "folder the exports can be written to.") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -87,7 +87,22 @@ class SavedModelBackend:
     def generate_texts(self, prompts, max_new_tokens, temperature=0.0,
                        top_k=0, top_p=1.0, seed=0):
         """The continuations of `prompts` (list of str) by the `generate`
-        signature: the whole loop in the graph, one call."""
+        signature: the whole loop in the graph, one call. Each is decoded
+        alone (a word tokenizer's continuation has no leading space: to
+        print it after its prompt, decode `generate_ids`' ids with it)."""
+        out = self._call_generate(prompts, max_new_tokens, temperature, top_k, top_p, seed)
+        return [t.decode("utf-8", errors="replace")
+                for t in out[sig.TEXTS].numpy()]
+
+    def generate_ids(self, prompts, max_new_tokens, temperature=0.0,
+                     top_k=0, top_p=1.0, seed=0):
+        """The new token ids of `prompts` (list of str) by the `generate`
+        signature, one int32 array per prompt (up to its stop token)."""
+        out = self._call_generate(prompts, max_new_tokens, temperature, top_k, top_p, seed)
+        lengths = out[sig.LENGTHS].numpy()
+        return [ids[:length] for ids, length in zip(out[sig.TOKEN_IDS].numpy(), lengths)]
+
+    def _call_generate(self, prompts, max_new_tokens, temperature, top_k, top_p, seed):
         from keras_txl.export.serving import generate_request
 
         if not self.has_generate:
@@ -100,9 +115,7 @@ class SavedModelBackend:
             seed = int(np.random.default_rng().integers(2**62))
         inputs = generate_request(prompts, max_new_tokens, temperature,
                                   top_k, top_p, seed)
-        out = self._generate(**{k: tf.constant(v) for k, v in inputs.items()})
-        return [t.decode("utf-8", errors="replace")
-                for t in out[sig.TEXTS].numpy()]
+        return self._generate(**{k: tf.constant(v) for k, v in inputs.items()})
 
     def initial_state(self, memory=None):
         cfg = self.config

@@ -250,7 +250,11 @@ def build_parser():
     _add_official_arguments(p, source)
     source.add_argument("--saved-model", dest="saved_model", default=None,
                         metavar="DIR", help="exported SavedModel (version "
-                        "folder or its base); uses its next_token signature")
+                        "folder or its base); --prompt decodes with its "
+                        "generate signature when it has one (at most the "
+                        "caps recorded in its export.json), else, and with "
+                        "--prompt-ids, --schedule or --segment-length, with "
+                        "the host loop over its next_token signature")
     source.add_argument("--tflite", default=None, metavar="FILE",
                         help="exported stateless .tflite file")
     prompt = p.add_mutually_exclusive_group(required=True)
@@ -314,7 +318,7 @@ def build_parser():
                    help="which segment to picture (default: the first one "
                    "with a full memory)")
     p.add_argument("--max-segments", dest="max_segments", type=int, default=64,
-                   help="segments used for the loss-by-position plot")
+                   help="segments used for the loss-by-position plot (>= 1)")
 
     p = add_command(
         "demo", "the README's first command: train, eval, export and "
@@ -397,11 +401,18 @@ def _protocol(args, dataset=None):
     name = getattr(args, "protocol", None)
     if name != "paper":
         return name
-    if dataset not in _PROTOCOLS:
+    choices = f"--protocol {{{','.join(_PROTOCOLS)}}}"
+    if not getattr(args, "from_official", None):
         raise ValueError(
             "--protocol paper takes the dataset from --from-official's "
-            f"corpus-info.json (found {dataset!r}); name one instead: "
-            f"--protocol {{{','.join(_PROTOCOLS)}}}."
+            f"corpus-info.json; with --workdir, name the dataset: {choices}."
+        )
+    if dataset not in _PROTOCOLS:
+        found = ("names no dataset" if dataset is None
+                 else f"names the dataset {dataset!r}, which has no paper protocol")
+        raise ValueError(
+            f"--protocol paper: the corpus-info.json of --from-official "
+            f"{found}; name one instead: {choices}."
         )
     return dataset
 
@@ -438,6 +449,7 @@ def _eval(args):
                 if getattr(args, key) is None:
                     setattr(args, key, settings[key])
             args.same_length = args.same_length or settings["same_length"]
+        _check_eval_size(args)
         return eval_main(args)
     import json
     import tempfile
@@ -521,11 +533,15 @@ def _workdir_model_dir(args):
 
 
 def _parse_ids(text, name):
+    items = text.replace(" ", "").split(",")
     try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+        if "" in items:  # "1,,2" or "1,2,": a lost id, not a separator
+            raise ValueError
+        return [int(x) for x in items]
     except ValueError:
         raise ValueError(
-            f"{name} must be comma-separated integers, received {text!r}."
+            f"{name} must be comma-separated integers such as 1,2,3 (no "
+            f"empty item), received {text!r}."
         ) from None
 
 
@@ -561,7 +577,25 @@ def _generation_source(args):
     if args.saved_model:
         backend = SavedModelBackend(args.saved_model)
         return backend, backend.tokenizer_dir
-    backend = TFLiteBackend.from_file(args.tflite)
+    if os.path.isdir(args.tflite):
+        found = sorted(f for f in os.listdir(args.tflite) if f.endswith(".tflite"))
+        raise ValueError(
+            f"--tflite {args.tflite!r} is a folder: pass the .tflite file "
+            + (f"(it holds {', '.join(found)})." if found
+               else "(this folder holds none).")
+        )
+    if not os.path.isfile(args.tflite):
+        raise ValueError(f"--tflite {args.tflite!r} does not exist.")
+    from keras_txl import console
+
+    # LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate" from C++
+    # on the first invoke: make that invoke here, hidden unless -v.
+    with console.native_stderr_hidden(not getattr(args, "verbose", False)):
+        backend = TFLiteBackend.from_file(args.tflite)
+        import numpy as np
+
+        backend.run(np.zeros((1, backend.segment_length), np.int32),
+                    backend.initial_state())
     return backend, backend.tokenizer_dir
 
 
@@ -590,18 +624,85 @@ def encode_prompt(tokenizer, prompt):
     return ids, received
 
 
+def _uses_generate_signature(args):
+    """Whether `txl generate` decodes with a SavedModel's `generate`
+    signature (if the export has one): text in, no host-loop flags."""
+    return (args.saved_model is not None and args.prompt is not None
+            and args.schedule is None and args.segment_length is None)
+
+
+def _generate_caps(args):
+    """The `generate_caps` a SavedModel export recorded in its export.json
+    (max_new_tokens, max_prompt_tokens), or None."""
+    from keras_txl.export import serving
+
+    info_path = os.path.join(serving.resolve_version_dir(args.saved_model),
+                             serving.ASSETS_EXTRA, "export.json")
+    if not os.path.isfile(info_path):
+        return None
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            caps = json.load(f).get("generate_caps")
+    except (ValueError, AttributeError):
+        return None  # the backend names a damaged export when it loads it
+    return caps if isinstance(caps, dict) else None
+
+
+def _max_new_tokens_error(args, high, why, hint=""):
+    return ValueError(
+        f"--max-new-tokens (`max_new_tokens`) must be an integer in [1, "
+        f"{high}]{why}, received {args.max_new_tokens}{hint}."
+    )
+
+
 def _check_generate_arguments(args):
     """`txl generate`'s numbers, checked before a model is read or anything
-    is printed."""
+    is printed. Returns the SavedModel's generate caps (or None)."""
     from keras_txl import checks
+    from keras_txl.causal_lm import MAX_GENERATE_LENGTH
     from keras_txl.generation import check_sampling
     from keras_txl.generation import check_seed
 
     check_sampling(args.temperature, args.top_k, args.top_p)
     check_seed(args.seed)
-    checks.non_negative_int("max_new_tokens", args.max_new_tokens)
+    # One bound for every source: model.generate allocates (batch, prompt +
+    # new tokens) buffers up front and refuses more than MAX_GENERATE_LENGTH
+    # in one call; the host loops keep to the same rule.
+    if not 1 <= args.max_new_tokens <= MAX_GENERATE_LENGTH - 1:
+        raise _max_new_tokens_error(
+            args, MAX_GENERATE_LENGTH - 1,
+            f" (one call generates at most {MAX_GENERATE_LENGTH} = 2**20 "
+            "tokens, the prompt's included)")
     if args.segment_length is not None:
         checks.positive_int("segment_length", args.segment_length)
+    caps = _generate_caps(args) if _uses_generate_signature(args) else None
+    if caps and args.max_new_tokens > caps.get("max_new_tokens", float("inf")):
+        raise _max_new_tokens_error(
+            args, caps["max_new_tokens"],
+            " with this SavedModel's generate signature (the cap its "
+            "export.json records)", "; for more, pass --schedule token: the "
+            "host loop over next_token has no such cap")
+    return caps
+
+
+def _check_schedule(args, backend):
+    """--schedule and --segment-length against a model exported with a
+    fixed segment length (named by flag, before any output)."""
+    fixed = getattr(backend, "segment_length", None)
+    if fixed is None:
+        return
+    if args.segment_length is not None and args.segment_length != fixed:
+        raise ValueError(
+            f"--segment-length {args.segment_length}: this model was exported "
+            f"with a fixed segment length of {fixed}; omit --segment-length, "
+            f"or export with --segment-length {args.segment_length}."
+        )
+    if args.schedule == "token" and fixed != 1:
+        raise ValueError(
+            f"--schedule token feeds one token at a time, but this model "
+            f"takes exactly {fixed} tokens per call: pass --schedule segment "
+            "(or omit --schedule), or export with --segment-length 1."
+        )
 
 
 def _generate(args):
@@ -610,8 +711,9 @@ def _generate(args):
     from keras_txl.generation import TextStream
     from keras_txl.generation import generate_iter
 
-    _check_generate_arguments(args)
+    caps = _check_generate_arguments(args)
     backend, tokenizer_dir = _generation_source(args)
+    _check_schedule(args, backend)
     tokenizer = None
     if args.prompt is not None:
         if tokenizer_dir is None:
@@ -632,20 +734,38 @@ def _generate(args):
             raise ValueError("--prompt encodes to no tokens; give some text.")
     else:
         prompt_ids = _parse_ids(args.prompt_ids, "--prompt-ids")
+    from keras_txl.causal_lm import MAX_GENERATE_LENGTH
+
+    if len(prompt_ids) + args.max_new_tokens > MAX_GENERATE_LENGTH:
+        raise ValueError(
+            f"the prompt ({len(prompt_ids)} tokens) and --max-new-tokens "
+            f"{args.max_new_tokens} come to more than the "
+            f"{MAX_GENERATE_LENGTH} (2**20) tokens of one call: shorten "
+            "the prompt or lower --max-new-tokens."
+        )
+    start = time.perf_counter()
+    model = getattr(backend, "model", None)  # a Keras source
     if (tokenizer is not None and getattr(backend, "has_generate", False)
-            and args.schedule is None and args.segment_length is None):
+            and _uses_generate_signature(args)):
         # A SavedModel exported with its tokenizer: its `generate`
         # signature decodes the whole continuation in the graph.
-        (text,) = backend.generate_texts(
+        cap = (caps or {}).get("max_prompt_tokens")
+        if cap is not None and len(prompt_ids) > cap:
+            raise ValueError(
+                f"--prompt holds {len(prompt_ids)} tokens, more than the "
+                f"{cap} this SavedModel's generate signature takes (the cap "
+                "its export.json records): shorten it, or pass --schedule "
+                "token to decode with the host loop over next_token."
+            )
+        # The ids, decoded like every other source's (the signature's
+        # `texts` decode the continuation alone: a word tokenizer's would
+        # lose the space after the prompt).
+        (new_ids,) = backend.generate_ids(
             [args.prompt], args.max_new_tokens, temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        )
-        sys.stdout.write(received + text + "\n")
-        sys.stdout.flush()
-        return 0
-    model = getattr(backend, "model", None)  # a Keras source
-    if (model is not None and args.use_cache and args.schedule is None
-            and args.segment_length is None and args.max_new_tokens >= 1):
+            top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        tokens = iter(new_ids.tolist())
+    elif (model is not None and args.use_cache and args.schedule is None
+            and args.segment_length is None):
         # keras-hub's compiled loop (model.generate): the whole continuation
         # in one tf.function, printed when it is done.
         from keras_txl.generation import generate_ids
@@ -664,7 +784,7 @@ def _generate(args):
             schedule=args.schedule,
         )
     out = sys.stdout
-    start, count = time.perf_counter(), 0
+    count = 0  # the clock started before generation (a lazy loop runs below)
     if tokenizer is not None:
         stream = TextStream(tokenizer, prompt_ids)
         out.write(received)  # what the model reads, not what was typed
@@ -831,6 +951,191 @@ def _demo(args):
     return 0
 
 
+def _check_text_file(path, flag):
+    """A ValueError naming `flag` unless `path` is a UTF-8 text file (read
+    in pieces: an LM1B vocabulary is 10 MB)."""
+    import codecs
+
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a folder: pass a text file.")
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path!r} does not exist.")
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                # The decoder's positions count from the bytes it holds: the
+                # undecoded tail of the last piece, then this one.
+                start = offset - (len(e.object) - len(chunk))
+                byte = e.object[e.start:e.start + 1].hex()
+                raise ValueError(
+                    f"{flag} {path!r} is not UTF-8 text: byte 0x{byte} at "
+                    f"offset {start + e.start} ({e.reason})."
+                ) from None
+            if not chunk:
+                return
+            offset += len(chunk)
+
+
+def _check_workdir_folder(args):
+    """--workdir that is a file: named as such (not "not writable")."""
+    path = getattr(args, "workdir", None)
+    if path and os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(
+            f"--workdir {path!r} is a file: it must be a folder (new or "
+            "existing) for the run."
+        )
+
+
+def _flag_or_config(args, name):
+    """How the user set a training size: its flag, or the config."""
+    if getattr(args, name, None) is not None:
+        return f"--{name.replace('_', '-')} {getattr(args, name)}"
+    return f"{name} (from --preset/--config/--set)"
+
+
+def _check_lengths(args, lengths):
+    """segment/memory lengths within `Limits.max_sequence_length` (the
+    bound of loaded models) before a model is built: 2,000,000 would
+    otherwise crash TensorFlow's kernels (a segfault, no message)."""
+    from keras_txl.limits import ENVIRONMENT_VARIABLE
+    from keras_txl.limits import resolve_limits
+
+    limit = resolve_limits().max_sequence_length
+    for name, value in lengths.items():
+        if value is not None and value > limit:
+            raise ValueError(
+                f"{_flag_or_config(args, name)} exceeds the limit "
+                f"max_sequence_length={limit} of keras_txl.limits; pass a "
+                f"smaller value (or raise the limit with {ENVIRONMENT_VARIABLE}="
+                f"'{{\"max_sequence_length\": ...}}')."
+            )
+
+
+def _physical_memory_bytes():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_train_size(args):
+    """`txl train`'s lengths and the bytes one step holds, checked before
+    anything is built. Also --strategy tpu without a TPU to connect to."""
+    import dataclasses
+
+    from keras_txl.causal_lm import MAX_INITIAL_MEMORY_BYTES
+    from keras_txl.config import TransformerXLConfig
+    from keras_txl.training import run
+
+    # The same resolution train_main makes (its log lines said once, there).
+    quiet, run.logger.disabled = run.logger.disabled, True
+    try:
+        model, train, _, _ = run.resolve_configs(
+            args.preset, args.config, args.set,
+            {"segment_length": args.segment_length,
+             "memory_length": args.memory_length, "batch_size": args.batch_size,
+             "steps": args.steps, "strategy": args.strategy, "loop": args.loop,
+             "jit_compile": args.jit_compile, "precision": args.precision},
+        )
+    finally:
+        run.logger.disabled = quiet
+    if train.strategy == "tpu" and not args.tpu and not any(
+            os.environ.get(v) for v in ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS",
+                                        "TPU_CONFIG")):
+        raise ValueError(
+            "--strategy tpu needs --tpu: the TPU's name or grpc:// address "
+            "('local' on a TPU VM), or the TPU_NAME environment variable."
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerXLConfig)}
+    size = {k: model.get(k, defaults.get(k)) for k in (
+        "segment_length", "memory_length", "num_layers", "hidden_dim", "num_heads")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in size.values() if v is not None):
+        return  # the model config names its own bad field when it is built
+    _check_lengths(args, {k: size[k] for k in ("segment_length", "memory_length")})
+    if train.strategy != "default" or None in size.values():
+        return  # the batch is split over devices this cannot count yet
+    B, T, M = train.batch_size, size["segment_length"], size["memory_length"]
+    L, D, H = size["num_layers"], size["hidden_dim"], size["num_heads"]
+    memory = 4 * B * L * M * D
+    # A lower bound of what the memory adds to one step, kept for the
+    # backward pass, per layer: attention scores and probabilities over
+    # the memory's keys (B, H, T, M), the memory input and its keys and
+    # values (B, M, D). (A long segment meets the corpus's own size check
+    # first: it needs segment_length + 1 tokens per stream.)
+    step = 4 * L * (2 * B * H * T * M + 3 * B * M * D)
+    import tensorflow as tf
+
+    # On a CPU all of it is in the host's memory (a GPU has its own).
+    ram = None if tf.config.list_physical_devices("GPU") else _physical_memory_bytes()
+    flags = (f"{_flag_or_config(args, 'memory_length')}, "
+             f"{_flag_or_config(args, 'segment_length')} and "
+             f"{_flag_or_config(args, 'batch_size')}")
+    if memory > MAX_INITIAL_MEMORY_BYTES:
+        raise ValueError(
+            f"{flags} need a memory of {memory / 2**30:.1f} GiB (batch {B} x "
+            f"{L} layers x {M} x hidden {D}, float32), more than the "
+            f"{MAX_INITIAL_MEMORY_BYTES // 2**30} GiB one device may hold "
+            "(as for txl eval): lower --memory-length or --batch-size."
+        )
+    if ram is not None and memory + step > ram:
+        raise ValueError(
+            f"{flags} need at least {(memory + step) / 2**30:.1f} GiB per "
+            f"step on this CPU (the memory, and per layer the attention "
+            f"scores and probabilities over it, batch {B} x {H} heads x {T} x "
+            f"{M}), "
+            f"more than this host's {ram / 2**30:.1f} GiB: lower "
+            "--segment-length, --memory-length or --batch-size."
+        )
+
+
+def _check_eval_size(args):
+    """`txl eval --workdir`'s memory before the model is read (the model's
+    own check names an argument no flag sets)."""
+    from keras_txl.causal_lm import MAX_INITIAL_MEMORY_BYTES
+
+    _check_lengths(args, {"segment_length": args.segment_length,
+                          "memory_length": args.memory_length})
+    try:
+        with open(os.path.join(args.workdir, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        L, D = int(config["num_layers"]), int(config["hidden_dim"])
+        M = int(args.memory_length if args.memory_length is not None
+                else config["memory_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a training run's folder: the loader says what is wrong
+    memory = 4 * args.batch_size * L * M * D
+    if memory > MAX_INITIAL_MEMORY_BYTES:
+        raise ValueError(
+            f"--memory-length {M} with --batch-size {args.batch_size} needs a "
+            f"memory of {memory / 2**30:.1f} GiB (batch x {L} layers x {M} x "
+            f"hidden {D}, float32), more than the "
+            f"{MAX_INITIAL_MEMORY_BYTES // 2**30} GiB one evaluation may hold: "
+            "lower --memory-length or --batch-size."
+        )
+
+
+def _check_paths(args):
+    """Paths and counts every command takes, named by flag before anything
+    is loaded."""
+    if getattr(args, "vocabulary_file", None) is not None:
+        _check_text_file(args.vocabulary_file, "--vocabulary-file")
+    if args.command in ("train", "prepare"):
+        _check_workdir_folder(args)
+    if args.command == "attention":
+        if args.max_segments < 1:
+            raise ValueError(
+                f"--max-segments must be a positive integer, received "
+                f"{args.max_segments}."
+            )
+        _check_text_file(args.text, "--text")
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -845,9 +1150,11 @@ def main(argv=None):
     try:
         with console.native_stderr_hidden(not args.verbose):
             require_tensorflow()
+        _check_paths(args)
         if args.command == "train":
             from keras_txl.training.run import train_main
 
+            _check_train_size(args)
             return train_main(args)
         if args.command == "prepare":
             from keras_txl.training.run import prepare_main

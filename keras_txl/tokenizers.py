@@ -1765,27 +1765,42 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
             if line.strip()
         ]
         model = io.BytesIO()
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines),
-            model_writer=model,
-            vocab_size=int(vocabulary_size),
-            model_type=model_type,
-            character_coverage=float(character_coverage),
-            byte_fallback=bool(byte_fallback),
-            hard_vocab_limit=False,
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
-            add_dummy_prefix=False,
-            eos_id=0,
-            unk_id=1,
-            bos_id=-1,
-            pad_id=-1,
-            eos_piece=EOS_TOKEN,
-            unk_piece=UNK_TOKEN,
-            max_sentence_length=int(max_sentence_length),
-            num_threads=int(num_threads or os.cpu_count() or 1),
-            minloglevel=2,
-        )
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=model,
+                vocab_size=int(vocabulary_size),
+                model_type=model_type,
+                character_coverage=float(character_coverage),
+                byte_fallback=bool(byte_fallback),
+                hard_vocab_limit=False,
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                add_dummy_prefix=False,
+                eos_id=0,
+                unk_id=1,
+                bos_id=-1,
+                pad_id=-1,
+                eos_piece=EOS_TOKEN,
+                unk_piece=UNK_TOKEN,
+                max_sentence_length=int(max_sentence_length),
+                num_threads=int(num_threads or os.cpu_count() or 1),
+                minloglevel=2,
+            )
+        except RuntimeError as error:
+            # SentencePiece needs a piece for every character it covers (plus
+            # <eos> and <unk>) and says so in a C++ assertion.
+            match = re.search(r"smaller than required_chars\. (\d+) vs (\d+)",
+                              str(error))
+            if match is None:
+                raise
+            need = int(match.group(2))
+            raise ValueError(
+                f"`vocabulary_size`={vocabulary_size} (--vocab-size) is too "
+                f"small for this text: SentencePiece needs at least {need} "
+                "pieces (one per character it covers, plus <eos> and <unk>); "
+                f"pass a vocabulary_size of {need} or more."
+            ) from None
         tokenizer = cls(model.getvalue())
         logger.info(
             "sentencepiece (%s): %d lines, %d pieces",

@@ -6,6 +6,7 @@ unknown keys and wrong types are errors that name the field.
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 LOOPS = ("custom", "fit")
@@ -20,6 +21,23 @@ BOOL_OR_AUTO = ("jit_compile",)
 # Keras' LossScaleOptimizer default: 2**15, halved on every step whose
 # gradients overflow, doubled after 2,000 finite steps in a row.
 DEFAULT_INITIAL_LOSS_SCALE = 32768.0
+
+# Integer fields and their lowest value. The highest is MAX_COUNT: step
+# counts meet TensorFlow as int32/float32 (the cosine schedule, tf.summary
+# steps), and a count past it is a typo, not a run (2**31 steps of 1 ms
+# are 25 days); 99999999999999999999 would otherwise die as a TypeError
+# deep in Keras' CosineDecay.
+COUNTS = {"batch_size": 1, "steps": 1, "log_every": 1, "keep_checkpoints": 1,
+          "warmup_steps": 0, "eval_every": 0, "checkpoint_every": 0,
+          "eval_max_segments": 0, "seed": 0}
+MAX_COUNT = 2**31 - 1
+# keras.utils.set_random_seed seeds NumPy, which takes seeds below 2**32.
+MAX_SEED = 2**32 - 1
+# Float fields: (lowest, lowest excluded, highest or None). Every one must
+# also be finite.
+FLOATS = {"learning_rate": (0.0, True, None), "min_lr_ratio": (0.0, False, 1.0),
+          "clip_norm": (0.0, False, None), "adam_epsilon": (0.0, True, None),
+          "initial_loss_scale": (0.0, True, None)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,29 +95,31 @@ class TrainConfig:
     report_bpc: bool = False
 
     def __post_init__(self):
-        for name in ("batch_size", "steps", "log_every", "keep_checkpoints"):
+        for name, low in COUNTS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            high = MAX_SEED if name == "seed" else MAX_COUNT
+            if (not isinstance(value, int) or isinstance(value, bool)
+                    or not low <= value <= high):
                 raise ValueError(
-                    f"`{name}` must be a positive integer, received {value!r}."
+                    f"`{name}` must be an integer in [{low}, {high}], "
+                    f"received {value!r}."
                 )
-        for name in ("warmup_steps", "eval_every", "checkpoint_every",
-                     "eval_max_segments", "seed"):
+        for name, (low, low_open, high) in FLOATS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            # One rule for every float, whatever its spelling: JSON's 1e400
+            # and Infinity arrive as inf, NaN as nan (which passes every
+            # comparison written as `not x < 0`).
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                    or (value <= low if low_open else value < low)
+                    or (high is not None and value > high)):
+                bounds = f"{'>' if low_open else '>='} {low:g}"
+                if high is not None:
+                    bounds = f"in [{low:g}, {high:g}]"
                 raise ValueError(
-                    f"`{name}` must be an integer >= 0, received {value!r}."
+                    f"`{name}` must be a finite number {bounds}, received "
+                    f"{value!r}."
                 )
-        if not self.learning_rate > 0:
-            raise ValueError(
-                f"`learning_rate` must be > 0, received {self.learning_rate!r}."
-            )
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(
-                f"`min_lr_ratio` must be in [0, 1], received {self.min_lr_ratio!r}."
-            )
-        if self.clip_norm < 0:
-            raise ValueError(f"`clip_norm` must be >= 0, received {self.clip_norm!r}.")
         if self.warmup_steps > self.steps:
             raise ValueError(
                 f"`warmup_steps`={self.warmup_steps} exceeds `steps`={self.steps}: "
@@ -121,12 +141,6 @@ class TrainConfig:
                 f"{self.jit_compile!r}."
             )
         scale = self.initial_loss_scale
-        if (not isinstance(scale, (int, float)) or isinstance(scale, bool)
-                or not 0 < scale < float("inf")):
-            raise ValueError(
-                "`initial_loss_scale` must be a finite number > 0, received "
-                f"{scale!r}."
-            )
         if (scale != DEFAULT_INITIAL_LOSS_SCALE
                 and self.precision in ("float32", "mixed_bfloat16")):
             raise ValueError(

@@ -1,0 +1,263 @@
+"""`txl` given hostile or careless input: each refusal is an argparse-style
+`txl CMD: error: ...` line naming the flag (exit code 2, no traceback), made
+before a model is built; and the three generation sources print the same
+text for the same ids."""
+
+import json
+import re
+
+import keras
+import pytest
+from testing import tiny_config
+
+import keras_txl
+from keras_txl.cli import main
+from keras_txl.io import save_preset
+from keras_txl.tokenizers import WordTokenizer
+from keras_txl.training.config import TrainConfig
+
+WORDS_TEXT = "the quick brown fox jumps over the lazy dog\nthe dog sat\n"
+
+
+@pytest.fixture(scope="module")
+def word_run(tmp_path_factory):
+    """A word-level tiny run (random weights) and its exports: a SavedModel
+    with the generate signature and a T = 1 TFLite file, both from `txl
+    export`. Returns (workdir, export folder)."""
+    folder = tmp_path_factory.mktemp("word_run")
+    keras.utils.set_random_seed(0)
+    tokenizer = WordTokenizer.fit([WORDS_TEXT])
+    tokenizer.save(folder / "tokenizer")
+    model = keras_txl.TransformerXLCausalLM(tiny_config(
+        vocabulary_size=tokenizer.vocabulary_size()))
+    # A keras-hub preset with its preprocessor, as training writes it: the
+    # SavedModel then has the text-level generate signature.
+    save_preset(model, str(folder / "run" / "model"), tokenizer=str(folder / "tokenizer"))
+    out = folder / "exported"
+    assert main(["export", "--workdir", str(folder / "run"), "--format", "all",
+                 "--out", str(out), "--segment-length", "1"]) == 0
+    return folder / "run", out
+
+
+def refused(capsys, argv, pattern, command=None):
+    """Runs `txl argv`; asserts exit 2 with one error line matching."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if " error: " in line]
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"txl {command or argv[0]}: error: "), lines[0]
+    assert re.search(pattern, lines[0]), lines[0]
+    return lines[0]
+
+
+def never_train(monkeypatch):
+    """A refused `txl train` must stop before anything is built."""
+    from keras_txl.training import run
+
+    def reached(args):
+        raise AssertionError("train_main ran: the check did not refuse")
+
+    monkeypatch.setattr(run, "train_main", reached)
+
+
+# === 1. the three generation sources print the same text ===
+
+
+def test_saved_model_tflite_and_workdir_print_the_same_text(word_run, capsys):
+    workdir, out = word_run
+    texts = {}
+    for source in (["--workdir", str(workdir)],
+                   ["--saved-model", str(out / "txl")],
+                   ["--tflite", str(out / "txl.tflite")]):
+        assert main(["generate", *source, "--prompt", "the quick",
+                     "--max-new-tokens", "5", "--temperature", "0"]) == 0
+        captured = capsys.readouterr()
+        texts[source[0]] = captured.out
+        # LiteRT's XNNPACK line is hidden without -v.
+        assert "XNNPACK" not in captured.err
+    assert texts["--saved-model"] == texts["--workdir"] == texts["--tflite"], texts
+    words = texts["--workdir"].split()
+    assert words[:2] == ["the", "quick"] and len(words) >= 3, texts
+    assert texts["--workdir"].startswith("the quick "), texts  # no glued word
+
+
+# === 2. --max-new-tokens and the prompt against the caps ===
+
+
+@pytest.mark.parametrize("source", ["--workdir", "--saved-model", "--tflite"])
+def test_max_new_tokens_zero_is_refused_on_every_path(word_run, capsys, source):
+    workdir, out = word_run
+    path = {"--workdir": workdir, "--saved-model": out / "txl",
+            "--tflite": out / "txl.tflite"}[source]
+    refused(capsys, ["generate", source, str(path), "--prompt", "the",
+                     "--max-new-tokens", "0"],
+            r"--max-new-tokens \(`max_new_tokens`\) must be an integer in \[1, ")
+
+
+def test_saved_model_caps_are_checked_up_front(word_run, capsys):
+    _, out = word_run
+    with open(out / "txl" / "1" / "assets.extra" / "export.json") as f:
+        caps = json.load(f)["generate_caps"]
+    refused(capsys, ["generate", "--saved-model", str(out / "txl"), "--prompt", "the",
+                     "--max-new-tokens", str(caps["max_new_tokens"] + 1)],
+            rf"--max-new-tokens .* in \[1, {caps['max_new_tokens']}\] with this "
+            rf"SavedModel's generate signature .* received {caps['max_new_tokens'] + 1}")
+    prompt = " ".join(["the"] * (caps["max_prompt_tokens"] + 1))
+    refused(capsys, ["generate", "--saved-model", str(out / "txl"), "--prompt", prompt,
+                     "--max-new-tokens", "1"],
+            rf"--prompt holds {caps['max_prompt_tokens'] + 1} tokens, more than the "
+            rf"{caps['max_prompt_tokens']} .*--schedule token")
+
+
+def test_keras_max_new_tokens_is_bounded_before_loading(word_run, capsys):
+    workdir, _ = word_run
+    refused(capsys, ["generate", "--workdir", str(workdir), "--prompt", "the",
+                     "--max-new-tokens", "100000000"],
+            r"must be an integer in \[1, 1048575\] \(one call generates at most "
+            r"1048576 = 2\*\*20 tokens.*received 100000000")
+
+
+def test_empty_prompt_id_and_tflite_folder_are_named(word_run, capsys):
+    workdir, out = word_run
+    refused(capsys, ["generate", "--workdir", str(workdir), "--prompt-ids", "1,,2"],
+            r"--prompt-ids must be comma-separated integers .*'1,,2'")
+    refused(capsys, ["generate", "--tflite", str(out), "--prompt", "the"],
+            r"--tflite '.*exported' is a folder: pass the .tflite file \(it holds "
+            r"txl.tflite\)")
+
+
+def test_schedule_token_on_a_segment_model_names_the_flag(tmp_path, word_run, capsys):
+    workdir, _ = word_run
+    assert main(["export", "--workdir", str(workdir), "--format", "tflite",
+                 "--out", str(tmp_path), "--segment-length", "4"]) == 0
+    capsys.readouterr()
+    refused(capsys, ["generate", "--tflite", str(tmp_path / "txl.tflite"), "--prompt",
+                     "the", "--schedule", "token"],
+            r"--schedule token feeds one token at a time.*pass --schedule segment")
+
+
+# === 3, 4. TrainConfig bounds ===
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    (dict(steps=99999999999999999999), r"`steps` must be an integer in \[1, 2147483647\], "
+     r"received 99999999999999999999"),
+    (dict(log_every=2**31), r"`log_every` must be an integer in \[1, "),
+    (dict(seed=2**32), r"`seed` must be an integer in \[0, 4294967295\]"),
+    (dict(learning_rate=float("inf")), r"`learning_rate` must be a finite number > 0, "
+     r"received inf"),
+    (dict(clip_norm=float("nan")), r"`clip_norm` must be a finite number >= 0, received nan"),
+    (dict(adam_epsilon=-1.0), r"`adam_epsilon` must be a finite number > 0, received -1.0"),
+    (dict(adam_epsilon=float("nan")), r"`adam_epsilon` must be a finite number > 0"),
+    (dict(adam_epsilon=float("inf")), r"`adam_epsilon` must be a finite number > 0"),
+    (dict(min_lr_ratio=float("nan")), r"`min_lr_ratio` must be a finite number in \[0, 1\]"),
+])
+def test_train_config_bounds_every_field(changes, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        TrainConfig(**changes)
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (["--steps", "99999999999999999999"], r"`steps` must be an integer in \[1, "),
+    (["--set", "learning_rate=1e400"], r"`learning_rate` must be a finite number > 0, "
+     r"received inf"),
+    (["--set", "learning_rate=Infinity"], r"`learning_rate` must be a finite number"),
+    (["--set", "clip_norm=NaN"], r"`clip_norm` must be a finite number >= 0, received nan"),
+    (["--set", "adam_epsilon=-1"], r"`adam_epsilon` must be a finite number > 0"),
+    # 5. lengths and bytes, refused before a model is built
+    (["--memory-length", "2000000"], r"--memory-length 2000000 exceeds the limit "
+     r"max_sequence_length=1048576"),
+    (["--memory-length", "1000000", "--batch-size", "16"],
+     r"--memory-length 1000000, .* and --batch-size 16 need a memory of 7.6 GiB .*"
+     r"lower --memory-length or --batch-size"),
+    (["--strategy", "tpu"], r"--strategy tpu needs --tpu"),
+])
+def test_txl_train_refuses_before_building(tmp_path, capsys, monkeypatch, flags, pattern):
+    never_train(monkeypatch)
+    for name in ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS", "TPU_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    refused(capsys, ["train", "--data", str(tmp_path), "--workdir", str(tmp_path / "w"),
+                     "--preset", "tiny", *flags], pattern)
+
+
+def test_txl_train_workdir_that_is_a_file(tmp_path, capsys, monkeypatch):
+    never_train(monkeypatch)
+    (tmp_path / "afile").write_text("x")
+    refused(capsys, ["train", "--workdir", str(tmp_path / "afile"), "--preset", "tiny"],
+            r"--workdir '.*afile' is a file: it must be a folder")
+
+
+# === 6. SentencePiece too small ===
+
+
+def test_sentencepiece_vocab_size_too_small_names_the_flag(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    refused(capsys, ["prepare", "--data", str(corpus), "--workdir", str(tmp_path / "w"),
+                     "--tokenizer", "sentencepiece", "--vocab-size", "3"],
+            r"`vocabulary_size`=3 \(--vocab-size\) is too small .* at least \d+ pieces")
+
+
+# === 7, 8. attention, files and folders ===
+
+
+def test_attention_max_segments_and_binary_text(word_run, tmp_path, capsys):
+    workdir, _ = word_run
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox\n")
+    for value in ("0", "-3"):
+        refused(capsys, ["attention", "--workdir", str(workdir), "--text", str(text),
+                         "--out", str(tmp_path), "--max-segments", value],
+                rf"--max-segments must be a positive integer, received {value}")
+    binary = tmp_path / "bin.bin"
+    binary.write_bytes(b"abc\xa6def")
+    refused(capsys, ["attention", "--workdir", str(workdir), "--text", str(binary),
+                     "--out", str(tmp_path)],
+            r"--text '.*bin.bin' is not UTF-8 text: byte 0xa6 at offset 3")
+
+
+def test_vocabulary_file_folder_and_binary(tmp_path, capsys, monkeypatch):
+    never_train(monkeypatch)
+    binary = tmp_path / "vocab.bin"
+    binary.write_bytes(b"the\n" * 300_000 + b"\xff")  # past the first piece read
+    refused(capsys, ["prepare", "--data", str(tmp_path), "--workdir", str(tmp_path / "w"),
+                     "--tokenizer", "word", "--vocabulary-file", str(binary)],
+            r"--vocabulary-file '.*vocab.bin' is not UTF-8 text: byte 0xff at offset "
+            r"1200000")
+    refused(capsys, ["prepare", "--data", str(tmp_path), "--workdir", str(tmp_path / "w"),
+                     "--tokenizer", "word", "--vocabulary-file", str(tmp_path)],
+            r"--vocabulary-file '.*' is a folder: pass a text file")
+
+
+def test_export_flag_messages(word_run, tmp_path, capsys):
+    workdir, _ = word_run
+    refused(capsys, ["export", "--workdir", str(workdir), "--out", str(tmp_path),
+                     "--quantize", "float16", "--stateful"],
+            r"--quantize float16 and --stateful apply to the TFLite model, and "
+            r"--format saved_model writes none")
+    import tempfile
+
+    try:  # /sys refuses new files, as a read-only mount does
+        with tempfile.TemporaryFile(dir="/sys"):
+            pytest.skip("/sys is writable here")
+    except OSError:
+        pass
+    refused(capsys, ["export", "--workdir", str(workdir), "--out", "/sys/txl-exports"],
+            r"--out '/sys/txl-exports' is not writable \(in '/sys'\): \w+")
+
+
+def test_eval_memory_and_protocol_messages(word_run, capsys):
+    workdir, _ = word_run
+    (workdir / "config.json").write_text(json.dumps(tiny_config().to_dict()))
+    try:
+        refused(capsys, ["eval", "--workdir", str(workdir), "--memory-length", "600000",
+                         "--batch-size", "1000"],
+                r"--memory-length 600000 with --batch-size 1000 needs a memory of .* GiB"
+                r".*lower --memory-length or --batch-size")
+    finally:
+        (workdir / "config.json").unlink()
+    refused(capsys, ["eval", "--workdir", str(workdir), "--protocol", "paper"],
+            r"--protocol paper takes the dataset from --from-official's "
+            r"corpus-info.json; with --workdir, name the dataset: --protocol \{wt103")

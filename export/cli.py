@@ -179,6 +179,19 @@ def check_arguments(args):
     if args.memory_length is not None and args.memory_length < 0:
         raise ValueError(
             f"--memory-length must be >= 0, received {args.memory_length}.")
+    if (args.memory_length == 0 and args.format in ("tflite", "all")
+            and not args.stateful):
+        raise ValueError(
+            "--memory-length 0 gives a stateless TFLite model a memory input with "
+            "a 0-size dimension, which LiteRT cannot run: pass --stateful, "
+            "--format saved_model, or a --memory-length >= 1.")
+    name = args.name
+    if (not name or name in (".", "..") or "\x00" in name or os.sep in name
+            or (os.altsep and os.altsep in name)):
+        # The SavedModel's folder and the TFLite files' stem: inside --out.
+        raise ValueError(
+            f"--name must be a plain name (no path separators, not . or ..), "
+            f"received {name!r}: the exports are written inside --out.")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise ValueError(
             f"--out {args.out!r} is a file: it must be a folder (new or existing) "

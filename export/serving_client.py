@@ -571,6 +571,13 @@ class TXLServingClient:
                 f"`{name}` must be a 2-D integer array (batch, segment_length), "
                 f"received dtype {array.dtype.name} and shape {array.shape}."
             )
+        if array.size and (int(array.min()) < 0 or int(array.max()) > np.iinfo(np.int32).max):
+            # astype(int32) would wrap 2**32 + 3 to 3: a valid-looking id the
+            # server's range check cannot refuse.
+            raise ValueError(
+                f"`{name}` must hold token ids in [0, vocabulary_size), received "
+                f"values in [{int(array.min())}, {int(array.max())}]."
+            )
         return array.astype(np.int32)
 
     def _call(self, signature_name, inputs, output):

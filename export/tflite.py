@@ -281,6 +281,16 @@ def export_tflite_variants(
             f"{unknown or 'nothing'}."
         )
     model = float32_model(saved_model.pure_model(model))
+    if not stateful and model.txl_config.memory_length == 0:
+        # The memory input would be (B, L, 0, D): LiteRT refuses a tensor
+        # with a 0-size dimension when the model runs ("Invalid tensor
+        # size"), so the file would convert and never run.
+        raise ValueError(
+            "A stateless TFLite model needs memory_length >= 1 (its memory "
+            "input and output would have a 0-size dimension, which LiteRT "
+            "cannot run); this model has memory_length=0. Export it with "
+            "stateful=True (`--stateful`), or with a memory (--memory-length)."
+        )
     with tempfile.TemporaryDirectory(prefix="txl-tflite-") as tmp:
         names = _tflite_saved_model(
             model, tmp, batch_size, segment_length, stateful

@@ -248,6 +248,34 @@ def test_export_flag_messages(word_run, tmp_path, capsys):
             r"--out '/sys/txl-exports' is not writable \(in '/sys'\): \w+")
 
 
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "..", "."])
+def test_export_name_stays_inside_out_for_every_format(word_run, tmp_path, capsys, name):
+    workdir, _ = word_run
+    out = tmp_path / "nested" / "out"
+    for fmt in ("tflite", "saved_model", "all"):
+        refused(capsys, ["export", "--workdir", str(workdir), "--out", str(out),
+                         "--format", fmt, "--name", name],
+                r"--name must be a plain name \(no path separators, not \. or \.\.\)")
+    assert not (tmp_path / "nested").exists() or not any((tmp_path / "nested").rglob("*.tflite"))
+    assert not list(tmp_path.glob("escaped*"))
+
+
+def test_a_stateless_tflite_without_memory_is_refused(word_run, tmp_path, capsys):
+    # LiteRT cannot run a (B, L, 0, D) memory input ("Invalid tensor size").
+    from keras_txl.export.tflite import export_tflite_variants
+
+    workdir, _ = word_run
+    refused(capsys, ["export", "--workdir", str(workdir), "--out", str(tmp_path),
+                     "--format", "tflite", "--memory-length", "0"],
+            r"--memory-length 0 gives a stateless TFLite model a memory input with a "
+            r"0-size dimension")
+    model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=0))
+    with pytest.raises(ValueError, match=r"A stateless TFLite model needs memory_length >= 1"):
+        export_tflite_variants(model, {"none": str(tmp_path / "m0.tflite")},
+                               batch_size=1, segment_length=4)
+    assert not (tmp_path / "m0.tflite").exists()
+
+
 def test_eval_memory_and_protocol_messages(word_run, capsys):
     workdir, _ = word_run
     (workdir / "config.json").write_text(json.dumps(tiny_config().to_dict()))

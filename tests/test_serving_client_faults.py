@@ -211,3 +211,22 @@ def test_the_rest_client_needs_no_tensorflow():
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
                          timeout=60)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_ids_outside_int32_are_refused_not_wrapped():
+    # astype(int32) would send 2**32 + 3 as 3, an id the server cannot refuse.
+    class Recording:
+        sent = []
+
+        def predict(self, signature_name, inputs, output_names=None, form=None):
+            self.sent.append(inputs)
+            raise AssertionError("nothing may be sent")
+
+    client = TXLServingClient(Recording())
+    client.memory = np.zeros((1, L, M, D), np.float32)
+    for ids in (np.array([[2**32 + 3]], np.int64), np.array([[2**63 + 1]], np.uint64),
+                np.array([[-1]], np.int64)):
+        with pytest.raises(ValueError, match=r"`token_ids` must hold token ids in "
+                                             r"\[0, vocabulary_size\), received values"):
+            client.step(ids)
+    assert Recording.sent == []

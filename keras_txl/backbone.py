@@ -7,6 +7,8 @@ Shape legend: B batch, T segment, M memory_length, K = M + T, L num_layers,
 N num_heads, H head_dim, D hidden_dim.
 """
 
+import os
+
 import keras
 from keras import ops
 from keras_hub.models import Backbone
@@ -416,6 +418,21 @@ class TransformerXLBackbone(Backbone):
                 "`build_cache(..., keep_memory=False)`): build it with "
                 "`keep_memory=True` to read the memory back.")
         return ops.stack(cache["memory"], axis=1)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Keras' `load_weights`; a keras-hub preset's weights file is first
+        checked against the folder's `manifest.json` where it has one.
+        keras-hub's own loaders (`keras_hub.models.CausalLM.from_preset`)
+        read a preset's weights through here, never through
+        `TransformerXLCausalLM.from_preset`, which checks the same."""
+        from keras_txl import folders
+
+        if isinstance(filepath, (str, os.PathLike)):
+            directory, name = os.path.split(os.path.abspath(os.fspath(filepath)))
+            if (name == folders.PRESET_WEIGHTS_FILE
+                    and os.path.isfile(os.path.join(directory, folders.CONFIG_FILE))):
+                folders.verify_manifest(directory)
+        return super().load_weights(filepath, *args, **kwargs)
 
     def get_config(self):
         # keras-hub style: the hyper-parameters flat beside name/dtype.

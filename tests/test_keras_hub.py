@@ -377,6 +377,20 @@ def test_keras_hubs_own_from_preset_reads_the_folder_in_a_fresh_process(tmp_path
     assert result.stdout.split()[-3:] == ["TransformerXLCausalLM", "WordTokenizer", "True"]
 
 
+def test_keras_hubs_own_loaders_check_the_manifest_too(tmp_path):
+    # keras_hub.models.CausalLM.from_preset never calls
+    # TransformerXLCausalLM.from_preset: the backbone's load_weights checks.
+    _, folder = word_preset(tmp_path)
+    path = folder / "model.weights.h5"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    for load in (keras_hub.models.CausalLM.from_preset, keras_hub.models.Backbone.from_preset):
+        with pytest.raises(ValueError, match=r"model.weights.h5 does not match the sha256 in "
+                                             r".*manifest.json"):
+            load(str(folder))
+
+
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_a_mixed_precision_model_saves_a_preset_that_loads(tmp_path, policy):
     # keras-hub cannot read a mixed policy's name in a preset's config

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl.checks import positive_int
-from keras_txl.tokenizers import _utf8
+from keras_txl.tokenizers import text_bytes
 
 # How many values of a bad mask row an error shows.
 _SHOWN = 16
@@ -157,10 +157,7 @@ def normalize_prompts(inputs, preprocessor, max_length, vocabulary_size):
             # any; the others read bytes that are not UTF-8 as U+FFFD);
             # strings by the tokenizers' surrogate rule, so a lone
             # surrogate is an error naming the prompt, not TensorFlow's.
-            texts = [
-                p if isinstance(p, bytes) else _utf8(p, f"inputs[{i}]")
-                for i, p in enumerate(prompts)
-            ]
+            texts = [text_bytes(p, f"inputs[{i}]") for i, p in enumerate(prompts)]
             rows = [_tokenize_one(preprocessor.tokenizer, t) for t in texts]
             kind = "strings"
         elif all(

@@ -250,6 +250,13 @@ def _utf8(text: str, name: str = "text", offset: int = 0) -> bytes:
         ) from None
 
 
+def text_bytes(text: str, name: str = "text") -> bytes:
+    """The bytes the tokenizers read for `text` (a str, by the surrogate
+    rule of `_utf8`; bytes as they are): what a caller hands to
+    `tokenize` so that a lone surrogate is an error naming `name`."""
+    return text if isinstance(text, bytes) else _utf8(text, name)
+
+
 def _as_valid_text(text: str, name: str = "text") -> str:
     """`text` as the graph ops read its bytes: each maximal sequence of
     surrogateescape bytes that is not UTF-8 as one U+FFFD (other lone

@@ -226,6 +226,9 @@ def decode_rest_response(body, form: str, output_names=None) -> dict:
     return {name: _as_numpy(rows, name)}
 
 
+_INT32_MAX = 2**31 - 1
+
+
 class RestTransport:
     """TF Serving's REST API (port 8501 by default).
 
@@ -532,6 +535,9 @@ class TXLServingClient:
         dimension, so it has no row form).
         """
         batch_size = checks.positive_int("batch_size", batch_size)
+        if batch_size > _INT32_MAX:
+            raise ValueError(f"`batch_size` must be at most {_INT32_MAX} (int32). "
+                             f"Received: batch_size={batch_size!r}.")
         out = self.transport.predict(
             INITIAL_MEMORY, {BATCH_SIZE: np.int32(batch_size)},
             output_names=[MEMORY], form="inputs",
@@ -674,6 +680,18 @@ class TXLServingClient:
             )
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"`seed` must be an integer. Received: seed={seed!r}.")
+        # The signature's inputs are int32 / int64 / float32: np.int32(2**40)
+        # is an OverflowError and np.float32(1e300) is inf.
+        for name, value, high in (("max_new_tokens", max_new_tokens, _INT32_MAX),
+                                  ("top_k", top_k, _INT32_MAX)):
+            if value > high:
+                raise ValueError(f"`{name}` must be at most {high} (int32). Received: "
+                                 f"{name}={value!r}.")
+        if not -(2**63) <= seed < 2**63:
+            raise ValueError(f"`seed` must fit in int64. Received: seed={seed!r}.")
+        if abs(float(temperature)) > float(np.finfo(np.float32).max):
+            raise ValueError(f"`temperature` must fit in float32. Received: "
+                             f"temperature={temperature!r}.")
         batch = len(prompts)
         inputs = {
             # Bytes for gRPC's DT_STRING; the REST encoder sends str.

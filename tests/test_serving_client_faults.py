@@ -230,3 +230,22 @@ def test_ids_outside_int32_are_refused_not_wrapped():
                                              r"\[0, vocabulary_size\), received values"):
             client.step(ids)
     assert Recording.sent == []
+
+
+def test_generate_and_reset_numbers_must_fit_their_wire_types():
+    class Refusing:
+        def predict(self, *args, **kwargs):
+            raise AssertionError("nothing may be sent")
+
+    client = TXLServingClient(Refusing())
+    for kwargs, message in (
+        ({"top_k": 2**40}, r"`top_k` must be at most 2147483647 \(int32\)"),
+        ({"max_new_tokens": 2**40}, r"`max_new_tokens` must be at most 2147483647"),
+        ({"seed": 2**64}, r"`seed` must fit in int64"),
+        ({"temperature": 1e300}, r"`temperature` must fit in float32"),
+    ):
+        args = {"max_new_tokens": 4, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            client.generate(["a prompt"], **args)
+    with pytest.raises(ValueError, match=r"`batch_size` must be at most 2147483647"):
+        client.reset(batch_size=2**40)

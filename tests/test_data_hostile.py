@@ -100,10 +100,6 @@ def chunked_ids(tokenizer, pieces):
     return np.concatenate([row.numpy() for row in ragged] + [np.zeros(0, np.int32)])
 
 
-def test_the_word_separators_are_the_tokenizers_whitespace():
-    assert set(corpora._WORD_SEPARATORS) == {c.encode() for c in SEPARATORS}
-
-
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])

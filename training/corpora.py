@@ -865,13 +865,6 @@ _MAX_SENTENCE_BYTES = 64 << 20
 # Bytes read at a time while looking for the end of a line.
 _READ_BYTES = 1 << 20
 
-# What the word tokenizer splits at (`keras_txl.tokenizers.UNICODE_WHITESPACE`)
-# but "\n", which chunks already end after. Kept here as bytes: a chunk is cut
-# in bytes, and a UTF-8 separator cannot start inside another character.
-_WORD_SEPARATORS = tuple(
-    char.encode() for char in "\t\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
-    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
-    "\u2028\u2029\u202f\u205f\u3000")
 # FastWordpieceTokenizer splits words at ASCII whitespace only (without
 # `lower_case`, U+00A0, U+3000 and the like join words; measured).
 _WORDPIECE_SEPARATORS = (b" ", b"\t", b"\x0b", b"\x0c", b"\r")
@@ -891,7 +884,13 @@ def _cut_places(kind: str | None, double_eos: bool) -> tuple:
     if kind is None or kind in ("char", "byte"):
         return _SPACE, True  # char, byte: any boundary; a space gives tidier chunks
     if kind == "word":
-        return _WORD_SEPARATORS, False
+        # Its own whitespace but "\n", which chunks already end after, as
+        # bytes (a chunk is cut in bytes; a UTF-8 separator cannot start
+        # inside another character). Imported here: this module reads
+        # corpora without TensorFlow, which the tokenizers import.
+        from keras_txl.tokenizers import UNICODE_WHITESPACE
+
+        return tuple(c.encode() for c in UNICODE_WHITESPACE if c != "\n"), False
     if kind == "wordpiece":
         return _WORDPIECE_SEPARATORS, False
     return _SPACE, False  # sentencepiece, and any kind not known here

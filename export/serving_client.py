@@ -519,6 +519,8 @@ class TXLServingClient:
     def __init__(self, transport):
         self.transport = transport
         self.memory = None
+        # V, learnt from the first log-probs answer: later ones must agree.
+        self.vocabulary_size = None
 
     @classmethod
     def rest(cls, url="http://localhost:8501", model_name="txl", **kwargs):
@@ -543,6 +545,7 @@ class TXLServingClient:
             output_names=[MEMORY], form="inputs",
         )
         self.memory = self._checked_memory(out, INITIAL_MEMORY, batch_size, None)
+        self.vocabulary_size = None  # the server's model may have been replaced
         return self.memory
 
     def _checked_memory(self, out, signature_name, batch, previous):
@@ -605,15 +608,32 @@ class TXLServingClient:
                 f"The server's `{signature_name}` answer has no `{output}` output "
                 f"(outputs {sorted(out)}); the client's memory is unchanged."
             )
-        result = out[output]
-        if result.ndim < 1 or result.shape[0] != batch or np.isnan(result).any():
+        result = self._checked_output(
+            out[output], signature_name, output, (batch, token_ids.shape[1]))
+        self.memory = self._checked_memory(out, signature_name, batch, self.memory)
+        if output == LOG_PROBS:
+            self.vocabulary_size = result.shape[-1]
+        return result
+
+    def _checked_output(self, result, signature_name, output, batch_and_length):
+        """The answer's `log_probs` / `nll`, checked against what was sent:
+        `serving_default` (B, T, V), `next_token` (B, V), `score` (B, T)
+        float, no NaN, V the same as in the previous answers."""
+        batch, length = batch_and_length
+        V = self.vocabulary_size if self.vocabulary_size is not None else "V"
+        expected = {SERVING_DEFAULT: (batch, length, V), NEXT_TOKEN: (batch, V),
+                    SCORE: (batch, length)}[signature_name]
+        fits = (result.dtype.kind == "f" and result.ndim == len(expected)
+                and all(e == "V" or n == e for n, e in zip(result.shape, expected)))
+        if not fits or np.isnan(result).any():
+            shape = "(" + ", ".join(str(e) for e in expected) + ")"
             raise ServingError(
                 f"The server's `{signature_name}` answer has `{output}` of shape "
-                f"{result.shape}" + (" with NaN" if result.size and np.isnan(result).any() else "")
-                + f", expected finite values with batch size {batch}; the "
+                f"{result.shape} and dtype {result.dtype}"
+                + (" with NaN" if fits else "")
+                + f", expected float values of shape {shape} without NaN; the "
                 "client's memory is unchanged."
             )
-        self.memory = self._checked_memory(out, signature_name, batch, self.memory)
         return result
 
     def step(self, token_ids) -> np.ndarray:

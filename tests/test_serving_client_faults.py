@@ -83,6 +83,15 @@ class HostileServer:
         elif mode == "ragged":
             handler._send(200, json.dumps({"outputs": {"log_probs": [[1], [1, 2]],
                                                        "memory": outputs["memory"]}}))
+        elif mode == "string_log_probs":
+            outputs["log_probs"] = np.full((*ids.shape, V), "x").tolist()
+            handler._send(200, json.dumps({"outputs": outputs}))
+        elif mode == "short_log_probs":  # one position fewer than sent
+            outputs["log_probs"] = np.full((ids.shape[0], ids.shape[1] - 1, V), -1.0).tolist()
+            handler._send(200, json.dumps({"outputs": outputs}))
+        elif mode == "other_vocabulary":  # V changed between two answers
+            outputs["log_probs"] = np.full((*ids.shape, V + 1), -1.0).tolist()
+            handler._send(200, json.dumps({"outputs": outputs}))
         elif mode == "bad_memory_shape":
             outputs["memory"] = np.zeros((ids.shape[0], L, M + 1, D)).tolist()
             handler._send(200, json.dumps({"outputs": outputs}))
@@ -127,6 +136,12 @@ BAD_ANSWERS = {
     "bad_memory_shape": (r"`memory` of shape \(2, 1, 3, 2\) .* expected float32 of "
                          r"shape \(2, 1, 2, 2\); the client's memory is unchanged", None),
     "nan_memory": (r"NaN", None),
+    "string_log_probs": (r"`log_probs` of shape \(2, 3, 3\) and dtype object, expected "
+                         r"float values of shape \(2, 3, 3\)", None),
+    "short_log_probs": (r"`log_probs` of shape \(2, 2, 3\) .* expected float values "
+                        r"of shape \(2, 3, 3\) without NaN; the client's memory is "
+                        r"unchanged", None),
+    "other_vocabulary": (r"`log_probs` of shape \(2, 3, 4\) .* shape \(2, 3, 3\)", None),
     "close": (r"Cannot reach .*RemoteDisconnected", http.client.RemoteDisconnected),
 }
 

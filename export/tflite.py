@@ -291,35 +291,99 @@ def export_tflite_variants(
             "cannot run); this model has memory_length=0. Export it with "
             "stateful=True (`--stateful`), or with a memory (--memory-length)."
         )
+    directories = sorted({os.path.dirname(os.path.abspath(p)) for p in out_paths.values()})
     with tempfile.TemporaryDirectory(prefix="txl-tflite-") as tmp:
+        # The side files first (cheap), so a folder holding another model's
+        # is refused before the conversion (minutes), and nothing is written.
+        side = os.path.join(tmp, "side")
+        _stage_side_files(model, side, tokenizer_dir)
+        for directory in directories:
+            _check_side_files(side, directory)
         names = _tflite_saved_model(
-            model, tmp, batch_size, segment_length, stateful
+            model, os.path.join(tmp, "model"), batch_size, segment_length, stateful
         )
         contents = {
-            q: convert_saved_model(tmp, names, q) for q in out_paths
+            q: convert_saved_model(os.path.join(tmp, "model"), names, q)
+            for q in out_paths
         }
+        for directory in directories:
+            _copy_side_files(side, directory)
+    config = json.loads(model.txl_config.to_json())
     for quantize, path in out_paths.items():
         _write_bytes(path, contents[quantize])
         info = saved_model.export_info(
             model, batch_size=batch_size, segment_length=segment_length,
             stateful=stateful, names=names, quantize=quantize,
-            tflite_file=os.path.basename(path),
+            tflite_file=os.path.basename(path), config=config,
         )
         directory = os.path.dirname(os.path.abspath(path))
-        saved_model.write_side_files(directory, model, tokenizer_dir=tokenizer_dir)
-        tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
-        if tokenizer is not None:
-            write_vocabulary(tokenizer, directory)
         stem = os.path.splitext(os.path.basename(path))[0]
-        with open(os.path.join(directory, f"{stem}.json"), "w") as f:
-            json.dump(info, f, indent=2, sort_keys=True)
-            f.write("\n")
+        _write_bytes(os.path.join(directory, f"{stem}.json"),
+                     (json.dumps(info, indent=2, sort_keys=True) + "\n").encode())
         # DEBUG: a library call returns its paths; `txl export` prints them.
         logger.debug(
             "TFLite model written to %s: %d bytes, quantize=%s, stateful=%s",
             path, len(contents[quantize]), quantize, stateful,
         )
     return out_paths
+
+
+def _stage_side_files(model, staging, tokenizer_dir):
+    """What goes beside the .tflite files, written into `staging`:
+    config.json, tokenizer/ (when given) and the app's vocabulary files."""
+    from keras_txl.export import saved_model
+
+    saved_model.write_side_files(staging, model, tokenizer_dir=tokenizer_dir)
+    tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
+    if tokenizer is not None:
+        write_vocabulary(tokenizer, staging)
+
+
+def _staged_files(staging):
+    for root, _, files in os.walk(staging):
+        for name in files:
+            yield os.path.relpath(os.path.join(root, name), staging)
+
+
+def _check_side_files(staging, directory):
+    """Refuses a folder whose config.json, tokenizer/ or vocabulary files
+    belong to another model or tokenizer.
+
+    Several TFLite files share their folder's side files (the quantizations
+    and variants of one model do). Overwriting them for another model would
+    leave the first model's .tflite beside a config and vocabulary that are
+    not its own, which an app would read without knowing.
+    """
+    import filecmp
+
+    differing = sorted(
+        rel for rel in _staged_files(staging)
+        if os.path.isfile(os.path.join(directory, rel))
+        and not filecmp.cmp(os.path.join(staging, rel), os.path.join(directory, rel),
+                            shallow=False)
+    )
+    from keras_txl.export.saved_model import TOKENIZER_DIR
+
+    theirs = os.path.join(directory, TOKENIZER_DIR)
+    if os.path.isdir(theirs) and os.path.isdir(os.path.join(staging, TOKENIZER_DIR)):
+        ours = set(_staged_files(os.path.join(staging, TOKENIZER_DIR)))
+        differing += sorted(
+            os.path.join(TOKENIZER_DIR, rel) for rel in _staged_files(theirs)
+            if rel not in ours)
+    if differing:
+        raise ValueError(
+            f"The folder {directory} already holds {', '.join(differing)} of another "
+            "model or tokenizer, which a TFLite export writes beside its .tflite "
+            "file for the app: overwriting them would leave the models already "
+            "there with side files that are not theirs. Export into another "
+            "folder (`txl export --out`), or remove that model's files first."
+        )
+
+
+def _copy_side_files(staging, directory):
+    for rel in _staged_files(staging):
+        with open(os.path.join(staging, rel), "rb") as f:
+            _write_bytes(os.path.join(directory, rel), f.read())
 
 
 def float32_model(model):

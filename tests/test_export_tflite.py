@@ -155,6 +155,24 @@ def test_side_files(artifacts):
     info = json.load(open(os.path.join(out, "stateful.json")))
     assert info["batch_size"] == B and info["segment_length"] == T
     assert sorted(info["signatures"]) == sorted(sig.STATEFUL_TFLITE_SIGNATURES)
+    assert keras_txl.TransformerXLConfig(**info["config"]) == artifacts.model.txl_config
+
+
+def test_a_folder_of_another_model_is_refused_before_anything_is_written(artifacts):
+    # The folder's config.json is the artifacts model's (several .tflite
+    # files share it): another model's export there is refused, and no file
+    # changes; the same model goes on exporting beside its own files.
+    out = os.path.dirname(artifacts.paths["float32"])
+    before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    other = keras_txl.TransformerXLCausalLM(tiny_config(
+        vocabulary_size=64, hidden_dim=32, intermediate_dim=64, memory_length=7))
+    with pytest.raises(ValueError, match=(
+            f"The folder {re.escape(out)} already holds config.json of another model "
+            "or tokenizer.*Export into another folder")):
+        tflite.export_tflite(other, os.path.join(out, "other.tflite"), batch_size=B,
+                             segment_length=T)
+    after = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    assert after == before
 
 
 @pytest.mark.parametrize("name", ["float32", "stateful"])

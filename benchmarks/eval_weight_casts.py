@@ -38,6 +38,9 @@ POLICIES = ("mixed_bfloat16", "bfloat16")
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--memory", type=int, default=CONFIG["memory_length"],
+                        help="memory length M (Table 9's A = 800: --memory 672 --layers 4 --batch 1)")
+    parser.add_argument("--layers", type=int, default=CONFIG["num_layers"])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--threads", type=int, default=2,
@@ -45,7 +48,8 @@ def main(argv=None):
     parser.add_argument("--no-peak", action="store_true", help="skip the matmul peak")
     args = parser.parse_args(argv)
     for flag, value in (("--batch", args.batch), ("--rounds", args.rounds),
-                        ("--steps", args.steps)):
+                        ("--steps", args.steps),
+                        ("--memory", args.memory), ("--layers", args.layers)):
         if value < 1:
             parser.error(f"{flag} must be >= 1; received {value}")
 
@@ -63,7 +67,8 @@ def main(argv=None):
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    config = TransformerXLConfig(**CONFIG)
+    config = TransformerXLConfig(**{**CONFIG, "memory_length": args.memory,
+                                    "num_layers": args.layers})
     B, T = args.batch, config.segment_length
     rng = np.random.default_rng(0)
     ids = rng.integers(0, config.vocabulary_size, size=(B, T + 1)).astype("int32")
@@ -103,7 +108,8 @@ def main(argv=None):
             seconds[p].append(round_of(p))
     ms = {p: round(1e3 * statistics.median(seconds[p]), 2) for p in POLICIES}
     result = dict(
-        bench="eval_weight_casts", batch=B, segment=T, rounds=args.rounds,
+        bench="eval_weight_casts", batch=B, segment=T, memory=config.memory_length,
+        layers=config.num_layers, rounds=args.rounds,
         steps=args.steps, ms_per_step=ms,
         ms_per_step_rounds={p: [round(1e3 * s, 2) for s in seconds[p]] for p in POLICIES},
         stored_bfloat16_speedup=round(ms[POLICIES[0]] / ms[POLICIES[1]], 3),
@@ -111,7 +117,8 @@ def main(argv=None):
         host=host_block(tf, peak=not args.no_peak))
     print(json.dumps(result))
     print(host_line(result["host"]))
-    print(f"evaluation step, batch {B}, T {T}; medians of {args.rounds} alternating rounds "
+    print(f"evaluation step, batch {B}, T {T}, M {config.memory_length}, "
+          f"{config.num_layers} layers; medians of {args.rounds} alternating rounds "
           f"of {args.steps} steps")
     print("| weights | ms per step | rounds |")
     print("|---|---:|---|")

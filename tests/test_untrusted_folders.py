@@ -8,6 +8,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -345,6 +346,40 @@ def _flip_middle_byte(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def test_a_preset_load_hashes_each_file_once_and_still_notices_a_rewrite(tmp_path, monkeypatch):
+    # from_preset checks the folder, then keras-hub's loader reads the
+    # weights through TransformerXLBackbone.load_weights, which checks it
+    # again: an unchanged file is not hashed twice. A rewrite is noticed even
+    # with its size and mtime put back (the ctime moves).
+    from keras_txl import folders
+    from keras_txl.io import save_preset
+
+    tokenizer = build_tokenizer("char", ["abc"])
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(
+        **{**TINY, "vocabulary_size": tokenizer.vocabulary_size()}))
+    preset = tmp_path / "preset"
+    save_preset(model, str(preset), tokenizer=tokenizer)
+    listed = json.loads((preset / "manifest.json").read_text())["files"]
+    time.sleep(folders._RACY_SECONDS + 0.1)  # files changed just now are hashed every time
+    hashed = []
+    real_sha256 = folders.sha256_file
+    monkeypatch.setattr(folders, "sha256_file",
+                        lambda path: hashed.append(os.path.basename(path)) or real_sha256(path))
+    keras_txl.TransformerXLCausalLM.from_preset(str(preset))
+    assert sorted(hashed) == sorted(os.path.basename(name) for name in listed)
+    hashed.clear()
+    keras_txl.TransformerXLCausalLM.from_preset(str(preset))
+    assert hashed == []
+    weights = preset / "model.weights.h5"
+    before = os.stat(weights)
+    _flip_middle_byte(weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.path.getsize(weights) == before.st_size
+    with pytest.raises(ValueError, match="model.weights.h5 does not match the sha256"):
+        keras_txl.TransformerXLCausalLM.from_preset(str(preset))
+    assert hashed == ["model.weights.h5"]
 
 
 def test_model_folders_carry_a_manifest_that_notices_damage(tmp_path):

@@ -119,8 +119,38 @@ def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# transformers' `TransfoXLConfig.attribute_map`: these names mean the same fields.
+HF_ALIASES = {"n_token": "vocab_size", "hidden_size": "d_model",
+              "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
+# transformers' `TransfoXLConfig` defaults of the fields that change the
+# numbers but no tensor's shape: a config.json without them means these in
+# transformers, so here too (a hand-written config; transformers writes
+# every field). The fields that shape the tensors are checked against the
+# weights file instead.
+HF_DEFAULTS = {"mem_len": 1600, "clamp_len": 1000, "same_length": True,
+               "proj_share_all_but_first": True}
+
+
+def _with_aliases(hf, source):
+    """`hf` with transformers' alias names mapped to the fields they stand
+    for; an alias and its field with other values is an error."""
+    hf = dict(hf)
+    for alias, key in HF_ALIASES.items():
+        if alias not in hf:
+            continue
+        value = hf.pop(alias)
+        if key in hf and hf[key] != value:
+            raise ValueError(
+                f"{source}: `{alias}` (transformers' other name for `{key}`) is "
+                f"{value!r} but `{key}` is {hf[key]!r}: which one holds?"
+            )
+        hf[key] = value
+    return hf
+
+
 def _config_from_hf(hf, source):
     """`config_from_hf` without the safety net for unexpected types."""
+    hf = _with_aliases(hf, source)
     attn_type = hf.get("attn_type", 0)
     if not _is_int(attn_type) or attn_type != 0:
         raise ValueError(
@@ -144,6 +174,12 @@ def _config_from_hf(hf, source):
         # HF keeps one flag per cluster (head first); be lenient about a
         # shorter list (missing flags mean "not tied").
         tie_projs = (tie_projs + [False] * (len(cutoffs) + 1))[: len(cutoffs) + 1]
+    else:
+        # transformers derives tie_projs from this constructor argument (a
+        # config.json it wrote holds tie_projs, which then wins).
+        share = _hf_bool(hf, "proj_share_all_but_first",
+                         HF_DEFAULTS["proj_share_all_but_first"], source)
+        tie_projs = [False] + [share] * len(cutoffs)
     d_model = _hf_int(hf, "d_model", None, source, minimum=1)
     fields = dict(
         vocabulary_size=_hf_int(hf, "vocab_size", None, source, minimum=1),
@@ -155,16 +191,16 @@ def _config_from_hf(hf, source):
         embedding_dim=_hf_int(hf, "d_embed", d_model, source, minimum=1),
         cutoffs=tuple(cutoffs),
         div_val=_hf_int(hf, "div_val", 1, source, minimum=1),
-        tie_projections=tuple(tie_projs) if tie_projs is not None else None,
+        tie_projections=tuple(tie_projs),
         tie_embeddings=_hf_bool(hf, "tie_word_embeddings", True, source),
         project_same_dim=True,
         # null (and, as before, 0) for tgt_len means the default.
         segment_length=_hf_int(hf, "tgt_len", 128, source, minimum=0,
                                none_is_default=True) or 128,
-        memory_length=_hf_int(hf, "mem_len", 0, source, minimum=0,
-                              none_is_default=True),
-        clamp_length=_hf_int(hf, "clamp_len", -1, source),
-        same_length=_hf_bool(hf, "same_length", False, source),
+        memory_length=_hf_int(hf, "mem_len", HF_DEFAULTS["mem_len"], source,
+                              minimum=0, none_is_default=True),
+        clamp_length=_hf_int(hf, "clamp_len", HF_DEFAULTS["clamp_len"], source),
+        same_length=_hf_bool(hf, "same_length", HF_DEFAULTS["same_length"], source),
         same_length_convention="pytorch",
         pre_layer_norm=_hf_bool(hf, "pre_lnorm", False, source),
         untie_relative_bias=_hf_bool(hf, "untie_r", True, source),
@@ -376,9 +412,26 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
     else:
         for (name, shape), table in zip(out_tables, softmax.own_tables):
             _assign(table, sd.get(name, shape), name)
-    # Tied softmax projections may be stored too: mark them as understood.
+    # Tied softmax projections may be stored too: they must be the embedding
+    # projection they are tied to (transformers' `tie_weights`: the only one
+    # with div_val 1, the cluster's own otherwise), as tied tables must.
+    ties = cfg.resolved_tie_projections
     for i in range(cfg.num_clusters + 1):
-        sd.used.add(f"crit.out_projs.{i}")
+        name = f"crit.out_projs.{i}"
+        j = 0 if cfg.div_val == 1 else i
+        tied_to = embedding.projections[j] if ties[i] else None
+        if (tied_to is not None and softmax.own_projections[i] is None
+                and sd.has(name)):
+            value = sd.get(name, (D, tied_to.shape[0])).T
+            if not np.allclose(value, tied_to.numpy()):
+                raise ValueError(
+                    f"{path}: {name} differs from the embedding projection "
+                    f"transformer.word_emb.emb_projs.{j} it is tied to "
+                    f"(config.json: tie_projs[{i}] is true, or "
+                    "proj_share_all_but_first): is config.json the one that "
+                    "belongs to these weights?"
+                )
+        sd.used.add(name)
     sd.used.add("transformer.pos_emb.inv_freq")
     unused = sorted(set(tensors) - sd.used)
     if unused:
@@ -432,6 +485,19 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         config = config.replace(**changes)
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")
+    if not os.path.lexists(weights_path):
+        pickled = [name for name in ("pytorch_model.bin", "tf_model.h5")
+                   if os.path.lexists(os.path.join(directory, name))]
+        if pickled:
+            # A PyTorch .bin is a pickle, which can run code when loaded:
+            # never read. transformers converts it.
+            raise ValueError(
+                f"No model.safetensors in {directory!r}, only {pickled[0]}, which "
+                "keras-txl does not read (a pytorch_model.bin is a pickle, which can "
+                "run code when loaded). Convert it once with transformers, where you "
+                "trust the file: `TransfoXLLMHeadModel.from_pretrained(folder)"
+                ".save_pretrained(out, safe_serialization=True)`."
+            )
     header = read_safetensors_header(weights_path, limits)
     # Before building: HF files hold the parameters plus copies of tied
     # tables, projections and shared biases, so never more than twice the

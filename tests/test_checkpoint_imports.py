@@ -269,14 +269,74 @@ def test_hf_config_values_out_of_range_name_the_file(tmp_path):
     assert str(config_path) in str(info.value) and "dropout" in str(info.value)
 
 
+def test_a_tied_softmax_projection_must_be_the_embedding_projection(tmp_path):
+    # tie_projs [false, true, true]: crit.out_projs.1 is stored, and must
+    # equal transformer.word_emb.emb_projs.1 (as a tied table must equal its
+    # embedding table): one that differs is refused, not dropped.
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    _hf_folder(tmp_path / "hf", weights=False)
+    tensors = load_file(str(HF / "model.safetensors"))
+    np.testing.assert_array_equal(tensors["crit.out_projs.1"],
+                                  tensors["transformer.word_emb.emb_projs.1"])
+    tensors["crit.out_projs.1"] = tensors["crit.out_projs.1"] + 0.01
+    save_file(tensors, str(tmp_path / "hf" / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"crit.out_projs.1 differs from the embedding "
+                                         r"projection transformer.word_emb.emb_projs.1 it "
+                                         r"is tied to \(config.json: tie_projs\[1\]"):
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+
+
+def test_a_pickled_pytorch_checkpoint_is_named_and_never_read(tmp_path):
+    _hf_folder(tmp_path / "hf", weights=False)
+    (tmp_path / "hf" / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ValueError, match=r"No model.safetensors in .*, only "
+                                         r"pytorch_model.bin, which keras-txl does not "
+                                         r"read .*safe_serialization=True"):
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+
+
 def test_hf_config_null_lengths_keep_their_defaults():
     hf = json.loads((HF / "config.json").read_text())
     config = keras_txl.hf_checkpoint.config_from_hf(
         {**hf, "tgt_len": None, "mem_len": None}
     )
-    assert (config.segment_length, config.memory_length) == (128, 0)
+    # transformers' TransfoXLConfig defaults: tgt_len 128, mem_len 1600.
+    assert (config.segment_length, config.memory_length) == (128, 1600)
     config = keras_txl.hf_checkpoint.config_from_hf({**hf, "tgt_len": 7})
     assert config.segment_length == 7
+
+
+def test_hf_fields_left_out_mean_what_they_mean_in_transformers():
+    # A hand-written config.json: the fields that change the numbers but no
+    # tensor's shape take TransfoXLConfig's defaults (transformers 4.37:
+    # mem_len 1600, clamp_len 1000, same_length True, projections shared
+    # but the first), proj_share_all_but_first is read, and transformers'
+    # alias names are its fields.
+    hf = json.loads((HF / "config.json").read_text())
+    assert len(hf["cutoffs"]) == 2
+    bare = {k: v for k, v in hf.items()
+            if k not in ("mem_len", "clamp_len", "same_length", "tie_projs")}
+    config = keras_txl.hf_checkpoint.config_from_hf(bare)
+    assert (config.memory_length, config.clamp_length, config.same_length) == (1600, 1000, True)
+    assert config.tie_projections == (False, True, True)
+    unshared = keras_txl.hf_checkpoint.config_from_hf(
+        {**bare, "proj_share_all_but_first": False})
+    assert unshared.tie_projections == (False, False, False)
+    written = keras_txl.hf_checkpoint.config_from_hf(  # tie_projs wins, as in transformers
+        {**bare, "proj_share_all_but_first": False, "tie_projs": [False, True, False]})
+    assert written.tie_projections == (False, True, False)
+    with pytest.raises(ValueError, match="`proj_share_all_but_first` has the wrong type"):
+        keras_txl.hf_checkpoint.config_from_hf({**bare, "proj_share_all_but_first": "no"})
+    aliases = {"n_token": "vocab_size", "hidden_size": "d_model",
+               "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
+    renamed = {({v: k for k, v in aliases.items()}.get(k, k)): v for k, v in hf.items()}
+    assert keras_txl.hf_checkpoint.config_from_hf(renamed) == \
+        keras_txl.hf_checkpoint.config_from_hf(hf)
+    with pytest.raises(ValueError, match=r"`n_token` \(transformers' other name for "
+                                         r"`vocab_size`\) is 7 but `vocab_size` is"):
+        keras_txl.hf_checkpoint.config_from_hf({**hf, "n_token": 7})
 
 
 # === Hugging Face: tensors of the wrong dtype or not finite ===

@@ -145,7 +145,8 @@ def _load_official(args):
     from keras_txl.official_checkpoint import official_dataset
     from keras_txl.presets import EVAL_PROTOCOLS
 
-    dataset = official_dataset(args.from_official)
+    dataset = official_dataset(args.from_official,
+                               for_tokenizer=args.vocabulary_file is not None)
     model = load_official_checkpoint(
         args.from_official,
         preset=dataset if dataset in EVAL_PROTOCOLS else None,

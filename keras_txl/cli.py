@@ -423,7 +423,8 @@ def _official_model(args):
     from keras_txl.official_checkpoint import load_official_checkpoint
     from keras_txl.official_checkpoint import official_dataset
 
-    dataset = official_dataset(args.from_official)
+    dataset = official_dataset(args.from_official,
+                               for_tokenizer=args.vocabulary_file is not None)
     preset = _protocol(args, dataset) or (
         dataset if dataset in _PROTOCOLS else None)
     model = load_official_checkpoint(

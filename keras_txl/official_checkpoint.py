@@ -57,6 +57,7 @@ import numpy as np
 
 from keras_txl.checks import loaded_weight
 from keras_txl.config import TransformerXLConfig
+from keras_txl.safe_files import open_regular_file
 from keras_txl.safe_files import read_bytes
 from keras_txl.safe_files import read_json
 
@@ -164,6 +165,8 @@ def _resolve_folder(directory):
         ):
             return os.path.join(directory, name)
     indexes = sorted(glob.glob(os.path.join(glob.escape(directory), "*.index")))
+    for index in indexes:
+        _check_regular(index, "checkpoint index")
     stale = (
         f"; its state file {state!r} names {named!r}, which is not in the "
         "folder (only names inside the folder are used)"
@@ -189,6 +192,13 @@ def _resolve_folder(directory):
     )
 
 
+def _check_regular(path, what):
+    """A ValueError naming `path` unless it is a regular file (or a symlink
+    to one): a FIFO would block the reader, a device feed it forever."""
+    with open_regular_file(path, what):
+        pass
+
+
 def read_corpus_info(path):
     """Reads `corpus-info.json`: (vocabulary_size, inner cutoffs, dataset).
 
@@ -200,7 +210,7 @@ def read_corpus_info(path):
     Raises:
         ValueError: a missing file, bad JSON, or values that do not fit.
     """
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):  # (another kind of file: read_json names it)
         raise ValueError(
             f"No {CORPUS_INFO_FILE} at {path!r}: the official releases keep "
             "it in their data folder (`{\"vocab_size\": ..., \"cutoffs\": "
@@ -241,7 +251,13 @@ def read_corpus_info(path):
             f"{path}: `cutoffs`={info.get('cutoffs')} must increase strictly "
             f"inside (0, vocab_size={size})."
         )
-    return size, tuple(cutoffs), info.get("dataset")
+    dataset = info.get("dataset")
+    if dataset is not None and not isinstance(dataset, str):
+        raise ValueError(
+            f"{path}: `dataset` must be a string (the official releases': 'wt103', "
+            f"'lm1b', 'enwik8', 'text8') or absent, received {dataset!r}."
+        )
+    return size, tuple(cutoffs), dataset
 
 
 def read_vocabulary_file(path, vocabulary_size=None):
@@ -259,9 +275,12 @@ def read_vocabulary_file(path, vocabulary_size=None):
         ValueError: a missing file, an empty or repeated symbol, or a size
             other than `vocabulary_size`.
     """
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ValueError(f"`vocabulary_file`={path!r} does not exist.")
     text = _utf8_text(path)
+    if text.startswith("\ufeff"):
+        # A byte order mark (an editor's, on Windows): not part of symbol 0.
+        text = text[1:]
     if text.endswith("\n"):
         text = text[:-1]
     symbols = [s[:-1] if s.endswith("\r") else s for s in text.split("\n")]
@@ -293,7 +312,7 @@ def read_vocabulary_file(path, vocabulary_size=None):
 
 def _utf8_text(path):
     """The text of a UTF-8 vocabulary file, line ends kept as they are."""
-    with open(path, "rb") as f:
+    with open_regular_file(path, "`vocabulary_file`") as f:
         data = f.read()
     try:
         return data.decode("utf-8")
@@ -317,10 +336,24 @@ def find_corpus_info(directory):
     return next((c for c in candidates if os.path.isfile(c)), candidates[0])
 
 
-def official_dataset(path):
-    """The `dataset` named by the corpus info of a release (or None)."""
+def official_dataset(path, for_tokenizer=False):
+    """The `dataset` named by the corpus info of a release (or None).
+
+    `for_tokenizer`: the dataset must name an official tokenizer
+    (`keras_txl.tokenizers.OFFICIAL_DATASETS`), which a vocabulary file is
+    read with: checked here, before a model is built."""
+    from keras_txl.tokenizers import OFFICIAL_DATASETS
+
     _, directory = resolve_checkpoint(path)
-    return read_corpus_info(find_corpus_info(directory))[2]
+    info = find_corpus_info(directory)
+    dataset = read_corpus_info(info)[2]
+    if for_tokenizer and dataset not in OFFICIAL_DATASETS:
+        raise ValueError(
+            f"{info}: `dataset` is {dataset!r}, but a vocabulary file is read with "
+            f"the tokenizer of the release's dataset, one of {OFFICIAL_DATASETS}: "
+            "set it in the file (the official releases write it)."
+        )
+    return dataset
 
 
 class _Checkpoint:
@@ -331,6 +364,11 @@ class _Checkpoint:
 
         self.prefix = prefix
         self.corpus_info = CORPUS_INFO_FILE  # its path, once known
+        # TensorFlow's reader would block forever on a FIFO: regular files only.
+        if os.path.lexists(prefix + ".index"):
+            _check_regular(prefix + ".index", "checkpoint index")
+        for shard in sorted(glob.glob(glob.escape(prefix) + ".data-*")):
+            _check_regular(shard, "checkpoint data shard")
         try:
             self.reader = tf.train.load_checkpoint(prefix)
         except Exception as e:  # TF raises several error types here

@@ -2216,9 +2216,12 @@ def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
             vocabulary, unk_token=unk, eos_token="<S>", double_eos=True
         )
     raise ValueError(
-        "`dataset` must be one of ('wt103', 'lm1b', 'enwik8', 'text8'), "
-        f"received dataset={dataset!r}."
+        f"`dataset` must be one of {OFFICIAL_DATASETS}, received dataset={dataset!r}."
     )
+
+
+# The datasets of the official releases, whose tokenizer `official_tokenizer` builds.
+OFFICIAL_DATASETS = ("wt103", "lm1b", "enwik8", "text8")
 
 
 # === Building, loading and exporting ===

@@ -10,6 +10,7 @@ independent float64 NumPy transcription of the official `tf/model.py`.
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -309,6 +310,42 @@ def test_missing_files(tmp_path):
     )
 
 
+@pytest.mark.parametrize("which", ["index", "data"])
+def test_a_fifo_in_place_of_a_checkpoint_file_is_refused_not_waited_on(which, tmp_path):
+    # TensorFlow's reader blocks forever on a FIFO (nothing ever writes it).
+    write_release(tmp_path, "text8")
+    path = next(p for p in tmp_path.iterdir()
+                if p.name.endswith(".index" if which == "index" else ".data-00000-of-00001"))
+    path.unlink()
+    os.mkfifo(path)
+    what = "checkpoint index" if which == "index" else "checkpoint data shard"
+    assert f"The {what} {str(path)!r} is a FIFO" in _load_error(tmp_path)
+
+
+def test_corpus_info_dataset_must_be_a_string(tmp_path):
+    write_release(tmp_path, "text8")
+    info = json.loads((tmp_path / "corpus-info.json").read_text())
+    (tmp_path / "corpus-info.json").write_text(json.dumps({**info, "dataset": ["text8"]}))
+    assert re.search(r"corpus-info.json: `dataset` must be a string .* received \['text8'\]",
+                     _load_error(tmp_path))
+
+
+def test_cli_vocabulary_file_needs_the_corpus_info_dataset_before_loading(tmp_path, capsys):
+    from keras_txl.cli import main
+
+    write_release(tmp_path, "text8")
+    info = json.loads((tmp_path / "corpus-info.json").read_text())
+    del info["dataset"]
+    (tmp_path / "corpus-info.json").write_text(json.dumps(info))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["_"] + [chr(ord("a") + i) for i in range(26)]) + "\n")
+    assert main(["generate", "--from-official", str(tmp_path), "--vocabulary-file",
+                 str(vocab), "--prompt", "the"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{tmp_path / 'corpus-info.json'}: `dataset` is None, but a vocabulary file is "
+            "read with the tokenizer of the release's dataset") in err
+
+
 # === Vocabulary ===
 
 
@@ -332,6 +369,14 @@ def test_vocabulary_file(tmp_path):
     message = _load_error(tmp_path, vocabulary_file=str(short))
     assert str(short) in message and "26 symbols" in message
     assert "vocab_size=27" in message
+    # A byte order mark (a Windows editor's) is not part of the first symbol.
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + "\n".join(symbols).encode() + b"\n")
+    assert keras_txl.load_official_checkpoint(
+        tmp_path, vocabulary_file=str(bom)).vocabulary == tuple(symbols)
+    # Something other than a regular file is named as what it is.
+    assert f"The `vocabulary_file` {str(tmp_path)!r} is a directory" in _load_error(
+        tmp_path, vocabulary_file=str(tmp_path))
     repeated = tmp_path / "repeated.txt"
     repeated.write_text("\n".join(symbols[:-1] + ["a"]) + "\n", encoding="utf-8")
     message = _load_error(tmp_path, vocabulary_file=str(repeated))

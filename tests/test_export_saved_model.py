@@ -329,6 +329,29 @@ def test_fixed_batch_segment_and_memory_length(exported, tmp_path):
         signatures["initial_memory"](batch_size=tf.constant(3))
 
 
+def test_a_killed_exports_staging_folder_is_removed_by_the_next_export(exported, tmp_path):
+    # A SIGKILL runs no cleanup: its staging folder stays in the base path.
+    # The next export removes those of this host's dead processes, and leaves
+    # a live process's (another export running) and another host's.
+    import socket
+    import subprocess
+    import sys
+
+    base = tmp_path / "txl"
+    base.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    host = socket.gethostname()
+    stale = base / f".tmp-1-{int(gone.stdout)}@{host}-abc123"
+    live = base / f".tmp-1-{os.getpid()}@{host}-def456"
+    elsewhere = base / f".tmp-1-{int(gone.stdout)}@not-{host}-ghi789"
+    for folder in (stale, live, elsewhere):
+        (folder / "variables").mkdir(parents=True)
+    assert run_cli("--workdir", exported.tmp / "run", "--out", tmp_path, "--version", 2,
+                   "--no-warmup") == 0
+    assert sorted(p.name for p in base.iterdir()) == sorted(["2", live.name, elsewhere.name])
+
+
 def test_export_arguments_are_checked(exported, tmp_path):
     model = exported.model
     with pytest.raises(ValueError, match="already exists"):

@@ -66,12 +66,30 @@ def save_pretrained(model, directory, tokenizer=None):
 
     Args:
         model: `TransformerXLCausalLM`.
-        directory: str. Created if needed.
+        directory: str. Created if needed. A folder holding another
+            library's model (a Hugging Face checkpoint, a keras-hub preset)
+            is refused, not overwritten.
         tokenizer: optional object with `save(directory)`, or a path to an
             existing tokenizer folder to copy.
     """
     from safetensors.numpy import save
 
+    if os.path.lexists(os.path.join(directory, CONFIG_FILE)):
+        # Another library's folder would lose its config.json (and a Hugging
+        # Face folder its model.safetensors): refused, as `save_preset` does.
+        try:
+            layout = folder_format(directory)
+        except ValueError:
+            layout = "unreadable"
+        if layout != "keras-txl":
+            what = {"keras-hub": "a keras-hub preset", "hugging-face":
+                    "a Hugging Face TransfoXL checkpoint"}.get(layout, "a config.json "
+                                                               "that is not keras-txl's")
+            raise ValueError(
+                f"`directory` {os.fspath(directory)!r} holds {what}: refusing to write "
+                "a keras-txl weights folder over it. Pass a new folder, an empty one or "
+                "a keras-txl weights folder (`save_preset` writes keras-hub presets)."
+            )
     os.makedirs(directory, exist_ok=True)
     tensors = {w.path: np.ascontiguousarray(w.numpy()) for w in model.model_weights()}
     atomic_write_bytes(

@@ -348,6 +348,25 @@ def _flip_middle_byte(path):
     path.write_bytes(bytes(data))
 
 
+def test_save_pretrained_refuses_to_write_over_another_librarys_folder(tmp_path):
+    from keras_txl.io import save_preset
+
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
+    hf = tmp_path / "hf"
+    shutil.copytree(FIXTURES / "hf_transfo_xl_tiny", hf)
+    before = {p.name: p.read_bytes() for p in hf.iterdir()}
+    with pytest.raises(ValueError, match=r"holds a Hugging Face TransfoXL checkpoint: "
+                                         r"refusing to write"):
+        save_pretrained(model, str(hf))
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == before
+    save_preset(model, str(tmp_path / "preset"))
+    with pytest.raises(ValueError, match=r"holds a keras-hub preset: refusing"):
+        save_pretrained(model, str(tmp_path / "preset"))
+    save_pretrained(model, str(tmp_path / "mine"))  # its own folder: written again
+    save_pretrained(model, str(tmp_path / "mine"))
+    assert load_pretrained(str(tmp_path / "mine")).txl_config == model.txl_config
+
+
 def test_a_preset_load_hashes_each_file_once_and_still_notices_a_rewrite(tmp_path, monkeypatch):
     # from_preset checks the folder, then keras-hub's loader reads the
     # weights through TransformerXLBackbone.load_weights, which checks it

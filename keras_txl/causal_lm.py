@@ -773,6 +773,29 @@ class TransformerXLCausalLM(CausalLM):
                 token_ids = tf.identity(token_ids)
         return token_ids
 
+    def _check_no_padding(self, token_ids, padding_mask):
+        """A stateful model's memory continues each row's text into the next
+        batch: padding would go into it as if it were text (the next batch's
+        log-probs then came out up to 6 nats off on a tiny model). keras-hub's
+        preprocessor pads each string to `sequence_length`; ordered segments
+        (`preprocessor.ordered_segments`, what `fit` and `evaluate` cut a
+        dataset of strings into) have none."""
+        message = (
+            "A stateful TransformerXLCausalLM reads contiguous text (its memory "
+            "carries each row into the next batch), but this batch holds padding "
+            "(`padding_mask` false somewhere): pass a tf.data.Dataset of strings "
+            "(fit and evaluate cut it into ordered segments), or "
+            "`preprocessor.ordered_segments(...)`, or use a model without state"
+        )
+        if not tf.is_tensor(padding_mask) and not isinstance(padding_mask, tf.Variable):
+            if not np.all(np.asarray(padding_mask)):
+                raise ValueError(message + ".")
+            return token_ids
+        with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.reduce_all(tf.cast(padding_mask, tf.bool)), True, message=message,
+        )]):
+            return tf.identity(token_ids)
+
     def _stateful_rows(self, x):
         """The number of rows of `fit`/`evaluate`/`predict` data whose size
         is known before Keras takes it (arrays, tensors, lists, a dict's
@@ -836,14 +859,39 @@ class TransformerXLCausalLM(CausalLM):
         return super().predict(x, batch_size, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        """keras `evaluate`; for the stateful model a `tf.data.Dataset` of
+        strings is cut into ordered segments, as `fit` does, and read from
+        a zeroed memory (zeroed again after)."""
+        if self.stateful and isinstance(x, tf.data.Dataset) and _is_string_spec(
+                x.element_spec):
+            x = self._ordered_segments(x, "evaluate()")
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
+            return keras.Model.evaluate(self, x, *args, **kwargs)
         batch_size = self._check_stateful_data(x, batch_size, "evaluates")
         return super().evaluate(x, y, batch_size, *args, **kwargs)
 
+    def _ordered_segments(self, x, what):
+        """A dataset of strings as the stateful model's ordered segments."""
+        if self.preprocessor is None:
+            raise ValueError(
+                f"{what} on a dataset of strings needs a preprocessor (a "
+                "TransformerXLCausalLMPreprocessor with the model's tokenizer); "
+                "this model has none."
+            )
+        if x.element_spec.shape.rank == 1:  # batched strings: the same text in order
+            x = x.unbatch()
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        return self.preprocessor.ordered_segments(x, self.batch_size * replicas)
+
     def call(self, token_ids, training=False):
+        padding_mask = None
         if isinstance(token_ids, dict):  # keras-hub's preprocessor output
+            padding_mask = token_ids.get("padding_mask")
             token_ids = token_ids["token_ids"]
         if not self.stateful:
             return self.call_with_memory(token_ids, None, training)["log_probs"]
+        if padding_mask is not None:
+            token_ids = self._check_no_padding(token_ids, padding_mask)
         token_ids = self._check_token_ids(token_ids)
         token_ids = self._check_full_batch(token_ids)
         memory = ops.cast(self.memory, "float32")
@@ -1381,8 +1429,19 @@ class TransformerXLCausalLM(CausalLM):
             kwargs["callbacks"] = [
                 *(kwargs.get("callbacks") or []), ResetMemory()
             ]
-            replicas = self.distribute_strategy.num_replicas_in_sync
-            x = self.preprocessor.ordered_segments(x, self.batch_size * replicas)
+            x = self._ordered_segments(x, "fit()")
+            validation = kwargs.get("validation_data")
+            if self.stateful and validation is not None:
+                if not (isinstance(validation, tf.data.Dataset)
+                        and _is_string_spec(validation.element_spec)):
+                    raise ValueError(
+                        "`validation_data` must be a tf.data.Dataset of strings too "
+                        "when a stateful model fits one (it is cut into ordered "
+                        "segments the same way), received "
+                        f"{type(validation).__name__}."
+                    )
+                kwargs["validation_data"] = self._ordered_segments(
+                    validation, "validation")
             return keras.Model.fit(self, x, **kwargs)
         batch_size = self._check_stateful_data(x, batch_size, "fits")
         validation = kwargs.get("validation_data")

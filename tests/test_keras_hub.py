@@ -188,6 +188,51 @@ def test_fit_on_strings_carries_the_memory_like_the_ordered_id_pipeline():
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
 
 
+def test_a_stateful_model_validates_and_evaluates_strings_as_ordered_segments():
+    # validation_data of strings crashed with keras-hub's "calling a model
+    # directly" message; evaluate() on strings scored padded samples with
+    # the memory carried. Both read the ordered segments from a zeroed
+    # memory now: with a learning rate of 0, the validation loss equals the
+    # training loss of the same text, and evaluate() (batched or not) too.
+    texts = ["hello world, this is one long text that continues",
+             "and here is the second long stream of text ok"] * 2
+    data = tf.data.Dataset.from_tensor_slices(texts)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256, segment_length=8,
+                                              memory_length=8),
+                                  preprocessor=byte_preprocessor(), stateful=True,
+                                  batch_size=2)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), weighted_metrics=None)
+    history = model.fit(data, epochs=1, verbose=0, validation_data=data).history
+    np.testing.assert_allclose(history["val_loss"], history["loss"], rtol=1e-5)
+    model.memory.assign(tf.ones_like(model.memory))  # evaluate starts from zeros anyway
+    for texts_data in (data, data.batch(3)):
+        loss = model.evaluate(texts_data, verbose=0, return_dict=True)["loss"]
+        np.testing.assert_allclose(loss, history["loss"][0], rtol=1e-5)
+    with pytest.raises(ValueError, match="`validation_data` must be a tf.data.Dataset of "
+                                         "strings too"):
+        model.fit(data, validation_data=(np.zeros((2, 8), "int32"),) * 2, verbose=0)
+
+
+def test_a_stateful_model_refuses_padding_into_its_memory():
+    # keras-hub's preprocessor pads each string; in a stateful model the
+    # padding became the memory the next batch read (log-probs 6 nats off).
+    preprocessor = byte_preprocessor()
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256, segment_length=8,
+                                              memory_length=8),
+                                  preprocessor=preprocessor, stateful=True, batch_size=2)
+    x, _, _ = preprocessor(["ab", "cd"])
+    before = model.memory.numpy().copy()
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                       match="this batch holds padding"):
+        model(x)
+    np.testing.assert_array_equal(model.memory.numpy(), before)
+    full, _, _ = preprocessor(["abcdefghijkl", "mnopqrstuvwx"])  # no padding: read
+    assert bool(tf.reduce_all(full["padding_mask"]))
+    model(full)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="this batch holds padding"):
+        model.predict(["ab", "cd"], batch_size=2, verbose=0)
+
+
 def test_bad_generate_input_is_named():
     model = generation_model()
     model.preprocessor = None

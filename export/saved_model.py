@@ -144,10 +144,22 @@ def export_info(model, *, batch_size, segment_length, stateful=False,
 
 
 def has_generate(model):
-    """True when `model` has a preprocessor with a tokenizer: its SavedModel
-    then gets the text-level `generate` signatures."""
+    """True when `model` has a preprocessor with a tokenizer and a memory:
+    its SavedModel then gets the text-level `generate` signatures. Their
+    loop reads the context through the memory (one token per step), so a
+    model with memory_length=0 gets none (`keras_txl.checks.
+    memory_for_generation`), with a warning."""
     preprocessor = getattr(model, "preprocessor", None)
-    return getattr(preprocessor, "tokenizer", None) is not None
+    if getattr(preprocessor, "tokenizer", None) is None:
+        return False
+    if model.txl_config.memory_length == 0:
+        logger.warning(
+            "No generate signatures: this model has memory_length=0, and generation "
+            "reads its context through the memory (each new token would see only "
+            "itself). Export with a memory (txl export --memory-length N, or "
+            "model.with_settings(memory_length=N)) to get them.")
+        return False
+    return True
 
 
 def write_saved_model(

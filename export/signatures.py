@@ -542,11 +542,15 @@ def generate_functions(
         `generate_from_memory` to continue).
 
     Raises:
-        ValueError: the model has no preprocessor/tokenizer.
+        ValueError: the model has no preprocessor/tokenizer, or no memory
+            (memory_length=0: the loop reads the context through it).
     """
     import tensorflow as tf
 
+    from keras_txl import checks
     from keras_txl.decoding import decode_loop
+
+    checks.memory_for_generation(model.txl_config.memory_length)
 
     tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
     if tokenizer is None:

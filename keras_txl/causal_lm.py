@@ -1310,6 +1310,7 @@ class TransformerXLCausalLM(CausalLM):
 
         strip_prompt = checks.boolean("strip_prompt", strip_prompt)
         return_memory = checks.boolean("return_memory", return_memory)
+        checks.memory_for_generation(self.txl_config.memory_length)
         if memory_mask is not None and memory is None:
             raise ValueError(
                 "`memory_mask` is the validity of `memory`'s slots: pass it "

@@ -130,3 +130,17 @@ def finite_weights(model, source):
             + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
             + "); refusing to use non-finite weights (a diverged run or a damaged file?)."
         )
+
+
+def memory_for_generation(memory_length, how="`model.with_settings(memory_length=N)`"):
+    """Generation reads its context through the memory, one token per step
+    (the key/value cache of the last M positions): with M = 0 every new
+    token would see only itself, and the prompt would be read for nothing.
+    A ValueError saying so; `how` names the way to give the model a memory."""
+    if memory_length == 0:
+        raise ValueError(
+            "Generation reads the context through the memory, one token per step, "
+            "and this model has memory_length=0: each new token would see only "
+            f"itself. Generate with a memory instead: {how}, e.g. N = the segment "
+            "length or longer (the weights do not depend on it)."
+        )

@@ -274,6 +274,11 @@ def build_parser():
                    help="token: new tokens one at a time (default); segment: "
                    "as in training, re-running the current segment (the "
                    "only choice for a TFLite model exported with T > 1)")
+    p.add_argument("--memory-length", dest="memory_length", type=int, default=None,
+                   metavar="N", help="Keras sources: generate with a memory of N "
+                   "positions (default: the model's; the weights do not depend on "
+                   "it). Generation reads its context through the memory, so a "
+                   "model trained with --memory-length 0 needs one")
 
     p = add_command(
         "serve-client", "ask a TF Serving deployment for text (its "
@@ -553,8 +558,19 @@ def _generation_source(args):
     from keras_txl import generation
     from keras_txl import io
 
+    memory_length = getattr(args, "memory_length", None)
+    if memory_length is not None:
+        if memory_length < 1:
+            raise ValueError(f"--memory-length must be >= 1, received {memory_length}.")
+        if not (args.from_official or args.workdir or args.from_hf):
+            raise ValueError(
+                "--memory-length applies to Keras sources (--workdir, --from-hf, "
+                "--from-official); an export's memory length was fixed when it was "
+                "exported (txl export --memory-length N).")
     if args.from_official:
         model, tokenizer = _official_model(args)
+        if memory_length is not None:
+            model = model.with_settings(memory_length=memory_length)
         return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer
     if args.workdir or args.from_hf:
         if args.workdir:
@@ -570,6 +586,8 @@ def _generation_source(args):
 
             model_dir = args.from_hf
             model = load_hf_checkpoint(model_dir)
+        if memory_length is not None:
+            model = model.with_settings(memory_length=memory_length)
         backend = generation.KerasBackend(model, use_cache=args.use_cache)
         return backend, io.tokenizer_directory(model_dir)
     from keras_txl.export.generation import SavedModelBackend
@@ -714,6 +732,14 @@ def _generate(args):
 
     caps = _check_generate_arguments(args)
     backend, tokenizer_dir = _generation_source(args)
+    config = getattr(backend, "config", None)
+    if config is not None:
+        from keras_txl import checks
+
+        checks.memory_for_generation(
+            config.memory_length,
+            how="pass --memory-length N" if getattr(backend, "model", None) is not None
+            else "export the model again with txl export --memory-length N")
     _check_schedule(args, backend)
     tokenizer = None
     if args.prompt is not None:

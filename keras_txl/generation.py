@@ -345,6 +345,9 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
             f"max_new_tokens={max_new_tokens!r}."
         )
     max_new_tokens = int(max_new_tokens)
+    config = getattr(backend, "config", None)
+    if config is not None:
+        checks.memory_for_generation(config.memory_length)
     if initial_memory is not None:
         initial_memory = _check_initial_memory(backend, initial_memory)
     schedule, length = _resolve_schedule(backend, schedule, segment_length)

@@ -4,10 +4,12 @@ before a model is built; and the three generation sources print the same
 text for the same ids."""
 
 import json
+import logging
 import re
 
 import keras
 import pytest
+import tensorflow as tf
 from testing import tiny_config
 
 import keras_txl
@@ -289,3 +291,41 @@ def test_eval_memory_and_protocol_messages(word_run, capsys):
     refused(capsys, ["eval", "--workdir", str(workdir), "--protocol", "paper"],
             r"--protocol paper takes the dataset from --from-official's "
             r"corpus-info.json; with --workdir, name the dataset: --protocol \{wt103")
+
+
+def test_generation_without_a_memory_is_refused_and_the_way_out_works(tmp_path, capsys, caplog):
+    # With memory_length=0 each new token saw only itself: prompts [1, 2, 3, 9],
+    # [40, 50, 60, 9] and [9] all gave the same next token. Refused by name
+    # everywhere generation runs, with the way to give the model a memory.
+    from keras_txl.generation import generate
+
+    tokenizer = WordTokenizer.fit([WORDS_TEXT])
+    tokenizer.save(tmp_path / "tokenizer")
+    model = keras_txl.TransformerXLCausalLM(tiny_config(
+        vocabulary_size=tokenizer.vocabulary_size(), memory_length=0))
+    save_preset(model, str(tmp_path / "run" / "model"), tokenizer=str(tmp_path / "tokenizer"))
+    message = r"this model has memory_length=0: each new token would see only itself"
+    with pytest.raises(ValueError, match=message + r".*model.with_settings\(memory_length=N\)"):
+        model.generate([[1, 2, 3]], max_length=6)
+    with pytest.raises(ValueError, match=message):
+        generate(model, [1, 2, 3], 2)
+    refused(capsys, ["generate", "--workdir", str(tmp_path / "run"), "--prompt-ids", "1,2,3",
+                     "--max-new-tokens", "2"], message + r".*pass --memory-length N")
+    assert main(["generate", "--workdir", str(tmp_path / "run"), "--prompt-ids", "1,2,3",
+                 "--max-new-tokens", "2", "--memory-length", "8", "--temperature", "0"]) == 0
+    longer = keras_txl.TransformerXLCausalLM.from_preset(str(tmp_path / "run" / "model"))
+    longer = longer.with_settings(memory_length=8)
+    longer.compile(sampler="greedy")
+    expected = longer.generate([[1, 2, 3]], max_length=5, stop_token_ids=None)[0][3:]
+    assert [int(t) for t in capsys.readouterr().out.split()] == list(expected)
+    # An export of it gets no generate signatures, with a warning saying why.
+    with caplog.at_level(logging.WARNING):
+        assert main(["export", "--workdir", str(tmp_path / "run"), "--format", "saved_model",
+                     "--out", str(tmp_path / "out")]) == 0
+    assert "No generate signatures: this model has memory_length=0" in caplog.text
+    capsys.readouterr()  # the paths the export printed
+    signatures = tf.saved_model.load(str(tmp_path / "out" / "txl" / "1")).signatures
+    assert "generate" not in signatures and "serving_default" in signatures
+    refused(capsys, ["generate", "--saved-model", str(tmp_path / "out" / "txl"),
+                     "--prompt-ids", "1,2", "--memory-length", "8"],
+            r"--memory-length applies to Keras sources")

@@ -976,13 +976,16 @@ class TransformerXLCausalLM(CausalLM):
         (`from_preset(..., dtype="mixed_bfloat16")`).
         """
         policy = self.dtype_policy
-        if (not self.stateful and policy.quantization_mode is None
+        if (policy.quantization_mode is None
                 and policy.compute_dtype != policy.variable_dtype):
             copy = TransformerXLCausalLM(
                 self.txl_config, preprocessor=self.preprocessor,
-                dtype=policy.variable_dtype,
+                dtype=policy.variable_dtype, stateful=self.stateful,
+                batch_size=self.batch_size if self.stateful else None,
             )
             copy.assign_weights_from(self)
+            if self.stateful:  # the memory too, as the model's own save would
+                copy.memory.assign(ops.cast(self.memory, copy.memory.dtype))
             return copy.save_to_preset(preset_dir, max_shard_size=max_shard_size)
         super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
         # Last: the sizes and sha256s a loader checks (`folders.verify_manifest`),

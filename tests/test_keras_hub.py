@@ -471,6 +471,24 @@ def test_a_mixed_precision_model_saves_a_preset_that_loads(tmp_path, policy):
     assert TransformerXLCausalLM.from_preset(folder).dtype_policy.name == "float32"
 
 
+def test_a_stateful_mixed_precision_model_saves_a_preset_keras_hub_loads(tmp_path):
+    # The float32 rewrite skipped stateful models: their preset named the
+    # mixed policy and keras-hub's loader refused it ("Invalid dtype").
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), stateful=True,
+                                  batch_size=2, dtype="mixed_bfloat16")
+    model(random_ids((2, 4), 256))  # a memory that is not zeros
+    folder = str(tmp_path / "preset")
+    model.save_to_preset(folder)
+    assert model.dtype_policy.name == "mixed_bfloat16"  # the model itself is unchanged
+    for loaded in (keras_hub.models.CausalLM.from_preset(folder),
+                   TransformerXLCausalLM.from_preset(folder)):
+        assert (loaded.stateful, loaded.batch_size) == (True, 2)
+        assert loaded.dtype_policy.name == "float32"
+        for a, b in zip(loaded.model_weights(), model.model_weights()):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_array_equal(loaded.memory.numpy(), model.memory.numpy())
+
+
 def test_save_preset_replaces_only_a_preset(tmp_path):
     model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
     keeper = tmp_path / "notes.txt"

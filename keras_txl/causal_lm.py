@@ -837,6 +837,12 @@ class TransformerXLCausalLM(CausalLM):
                 spec = spec.get("token_ids")
             if isinstance(spec, tf.TensorSpec) and spec.dtype != tf.string:
                 rank = spec.shape.rank
+                if rank is not None and rank < 2:
+                    raise ValueError(
+                        f"{what}; the dataset's elements are single rows of shape "
+                        f"{tuple(spec.shape)}, not (batch, segment_length) batches. "
+                        f"Batch it with `.batch({expected}, drop_remainder=True)`."
+                    )
                 if rank is not None and rank >= 1 and spec.shape[0] is not None \
                         and spec.shape[0] != expected:
                     raise ValueError(

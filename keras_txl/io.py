@@ -152,8 +152,10 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
         tokenizer: a keras-txl tokenizer layer or a tokenizer folder, or
             None to keep the model's own preprocessor (if any).
         sequence_length: the preprocessor's sequence length (default: the
-            config's `segment_length`).
+            config's `segment_length`); with no `tokenizer`, the model's own
+            preprocessor is re-packed to it.
     """
+    from keras_txl.causal_lm import check_preprocessor
     from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 
     directory = os.path.abspath(os.fspath(directory))
@@ -163,11 +165,22 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
         from keras_txl.tokenizers import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    if tokenizer is None and sequence_length is not None:
+        if preprocessor is None:
+            raise ValueError(
+                "`sequence_length` is the preprocessor's, and this model has none: "
+                "pass its `tokenizer` too."
+            )
+        tokenizer = preprocessor.tokenizer  # the model's own, re-packed
     if tokenizer is not None:
         preprocessor = TransformerXLCausalLMPreprocessor(
             tokenizer,
             sequence_length=sequence_length or model.txl_config.segment_length,
         )
+    if preprocessor is not None:
+        # Before anything is written: a preset whose tokenizer does not fit
+        # the model would be refused by every loader.
+        check_preprocessor(preprocessor, model.txl_config.vocabulary_size)
     task = model.with_settings(stateful=False)
     task.preprocessor = preprocessor
     parent = os.path.dirname(directory)

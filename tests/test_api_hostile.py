@@ -18,6 +18,7 @@ from keras_txl.causal_lm import MAX_GENERATE_LENGTH
 from keras_txl.causal_lm import TransformerXLCausalLM
 from keras_txl.config import TransformerXLConfig
 from keras_txl.io import load_pretrained
+from keras_txl.io import save_preset
 from keras_txl.io import save_pretrained
 from tests.testing import TINY
 from tests.testing import random_ids
@@ -126,6 +127,34 @@ def test_stateful_dataset_with_fixed_wrong_batch_is_refused(stateful):
     with pytest.raises(ValueError, match=r"the dataset's batches hold 3\. Batch it with "
                                          r"`\.batch\(2, drop_remainder=True\)`"):
         stateful.fit(data, epochs=1, verbose=0)
+    # Unbatched rows (4,) were reported as "batches of 4" (4 is T).
+    rows = tf.data.Dataset.from_tensor_slices((x, x))
+    with pytest.raises(ValueError, match=r"the dataset's elements are single rows of shape "
+                                         r"\(4,\), not \(batch, segment_length\) batches\. "
+                                         r"Batch it with `\.batch\(2, drop_remainder=True\)`"):
+        stateful.fit(rows, epochs=1, verbose=0)
+
+
+def test_save_preset_applies_sequence_length_and_checks_the_tokenizer_first(tmp_path):
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import ByteTokenizer
+    from keras_txl.tokenizers import build_tokenizer
+
+    model = TransformerXLCausalLM(
+        tiny_config(vocabulary_size=256),
+        preprocessor=TransformerXLCausalLMPreprocessor(ByteTokenizer(), sequence_length=8))
+    save_preset(model, str(tmp_path / "a"), sequence_length=32)
+    assert TransformerXLCausalLM.from_preset(
+        str(tmp_path / "a")).preprocessor.sequence_length == 32
+    with pytest.raises(ValueError, match=r"its tokenizer has a vocabulary of \d+ tokens but "
+                                         r"the model was built for vocabulary_size=256"):
+        save_preset(model, str(tmp_path / "b"),
+                              tokenizer=build_tokenizer("word", ["a b c"]))
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="`sequence_length` is the preprocessor's, and this "
+                                         "model has none"):
+        save_preset(TransformerXLCausalLM(tiny_config()), str(tmp_path / "c"),
+                              sequence_length=16)
 
 
 @pytest.mark.parametrize("method", ["fit", "predict"])

@@ -1084,7 +1084,17 @@ class TransformerXLCausalLM(CausalLM):
                     f"with TransformerXLCausalLM(TransformerXLConfig.from_preset({preset!r})), "
                     "or pass a preset folder (save_preset / txl train's WORKDIR/model)."
                 )
-            model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+            try:
+                model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+            except (OSError, ValueError) as error:  # ConnectionError, requests' errors
+                if not (isinstance(preset, str) and "://" in preset):
+                    raise
+                raise ValueError(
+                    f"Could not load the preset {preset!r}: {type(error).__name__}: "
+                    f"{error}. keras-hub downloads hf:// and kaggle:// handles; "
+                    "without network access, download the preset where there is "
+                    "one and pass its local folder."
+                ) from error
             if stateful is not None and (
                 stateful != model.stateful
                 or (stateful and batch_size != model.batch_size)

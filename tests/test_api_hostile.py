@@ -381,3 +381,20 @@ def test_bfloat16_memory_is_cast(model):
 def test_bad_sampler_settings_are_refused(model, sampler, match):
     with pytest.raises(ValueError, match=match):
         model.compile(sampler=sampler)
+
+
+def test_a_remote_preset_that_cannot_be_fetched_is_a_value_error(monkeypatch):
+    # keras-hub's loader raised requests' bare ConnectionError for a
+    # kaggle:// handle without network access.
+    import keras_hub
+
+    def offline(cls, preset, **kwargs):
+        raise ConnectionError(f"Failed to resolve host for {preset}")
+
+    monkeypatch.setattr(keras_hub.models.CausalLM, "from_preset", classmethod(offline))
+    with pytest.raises(ValueError, match=r"Could not load the preset 'kaggle://a/b/c/d': "
+                                         r"ConnectionError: Failed to resolve .*without "
+                                         r"network access, download the preset"):
+        TransformerXLCausalLM.from_preset("kaggle://a/b/c/d")
+    with pytest.raises(ConnectionError):  # a local name is not wrapped
+        TransformerXLCausalLM.from_preset("not_a_preset_name")

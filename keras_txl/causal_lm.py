@@ -64,6 +64,18 @@ def _as_text(value):
     return str(value)
 
 
+def _holds_strings(x):
+    """A list/tuple/array/tensor of strings (not a dataset)."""
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(isinstance(v, (str, bytes)) for v in x)
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "USO" and x.size > 0 and isinstance(
+            x.flat[0], (str, bytes))
+    return tf.is_tensor(x) and x.dtype == tf.string
+
+
 def _is_string_spec(spec):
     """True for a dataset element of strings (a tensor spec of tf.string)."""
     return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string
@@ -822,6 +834,17 @@ class TransformerXLCausalLM(CausalLM):
         assert of `_check_full_batch`."""
         if not self.stateful:
             return batch_size
+        if _holds_strings(x):
+            # keras-hub would cut each string to sequence_length (padding a
+            # short one) and the memory would run on from one unrelated row
+            # to the next.
+            raise ValueError(
+                f"A stateful TransformerXLCausalLM {verb} text as ordered segments: "
+                "pass the strings as a tf.data.Dataset (fit and evaluate cut it into "
+                "ordered segments, its `batch_size` streams carried by the memory), "
+                "or `preprocessor.ordered_segments(...)`; a list or array of strings "
+                "would be cut into unrelated rows."
+            )
         replicas = self.distribute_strategy.num_replicas_in_sync
         expected = self.batch_size * replicas
         per_replica = (f" ({self.batch_size} per replica x {replicas} replicas)"
@@ -1191,6 +1214,7 @@ class TransformerXLCausalLM(CausalLM):
             dict: "token_ids", "padding_mask" (True up to each row's stop
             token or the end), "memory" after the whole sequence.
         """
+        checks.memory_for_generation(self.txl_config.memory_length)
         sampler = clamp_top_k(self.sampler, self.txl_config.vocabulary_size)
         if _has_own_loop(sampler):
             # Beam search keeps several hypotheses per row: keras-hub's own

@@ -13,6 +13,7 @@ and finite (`keras_txl.checks.loaded_weight`) before it is cast to float32.
 import logging
 import math
 import os
+import re
 
 import numpy as np
 
@@ -486,8 +487,16 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")
     if not os.path.lexists(weights_path):
-        pickled = [name for name in ("pytorch_model.bin", "tf_model.h5")
-                   if os.path.lexists(os.path.join(directory, name))]
+        names = sorted(os.listdir(directory))
+        pickled = [name for name in names if re.fullmatch(
+            r"pytorch_model(-\d+-of-\d+)?\.bin|tf_model\.h5", name)]
+        if "model.safetensors.index.json" in names:
+            raise ValueError(
+                f"{directory!r} holds a sharded checkpoint (model.safetensors.index.json"
+                "), which keras-txl does not read: save it again as one file with "
+                "transformers, `TransfoXLLMHeadModel.from_pretrained(folder)"
+                ".save_pretrained(out, safe_serialization=True, max_shard_size=\"1000GB\")`."
+            )
         if pickled:
             # A PyTorch .bin is a pickle, which can run code when loaded:
             # never read. transformers converts it.

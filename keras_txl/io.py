@@ -30,6 +30,7 @@ import tempfile
 
 import numpy as np
 
+from keras_txl import checks
 from keras_txl.checks import loaded_weight
 from keras_txl.folders import CONFIG_FILE
 from keras_txl.folders import PRESET_TOKENIZER_FILE
@@ -165,6 +166,8 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
         from keras_txl.tokenizers import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    if sequence_length is not None:
+        sequence_length = checks.positive_int("sequence_length", sequence_length)
     if tokenizer is None and sequence_length is not None:
         if preprocessor is None:
             raise ValueError(

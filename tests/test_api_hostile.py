@@ -151,6 +151,8 @@ def test_save_preset_applies_sequence_length_and_checks_the_tokenizer_first(tmp_
         save_preset(model, str(tmp_path / "b"),
                               tokenizer=build_tokenizer("word", ["a b c"]))
     assert not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="`sequence_length` must be a positive integer"):
+        save_preset(model, str(tmp_path / "d"), sequence_length=0)
     with pytest.raises(ValueError, match="`sequence_length` is the preprocessor's, and this "
                                          "model has none"):
         save_preset(TransformerXLCausalLM(tiny_config()), str(tmp_path / "c"),
@@ -398,3 +400,30 @@ def test_a_remote_preset_that_cannot_be_fetched_is_a_value_error(monkeypatch):
         TransformerXLCausalLM.from_preset("kaggle://a/b/c/d")
     with pytest.raises(ConnectionError):  # a local name is not wrapped
         TransformerXLCausalLM.from_preset("not_a_preset_name")
+
+
+def test_a_stateful_model_refuses_strings_that_are_not_a_dataset():
+    # A list of strings was cut into unrelated rows of sequence_length (long
+    # ones truncated, with no padding to notice), the memory running on from
+    # one row to the next: another loss than the same text as a dataset.
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import ByteTokenizer
+
+    model = TransformerXLCausalLM(
+        tiny_config(vocabulary_size=256), stateful=True, batch_size=2,
+        preprocessor=TransformerXLCausalLMPreprocessor(ByteTokenizer(), sequence_length=8))
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    texts = ["hello world, this is one long text", "and here is the second stream"]
+    for data in (texts, np.array(texts), tf.constant(texts)):
+        for method in ("fit", "evaluate", "predict"):
+            with pytest.raises(ValueError, match=r"\w+ text as ordered segments: pass the "
+                                                 r"strings as a tf.data.Dataset"):
+                getattr(model, method)(data, verbose=0)
+
+
+def test_generate_step_refuses_a_model_without_memory():
+    model = TransformerXLCausalLM(tiny_config(memory_length=0))
+    ids = tf.constant([[1, 2, 3, 0]])
+    with pytest.raises(ValueError, match="this model has memory_length=0"):
+        model.generate_step({"token_ids": ids, "padding_mask": ids > 0})
+

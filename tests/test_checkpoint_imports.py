@@ -295,6 +295,14 @@ def test_a_pickled_pytorch_checkpoint_is_named_and_never_read(tmp_path):
                                          r"pytorch_model.bin, which keras-txl does not "
                                          r"read .*safe_serialization=True"):
         keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "pytorch_model.bin").rename(
+        tmp_path / "hf" / "pytorch_model-00001-of-00002.bin")
+    with pytest.raises(ValueError, match=r"only pytorch_model-00001-of-00002.bin, which"):
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds a sharded checkpoint \(model.safetensors"
+                                         r".index.json\), which keras-txl does not read"):
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
 
 
 def test_hf_config_null_lengths_keep_their_defaults():

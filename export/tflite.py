@@ -36,6 +36,7 @@ D hidden_dim, V vocabulary_size.
 
 from __future__ import annotations
 
+import filecmp
 import json
 import logging
 import os
@@ -354,7 +355,7 @@ def _check_side_files(staging, directory):
     leave the first model's .tflite beside a config and vocabulary that are
     not its own, which an app would read without knowing.
     """
-    import filecmp
+    from keras_txl.export.saved_model import TOKENIZER_DIR
 
     differing = sorted(
         rel for rel in _staged_files(staging)
@@ -362,8 +363,6 @@ def _check_side_files(staging, directory):
         and not filecmp.cmp(os.path.join(staging, rel), os.path.join(directory, rel),
                             shallow=False)
     )
-    from keras_txl.export.saved_model import TOKENIZER_DIR
-
     theirs = os.path.join(directory, TOKENIZER_DIR)
     if os.path.isdir(theirs) and os.path.isdir(os.path.join(staging, TOKENIZER_DIR)):
         ours = set(_staged_files(os.path.join(staging, TOKENIZER_DIR)))

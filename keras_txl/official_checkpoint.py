@@ -254,8 +254,8 @@ def read_corpus_info(path):
     dataset = info.get("dataset")
     if dataset is not None and not isinstance(dataset, str):
         raise ValueError(
-            f"{path}: `dataset` must be a string (the official releases': 'wt103', "
-            f"'lm1b', 'enwik8', 'text8') or absent, received {dataset!r}."
+            f"{path}: `dataset` must be a string (the release's dataset, e.g. "
+            f"'wt103') or absent, received {dataset!r}."
         )
     return size, tuple(cutoffs), dataset
 

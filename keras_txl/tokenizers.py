@@ -2190,6 +2190,10 @@ class OfficialSymbolTokenizer(_VocabularyTokenizer):
         return "".join(" " if token == "_" else token for token in tokens)
 
 
+# The datasets of the official releases, whose tokenizer `official_tokenizer` builds.
+OFFICIAL_DATASETS = ("wt103", "lm1b", "enwik8", "text8")
+
+
 def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
     """The tokenizer of an official Transformer-XL release.
 
@@ -2218,10 +2222,6 @@ def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
     raise ValueError(
         f"`dataset` must be one of {OFFICIAL_DATASETS}, received dataset={dataset!r}."
     )
-
-
-# The datasets of the official releases, whose tokenizer `official_tokenizer` builds.
-OFFICIAL_DATASETS = ("wt103", "lm1b", "enwik8", "text8")
 
 
 # === Building, loading and exporting ===

@@ -40,8 +40,8 @@ MAX_GENERATE_LENGTH = 1 << 20
 class ResetMemory(keras.callbacks.Callback):
     """Zeroes a stateful model's memory at each epoch start (the ordered
     segments start again from the beginning of every stream) and around
-    evaluation (so validation starts clean and does not leak into
-    training)."""
+    evaluation and prediction (so validation starts clean and does not leak
+    into training)."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self.model.reset_memory()
@@ -50,6 +50,12 @@ class ResetMemory(keras.callbacks.Callback):
         self.model.reset_memory()
 
     def on_test_end(self, logs=None):
+        self.model.reset_memory()
+
+    def on_predict_begin(self, logs=None):
+        self.model.reset_memory()
+
+    def on_predict_end(self, logs=None):
         self.model.reset_memory()
 
 
@@ -884,6 +890,18 @@ class TransformerXLCausalLM(CausalLM):
         return expected
 
     def predict(self, x, batch_size=None, *args, **kwargs):
+        """keras `predict`; for the stateful model a `tf.data.Dataset` of
+        strings is cut into ordered segments, as `fit` and `evaluate` do,
+        and read from a zeroed memory (zeroed again after): the result is
+        the log-probs of those segments, (num_batches * B, T, V), batch k's
+        row b being segment k of stream b
+        (`preprocessor.ordered_segments(texts, B)` gives the same inputs)."""
+        if self.stateful and isinstance(x, tf.data.Dataset) and _is_string_spec(
+                x.element_spec):
+            segments = self._ordered_segments(x, "predict()").map(
+                lambda inputs, targets: inputs)
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
+            return keras.Model.predict(self, segments, *args, **kwargs)
         batch_size = self._check_stateful_data(x, batch_size, "predicts")
         return super().predict(x, batch_size, *args, **kwargs)
 

@@ -213,6 +213,33 @@ def test_a_stateful_model_validates_and_evaluates_strings_as_ordered_segments():
         model.fit(data, validation_data=(np.zeros((2, 8), "int32"),) * 2, verbose=0)
 
 
+def test_a_stateful_model_predicts_strings_as_ordered_segments():
+    # predict() on a dataset of strings padded each string into its own row
+    # (refused by the padding assert, or unrelated rows run on through the
+    # memory); it reads the ordered segments from a zeroed memory now, like
+    # evaluate: the same log-probs as carrying the memory by hand.
+    texts = ["hello world, this is one long text that continues",
+             "and here is the second long stream of text ok"]
+    data = tf.data.Dataset.from_tensor_slices(texts)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256, segment_length=8,
+                                              memory_length=8),
+                                  preprocessor=byte_preprocessor(), stateful=True,
+                                  batch_size=2)
+    model.memory.assign(tf.ones_like(model.memory))  # predict starts from zeros
+    predicted = model.predict(data, verbose=0)
+    np.testing.assert_array_equal(model.memory.numpy(), 0.0)  # and ends there
+    expected, memory = [], None
+    for inputs, _ in model.preprocessor.ordered_segments(data, 2):
+        out = model.call_with_memory(inputs, memory)
+        expected.append(out["log_probs"])
+        memory = out["memory"]
+    assert len(expected) >= 2  # a second batch, which reads the first's memory
+    expected = np.concatenate(expected)
+    assert predicted.shape == expected.shape == (len(expected), 8, 256)
+    np.testing.assert_allclose(predicted, expected, atol=1e-5)
+    np.testing.assert_array_equal(model.predict(data, verbose=0), predicted)
+
+
 def test_a_stateful_model_refuses_padding_into_its_memory():
     # keras-hub's preprocessor pads each string; in a stateful model the
     # padding became the memory the next batch read (log-probs 6 nats off).

@@ -24,9 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
-import socket
 import tempfile
 
 import keras
@@ -37,6 +35,8 @@ from keras_txl.export import serving
 from keras_txl.export import signatures as sig
 from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import remove_stale_temporaries
+from keras_txl.safe_files import temporary_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -237,11 +237,11 @@ def export_saved_model(
             "serves the highest) or pass overwrite=True."
         )
     os.makedirs(base, exist_ok=True)
-    _remove_stale_staging(base)
+    remove_stale_temporaries(base)
     # Not a number, so TF Serving ignores it while it is being written; the
     # writer's process and host in the name, so a later export can tell a
     # killed one's leftovers from a running one's.
-    staging = tempfile.mkdtemp(prefix=_staging_prefix(version), dir=base)
+    staging = tempfile.mkdtemp(prefix=temporary_prefix(version), dir=base)
     try:
         generate = has_generate(model)
         write_saved_model(
@@ -283,32 +283,6 @@ def export_saved_model(
         raise
     logger.debug("SavedModel written to %s", final)  # `txl export` prints it
     return final
-
-
-def _staging_prefix(version):
-    return f".tmp-{version}-{os.getpid()}@{socket.gethostname()}-"
-
-
-_STAGING = re.compile(r"^\.tmp-\d+-(\d+)@(.+)-[^-]*$")
-
-
-def _remove_stale_staging(base):
-    """Removes the staging folders of exports from this host whose process
-    is gone (killed while writing: a SIGKILL runs no cleanup). Another
-    host's, and a live process's, are left alone."""
-    host = socket.gethostname()
-    for entry in os.listdir(base):
-        match = _STAGING.match(entry)
-        path = os.path.join(base, entry)
-        if not match or match.group(2) != host or not os.path.isdir(path):
-            continue
-        try:
-            os.kill(int(match.group(1)), 0)
-        except ProcessLookupError:
-            logger.warning("Removing %s, left by an export that was killed.", path)
-            shutil.rmtree(path, ignore_errors=True)
-        except (PermissionError, OverflowError, ValueError):
-            pass  # a live process of another user, or no such pid
 
 
 def load_config(version_dir: str):

@@ -54,6 +54,7 @@ from keras_txl.export.signatures import SCORE
 from keras_txl.export.signatures import SERVING_DEFAULT
 from keras_txl.export.signatures import TARGETS
 from keras_txl.export.signatures import TOKEN_IDS
+from keras_txl.safe_files import atomic_write_bytes
 
 QUANTIZATIONS = ("none", "float16", "dynamic_int8")
 VOCABULARY_FILE = "vocabulary.json"
@@ -140,20 +141,7 @@ def assert_builtin_only(model_content: bytes) -> None:
 
 
 def _write_bytes(path, data):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        from keras_txl.safe_files import default_mode
-
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_write_bytes(path, data, make_parents=True)
 
 
 def _tflite_saved_model(model, directory, batch_size, segment_length, stateful):

@@ -10,12 +10,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 
 from keras_txl.config import TransformerXLConfig
 from keras_txl.limits import check_config
-from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import atomic_write_bytes
 from keras_txl.safe_files import folder_path
 from keras_txl.safe_files import read_json
 from keras_txl.safe_files import resolve_inside
@@ -126,18 +125,7 @@ def write_manifest(directory):
         path = os.path.join(directory, relative)
         files[relative] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
     data = json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, os.path.join(directory, MANIFEST_FILE))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_write_bytes(os.path.join(directory, MANIFEST_FILE), data.encode("utf-8"))
 
 
 # The sha256s this process has checked, by file: `{real path: (stat key,

@@ -42,24 +42,10 @@ from keras_txl.folders import sha256_file  # noqa: F401 (shards, checkpoints)
 from keras_txl.folders import verify_manifest
 from keras_txl.folders import write_manifest
 from keras_txl.limits import check_config
+from keras_txl.safe_files import atomic_write_bytes
 from keras_txl.safe_files import default_mode
-
-
-def atomic_write_bytes(path, data):
-    """Writes `data` to a temporary file beside `path`, fsyncs, renames."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+from keras_txl.safe_files import remove_stale_temporaries
+from keras_txl.safe_files import temporary_prefix
 
 
 def save_pretrained(model, directory, tokenizer=None):
@@ -188,7 +174,8 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     task.preprocessor = preprocessor
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=".tmp-preset-")
+    remove_stale_temporaries(parent)
+    staging = tempfile.mkdtemp(dir=parent, prefix=temporary_prefix("preset"))
     try:
         os.chmod(staging, default_mode(directory=True))
         task.save_to_preset(staging)  # with its manifest.json
@@ -241,7 +228,8 @@ def _replace_directory(new, target):
     """Moves folder `new` to `target`, replacing what is there."""
     old = None
     if os.path.lexists(target):
-        old = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".old-preset-")
+        old = tempfile.mkdtemp(dir=os.path.dirname(target),
+                               prefix=temporary_prefix("old_preset"))
         os.rmdir(old)
         os.replace(target, old)
     os.replace(new, target)

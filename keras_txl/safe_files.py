@@ -12,15 +12,30 @@
   where a symlink points: a hub cache's files are symlinks into `blobs/`.
 - `default_mode` is the mode a file or folder written under a temporary
   name gets before it is renamed into place.
+
+Writing, atomically: `atomic_write_bytes` writes a file under a temporary
+name beside it, fsyncs and renames it into place. Every temporary name
+keras-txl writes (`temporary_prefix`) carries the writer's pid and host, so
+`remove_stale_temporaries` can tell a killed writer's leftovers (a SIGKILL
+runs no cleanup; a TFLite model or a checkpoint is as big as the model)
+from a running writer's, and removes them the next time that folder is
+written.
 """
 
 import json
+import logging
 import os
+import re
+import shutil
+import socket
 import stat
+import tempfile
 
 import numpy as np
 
 from keras_txl.limits import resolve_limits
+
+logger = logging.getLogger("keras_txl")
 
 
 def _umask():
@@ -175,3 +190,79 @@ def resolve_inside(directory, name, what="file name"):
             "only names inside the folder are read."
         )
     return os.path.join(os.fspath(directory), normal)
+
+
+def temporary_prefix(tag=""):
+    """`.tmp-[TAG-]PID@HOST-`: the prefix of every temporary file or folder
+    keras-txl writes beside its final name (TAG: digits, letters, `_` or
+    `.`, e.g. a SavedModel's version)."""
+    tag = f"{tag}-" if tag != "" else ""
+    return f".tmp-{tag}{os.getpid()}@{socket.gethostname()}-"
+
+
+# `tempfile`'s random suffix is made of lower-case letters, digits and "_":
+# the host (which may hold "-") runs up to the last "-".
+_TEMPORARY = re.compile(r"^\.tmp-(?:[A-Za-z0-9_.]+-)?(\d+)@(.+)-[a-z0-9_]+$")
+
+
+def remove_stale_temporaries(directory):
+    """Removes the temporary files and folders in `directory` (not below)
+    that a process of this host left when it was killed; another host's,
+    a live process's and names not made by `temporary_prefix` are left
+    alone. Returns the paths removed."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    host = socket.gethostname()
+    removed = []
+    for entry in entries:
+        match = _TEMPORARY.match(entry)
+        if not match or match.group(2) != host:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # alive (or the pid reused: left alone)
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, ValueError):
+            continue  # a live process of another user, or no such pid
+        path = os.path.join(directory, entry)
+        logger.warning("Removing %s, left by a keras-txl process that was killed.", path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except OSError:
+                continue
+        removed.append(path)
+    return removed
+
+
+def atomic_write_bytes(path, data, make_parents=False):
+    """Writes `data` to `path` whole or not at all: a temporary file beside
+    it (`temporary_prefix`), fsynced, given `default_mode`, renamed. A
+    killed earlier writer's temporaries in that folder are removed first.
+
+    Args:
+        path: str. The file to write (replaced if present).
+        data: bytes.
+        make_parents: bool. Create the missing folders above `path`.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    if make_parents:
+        os.makedirs(directory, exist_ok=True)
+    remove_stale_temporaries(directory)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=temporary_prefix())
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -63,6 +63,49 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_bad_checkpoint(tmp_path
             assert np.all(tensors[name] == float(step)), (round_, name)
 
 
+def test_a_killed_writers_temporary_files_are_removed_by_the_next_write(tmp_path):
+    # A SIGKILL runs no cleanup: a killed TFLite export or manifest write
+    # left its `.tmp-` file (as big as the model) beside the final name for
+    # good. The next atomic write to that folder removes this host's dead
+    # processes' temporaries, files and folders, and leaves a live process's,
+    # another host's and names keras-txl does not make.
+    import socket
+
+    from keras_txl.safe_files import atomic_write_bytes
+    from keras_txl.safe_files import temporary_prefix
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead, host = int(gone.stdout), socket.gethostname()
+    stale_file = tmp_path / f".tmp-{dead}@{host}-k3x_9q"
+    stale_folder = tmp_path / f".tmp-preset-{dead}@{host}-a1b2c3"
+    kept = [tmp_path / f"{temporary_prefix()}live01",  # this (live) process
+            tmp_path / f".tmp-{dead}@not-{host}-zz9",  # another host's
+            tmp_path / ".tmp-abc123",  # not one of ours (no pid@host)
+            tmp_path / "notes.txt"]
+    stale_file.write_bytes(b"x" * 1000)
+    (stale_folder / "assets").mkdir(parents=True)
+    for path in kept:
+        path.write_text("keep")
+    atomic_write_bytes(str(tmp_path / "new" / "model.tflite"), b"abc", make_parents=True)
+    assert (tmp_path / "new" / "model.tflite").read_bytes() == b"abc"
+    atomic_write_bytes(str(tmp_path / "model.tflite"), b"def")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [p.name for p in kept] + ["new", "model.tflite"])
+    assert (tmp_path / "model.tflite").read_bytes() == b"def"
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["model.tflite"]
+
+    # The checkpoint folder's own leftovers (a killed `latest.json` write is
+    # a file, which the prune's rmtree skipped) go at the next save.
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / ".tmp-old_latest").write_text("{}")
+    (checkpoints / ".ckpt-00000001.tmp-x").mkdir()
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig.from_preset("tiny"))
+    CheckpointManager(str(checkpoints)).save(2, model, None, None, {})
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["ckpt-00000002", "latest.json"]
+
+
 def test_a_full_disk_is_reported_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
     model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig.from_preset(
         "tiny", vocabulary_size=50))

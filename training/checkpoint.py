@@ -253,9 +253,18 @@ class CheckpointManager:
     def _prune(self):
         for path in self.checkpoints()[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
-        for name in os.listdir(self.directory):  # leftovers of killed writes
+        # Leftovers of killed writes (the workdir's lock keeps other writers
+        # out): checkpoint folders and `latest.json`'s temporary files.
+        for name in os.listdir(self.directory):
             if name.startswith(".ckpt-") or name.startswith(".tmp-"):
-                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+                path = os.path.join(self.directory, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.remove(path)
+                    except OSError:
+                        pass
 
     def restore_candidates(self):
         """Checkpoints to try when resuming, newest first (the one

@@ -43,6 +43,15 @@ def _add_data_arguments(p, without):
                    "TFDS's own, ~/tensorflow_datasets)")
     p.add_argument("--download", action="store_true",
                    help="TFDS: download and prepare if missing (needs internet)")
+    p.add_argument("--tfds-text-feature", dest="tfds_text_feature", default=None,
+                   metavar="NAME",
+                   help="TFDS: the feature holding the text (default: the known "
+                   "datasets' own, or the dataset's only text feature)")
+    p.add_argument("--tfds-split", dest="tfds_split", action="append", default=None,
+                   metavar="SPLIT=TFDS_SPLIT",
+                   help="TFDS: the TFDS split read as train, valid or test, slicing "
+                   "allowed (e.g. valid=train[-2%%:] for a dataset without a "
+                   "validation split); repeatable (default: train, validation, test)")
 
 
 def _add_vocabulary_arguments(p):
@@ -463,6 +472,7 @@ def _eval(args):
     from keras_txl.training.loop import evaluate
     from keras_txl.training.run import bits_named
     from keras_txl.training.run import encode_split_to_shards
+    from keras_txl.training.run import tfds_options
     from keras_txl.training.run import warn_unknown_tokens
 
     model, tokenizer = _official_model(args)
@@ -473,7 +483,8 @@ def _eval(args):
     # shard 0 as the reference evaluates it).
     scratch = tempfile.TemporaryDirectory(prefix="txl-eval-")
     tokens = encode_split_to_shards(args.data, args.split, tokenizer, scratch.name,
-                                    data_dir=args.data_dir, download=args.download)
+                                    data_dir=args.data_dir, download=args.download,
+                                    tfds=tfds_options(args))
     kwargs = {"batch_size": args.batch_size}
     for key in ("segment_length", "memory_length", "clamp_length"):
         if getattr(args, key) is not None:

@@ -1756,6 +1756,13 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
         import sentencepiece
 
         checks.positive_int("vocabulary_size", vocabulary_size)
+        if vocabulary_size < 3:
+            # SentencePiece fails in a C++ assertion below its two special
+            # pieces and one of text.
+            raise ValueError(
+                f"`vocabulary_size`={vocabulary_size} (--vocab-size) is too small: "
+                "SentencePiece needs <eos>, <unk> and at least one piece of text; "
+                "pass a vocabulary_size of 3 or more (in practice thousands).")
         model_types = ("unigram", "bpe", "char", "word")
         if model_type not in model_types:
             raise ValueError(
@@ -2364,6 +2371,28 @@ def _load_old_layout(directory, path, config):
         unk_token=config["unk_token"],
         eos_token=config["eos_token"],
     )
+
+
+# Config keys that name the layer or its files, not what it does.
+_NOT_BEHAVIOUR = ("name", "trainable", "dtype", "config_file")
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what decides a tokenizer's ids: its class, its config
+    (without the layer's name and file names), its vocabulary and, for
+    SentencePiece, its model. Equal for the same tokenizer saved in a
+    keras-txl folder and in a keras-hub preset, whose files differ."""
+    import hashlib
+
+    config = {k: v for k, v in tokenizer.get_config().items() if k not in _NOT_BEHAVIOUR}
+    digest = hashlib.sha256(json.dumps(
+        [type(tokenizer).__name__, config], sort_keys=True, default=repr).encode())
+    for token in tokenizer.get_vocabulary():
+        digest.update(token.encode("utf-8", "surrogatepass") + b"\0")
+    proto = getattr(tokenizer, "_model_proto", None)
+    if proto:
+        digest.update(proto)
+    return digest.hexdigest()
 
 
 def load_tokenizer(directory, limits=None) -> TransformerXLTokenizer:

@@ -5,6 +5,7 @@ wording of the errors."""
 
 import fcntl
 import functools
+import json
 import os
 import pathlib
 import shutil
@@ -311,3 +312,162 @@ def test_the_workdir_lock_names_the_command_holding_it(tmp_path, capsys):
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 2
     assert "in use by another txl process (pid 4242" in capsys.readouterr().err
+
+
+# --- 6. tokenizer flags, vocabulary files, TFDS flags (twenty-first session) --
+def test_vocabulary_flags_that_cannot_apply_are_refused_never_recorded(tmp_path, capsys):
+    # A workdir whose tokenizer has no record of its options (no source.json)
+    # took --vocab-size 5 --min-freq 3 without applying them and recorded them
+    # as applied; `txl train --workdir W` without --data ignored them too.
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 0
+    built = json.loads((workdir / "data" / "source.json").read_text())["tokenizer"]
+    capsys.readouterr()
+    # Without --data: the recorded options are compared too.
+    with pytest.raises(ValueError, match=r"built with --tokenizer word and no vocabulary "
+                                         r"flag .*asks for --vocab-size 5"):
+        prepare_data(None, str(workdir), vocabulary={"vocab_size": 5})
+    (workdir / "data" / "source.json").unlink()
+    assert main(["prepare", "--data", folder, "--workdir", str(workdir),
+                 "--vocab-size", "5", "--min-freq", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "already has a tokenizer" in err and "no record of the options" in err
+    assert "--vocab-size 5" in err
+    assert not (workdir / "data" / "source.json").exists()
+    # Without the flags it prepares again, recording what the tokenizer is.
+    assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 0
+    assert json.loads((workdir / "data" / "source.json").read_text())["tokenizer"] == built
+    # A --vocabulary-file gives the vocabulary: a size or frequency cannot apply.
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("<eos>\n<unk>\nthe\ncat\n")
+    capsys.readouterr()
+    assert main(["prepare", "--data", folder, "--workdir", str(tmp_path / "v"),
+                 "--vocabulary-file", str(vocab), "--vocab-size", "3"]) == 2
+    assert "--vocabulary-file gives the vocabulary; --vocab-size" in capsys.readouterr().err
+    # An edited vocabulary file is not the one the tokenizer was built from.
+    flags = ["prepare", "--data", folder, "--workdir", str(tmp_path / "v"),
+             "--vocabulary-file", str(vocab)]
+    assert main(flags) == 0
+    assert main(flags) == 0
+    vocab.write_text("<eos>\n<unk>\nthe\ncat\nmat\n")
+    capsys.readouterr()
+    assert main(flags) == 2
+    assert "changed since" in capsys.readouterr().err
+
+
+def test_a_char_vocabulary_file_holds_the_space_and_the_newline(tmp_path, capsys):
+    # Every line's first field was the token: the space and the newline could
+    # not be written, so a char vocabulary file lost them (a quarter of the
+    # text read as <unk>), and export_vocabulary's own file was refused.
+    from keras_txl.tokenizers import export_vocabulary
+    from keras_txl.tokenizers import load_tokenizer
+
+    folder = write_corpus(tmp_path / "c")
+    text = (pathlib.Path(folder) / "train.txt").read_text()
+    characters = sorted(set(text))
+    assert " " in characters and "\n" in characters
+    vocab = tmp_path / "chars.txt"
+    vocab.write_text("<unk>\n" + "".join(
+        ("\\n" if c == "\n" else c) + "\n" for c in characters), encoding="utf-8")
+    workdir = tmp_path / "w"
+    assert main(["prepare", "--data", folder, "--workdir", str(workdir), "--tokenizer",
+                 "char", "--vocabulary-file", str(vocab)]) == 0
+    tokenizer = load_tokenizer(workdir / "tokenizer")
+    assert tokenizer.get_vocabulary() == ["<unk>", *characters]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    # The file export_vocabulary writes reads back to the same vocabulary.
+    exported = export_vocabulary(tokenizer, tmp_path / "exported") / "vocabulary.txt"
+    capsys.readouterr()
+    assert main(["prepare", "--data", folder, "--workdir", str(tmp_path / "w2"),
+                 "--tokenizer", "char", "--vocabulary-file", str(exported)]) == 0
+    assert load_tokenizer(tmp_path / "w2" / "tokenizer").get_vocabulary() == \
+        tokenizer.get_vocabulary()
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path, capsys):
+    # Notepad's UTF-8 starts with U+FEFF: it became part of the first word
+    # ("\ufeffthe" beside "the"), and a BOM-only split was not "empty".
+    folder = pathlib.Path(write_corpus(tmp_path / "c"))
+    plain = {s: (folder / f"{s}.txt").read_bytes() for s in ("train", "valid", "test")}
+    for split, data in plain.items():
+        (folder / f"{split}.txt").write_bytes(b"\xef\xbb\xbf" + data)
+    corpus = load_corpus(str(folder))
+    assert corpus.train == plain["train"].decode() and "\ufeff" not in corpus.valid
+    (folder / "valid.txt").write_bytes(b"\xef\xbb\xbf\r\n")
+    assert main(["prepare", "--data", str(folder), "--workdir", str(tmp_path / "w")]) == 2
+    assert "the valid split of --data" in capsys.readouterr().err
+
+
+def test_tfds_text_feature_and_splits_from_the_command_line(tmp_path, capsys):
+    # A TFDS dataset with no validation split, or two text features, could
+    # not be used from `txl` at all: the errors asked for Python arguments.
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    data_dir = tmp_path / "tfds"
+    lines = {"train": [f"line {i} of the text" for i in range(40)],
+             "test": ["the test text", "and more"]}
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="two_features", version="1.0.0",
+        features=tfds.features.FeaturesDict({"title": tfds.features.Text(),
+                                             "body": tfds.features.Text()}),
+        split_datasets={s: tf.data.Dataset.from_tensor_slices(v).map(
+            lambda line: {"title": "t", "body": line}) for s, v in lines.items()},
+        data_dir=str(data_dir), disable_shuffling=True)
+    base = ["prepare", "--data", "tfds:two_features", "--data-dir", str(data_dir),
+            "--workdir", str(tmp_path / "w"), "--tokenizer", "char"]
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "pass --tfds-text-feature NAME" in err and "text_feature=" not in err
+    assert main(base + ["--tfds-text-feature", "body"]) == 2
+    err = capsys.readouterr().err
+    assert "no split found for ['valid']" in err and "--tfds-split valid=NAME" in err
+    assert main(base + ["--tfds-text-feature", "body",
+                        "--tfds-split", "valid=train[-10%:]"]) == 0
+    from keras_txl.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(tmp_path / "w" / "tokenizer")
+    valid = shards.ShardedTokens(tmp_path / "w" / "data" / "valid")
+    expected = "".join(line + "\n" for line in lines["train"][-4:])
+    assert tokenizer.decode(np.asarray(valid)) == expected
+    for bad, message in ((["--tfds-split", "dev=test"], "SPLIT=TFDS_SPLIT"),
+                         (["--tfds-split", "valid=test", "--tfds-split", "valid=train"],
+                          "gives valid twice")):
+        assert main(base + ["--tfds-text-feature", "body", *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["prepare", "--data", write_corpus(tmp_path / "c"), "--workdir",
+                 str(tmp_path / "x"), "--tfds-split", "valid=test"]) == 2
+    assert "apply to --data tfds:NAME only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["source_list", "index_list", "source_folder",
+                                    "valid_missing"])
+def test_damaged_workdir_records_are_named(tmp_path, damage):
+    # A JSON list or a folder in place of source.json/index.json raised
+    # AttributeError/IsADirectoryError; a missing split said "no prepared
+    # data yet".
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    prepare_data(folder, str(workdir))
+    data = workdir / "data"
+    if damage == "source_list":
+        (data / "source.json").write_text("[]")
+        expected = r"source.json is a JSON list, not an object; delete it"
+    elif damage == "index_list":
+        (data / "valid" / "index.json").write_text("[]")
+        expected = r"index.json is a JSON list, not an object; delete .*valid"
+    elif damage == "source_folder":
+        (data / "source.json").unlink()
+        (data / "source.json").mkdir()
+        expected = r"source.json is not a readable file"
+    else:
+        shutil.rmtree(data / "valid")
+        expected = r"no complete prepared data \(.*valid missing or unfinished\)"
+    with pytest.raises(ValueError, match=expected):
+        prepare_data(None, str(workdir))
+
+
+def test_sentencepiece_below_three_pieces_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"`vocabulary_size`=1 .*too small.*3 or more"):
+        build_tokenizer("sentencepiece", "some text here\n", vocabulary_size=1)

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -309,6 +310,43 @@ def test_a_changed_corpus_or_tokenizer_is_refused(tmp_path):
         f.write(" ")
     with pytest.raises(ValueError, match="tokenizer changed since .*data was encoded"):
         prepare_data(first, workdir, "char")
+
+
+def test_eval_refuses_workdir_tokens_of_another_tokenizer_than_the_models(tmp_path, capsys):
+    # After `rm -r W/data W/tokenizer` and `txl prepare` from another corpus
+    # (what the "different content" error suggests), `txl eval --workdir W`
+    # scored the old model on ids of the new tokenizer: a perplexity, exit 0.
+    import shutil
+
+    workdir = str(tmp_path / "w")
+    assert main(["train", "--data", write_corpus(tmp_path / "a", 0), "--workdir", workdir,
+                 "--preset", "tiny", "--tokenizer", "char", "--batch-size", "2",
+                 "--segment-length", "8", "--memory-length", "8", "--steps", "2",
+                 "--set", "eval_every=0", "--set", "eval_max_segments=1"]) == 0
+    evaluate = ["eval", "--workdir", workdir, "--split", "valid", "--batch-size", "1",
+                "--max-segments", "2"]
+    for extra in ([], ["--checkpoint", "2"]):  # the model folder, a checkpoint
+        capsys.readouterr()
+        assert main(evaluate + extra) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] > 0
+    shutil.rmtree(os.path.join(workdir, "data"))
+    shutil.rmtree(os.path.join(workdir, "tokenizer"))
+    other = tmp_path / "b"
+    other.mkdir()
+    for split in ("train", "valid", "test"):  # other characters: another vocabulary
+        (other / f"{split}.txt").write_text("xyz uvw " * 40 + "\n")
+    assert main(["prepare", "--data", str(other), "--workdir", workdir,
+                 "--tokenizer", "char"]) == 0
+    capsys.readouterr()
+    assert main(evaluate) == 2
+    assert re.search(r"data was encoded with a char tokenizer of \d+ tokens .*not with the "
+                     r"model's own .*Pass --data", capsys.readouterr().err)
+    assert main(evaluate + ["--checkpoint", "2"]) == 2
+    assert "was trained on other tokens than" in capsys.readouterr().err
+    # The prepared data's own tokenizer replaced since: nothing says what made it.
+    shutil.rmtree(os.path.join(workdir, "tokenizer"))
+    assert main(evaluate) == 2
+    assert "is missing or changed since" in capsys.readouterr().err
 
 
 LOCK_HOLDER = """

@@ -396,8 +396,12 @@ def _parse_tfds_name(spec: str) -> str:
 
 
 # How the TFDS arguments are named in errors: the Python ones, or the CLI's flags.
-_TFDS_ARGUMENTS = {"download": "download=True", "data_dir": "data_dir="}
-_TFDS_FLAGS = {"download": "--download", "data_dir": "--data-dir "}
+_TFDS_ARGUMENTS = {"download": "download=True", "data_dir": "data_dir=",
+                   "text_feature": "text_feature=...",
+                   "split_names": "split_names={'valid': ...}"}
+_TFDS_FLAGS = {"download": "--download", "data_dir": "--data-dir ",
+               "text_feature": "--tfds-text-feature NAME",
+               "split_names": "--tfds-split valid=NAME"}
 
 
 def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
@@ -438,7 +442,8 @@ def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
     return builder
 
 
-def _tfds_text_feature(builder, text_feature) -> str:
+def _tfds_text_feature(builder, text_feature, names=None) -> str:
+    names = names or _TFDS_ARGUMENTS
     features = builder.info.features
     keys = list(features.keys()) if hasattr(features, "keys") else []
     if text_feature is not None:
@@ -461,11 +466,12 @@ def _tfds_text_feature(builder, text_feature) -> str:
         return named[0]
     raise ValueError(
         f"cannot tell which feature of TFDS dataset {builder.name!r} holds "
-        f"the text (features: {keys}); pass text_feature=..."
+        f"the text (features: {keys}); pass {names['text_feature']}."
     )
 
 
-def _tfds_split_names(builder, split_names) -> dict:
+def _tfds_split_names(builder, split_names, names_of=None) -> dict:
+    names_of = names_of or _TFDS_ARGUMENTS
     available = list(builder.info.splits.keys())
     if split_names is not None:
         unknown = sorted(set(split_names) - set(SPLITS))
@@ -489,7 +495,7 @@ def _tfds_split_names(builder, split_names) -> dict:
     if missing:
         raise ValueError(
             f"TFDS dataset {builder.name!r} has splits {available}; no split "
-            f"found for {missing}. Pass split_names={{'valid': ...}} (TFDS "
+            f"found for {missing}. Pass {names_of['split_names']} (TFDS "
             "slicing such as 'train[-1%:]' is allowed)."
         )
     return names
@@ -1220,6 +1226,10 @@ class CorpusSource:
         if low or high < len(block):
             text = (block[:low].decode("utf-8", "surrogateescape") + text
                     + block[high:].decode("utf-8", "surrogateescape"))
+        if self._universal_newlines and position == 0 and text.startswith("\ufeff"):
+            # A text file's byte order mark (Notepad writes one) is not text:
+            # it would glue itself to the first word.
+            text = text[1:]
         if self._universal_newlines and "\r" in text:
             # Text files: universal newlines, as read_text does. A chunk
             # never ends between "\r" and "\n".
@@ -1395,10 +1405,10 @@ def open_corpus_source(
     if isinstance(source, str) and source.startswith("tfds:"):
         tfds = _import_tfds()
         name = _parse_tfds_name(source[len("tfds:"):])
-        builder = _tfds_builder(tfds, name, data_dir, download,
-                                _TFDS_FLAGS if cli_flags else _TFDS_ARGUMENTS)
-        feature = _tfds_text_feature(builder, text_feature)
-        names = _tfds_split_names(builder, split_names)
+        named = _TFDS_FLAGS if cli_flags else _TFDS_ARGUMENTS
+        builder = _tfds_builder(tfds, name, data_dir, download, named)
+        feature = _tfds_text_feature(builder, text_feature, named)
+        names = _tfds_split_names(builder, split_names, named)
         kind = "char" if builder.name in _TFDS_CHAR_DATASETS else "word"
         options = {"double_eos": True} if builder.name == "lm1b" else {}
         if builder.name == "lm1b" and split_names is None:

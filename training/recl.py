@@ -441,19 +441,26 @@ def _parse_name(spec):
 
 
 def load_tokens(workdir, data=None, split="test", data_dir=None,
-                download=False):
+                download=False, tfds=None):
     """The split of `data` encoded by the workdir's tokenizer, or the
     workdir's prepared split (`data/{split}/` shards, or the
-    `data/{split}.npy` of an older version)."""
+    `data/{split}.npy` of an older version), when it was encoded by the
+    model's tokenizer (`run.check_workdir_tokens`). `tfds`: the
+    `text_feature`/`split_names` of a `tfds:` corpus."""
     if data:
         from keras_txl.tokenizers import load_tokenizer
         from keras_txl.training.corpora import load_corpus
 
         tokenizer = load_tokenizer(tokenizer_directory(os.path.join(workdir, "model")))
-        corpus = load_corpus(data, data_dir=data_dir, download=download)
+        corpus = load_corpus(data, data_dir=data_dir, download=download, **(tfds or {}))
         return np.asarray(tokenizer.encode(corpus.split(split)), dtype=np.int32)
     from keras_txl.training import shards
+    from keras_txl.training.run import check_workdir_tokens
 
+    model_dir = os.path.join(workdir, "model")
+    if os.path.isdir(model_dir):
+        check_workdir_tokens(workdir, split, "model", model_dir,
+                             tokenizer_directory(model_dir) or "")
     if shards.is_complete(os.path.join(workdir, "data", split)):
         # The prepared shards (a test split: small enough to hold).
         return np.asarray(shards.ShardedTokens(os.path.join(workdir, "data", split)))
@@ -488,8 +495,13 @@ def recl_main(args):
             "NAME=PATH."
         )
     contexts = sorted(set(args.contexts))
+    from keras_txl.tokenizers import load_tokenizer
+    from keras_txl.tokenizers import tokenizer_fingerprint
+    from keras_txl.training.run import tfds_options
+
     tokens = load_tokens(specs[0][1], args.data, args.split, args.data_dir,
-                         args.download)
+                         args.download, tfds=tfds_options(args))
+    fingerprint = None
     targets = spread_targets(len(tokens), args.targets, max(contexts))
     losses, settings, seconds = {}, {}, {}
     vocabulary = None
@@ -507,6 +519,16 @@ def recl_main(args):
                 f"{vocabulary}: RECL compares models on the same tokens."
             )
         vocabulary = cfg.vocabulary_size
+        folder = tokenizer_directory(model_dir)
+        if folder is not None:
+            # The same size is not the same tokens: ids must mean the same.
+            own = tokenizer_fingerprint(load_tokenizer(folder))
+            if fingerprint is not None and own != fingerprint[1]:
+                raise ValueError(
+                    f"{name}'s tokenizer ({folder}) is not {fingerprint[0]}'s: RECL "
+                    "compares models on the same tokens, so the group needs one "
+                    "tokenizer.")
+            fingerprint = fingerprint or (name, own)
         memory = cfg.memory_length
         if args.memory_length is not None and cfg.memory_length > 0:
             memory = args.memory_length

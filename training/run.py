@@ -249,14 +249,22 @@ DATA_FORMAT = "keras-txl-data/2"
 
 
 def _read_meta(meta_path):
-    if not os.path.exists(meta_path):
+    if not os.path.lexists(meta_path):
         return None
+    why = None
     try:
         with open(meta_path) as f:
-            return json.load(f)
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            why = f"a JSON {type(meta).__name__}, not an object"
     except ValueError as e:
-        raise ValueError(f"{meta_path} is not valid JSON ({e}); delete it "
-                         "and the data folder to prepare the data again.") from None
+        why = f"not valid JSON ({e})"
+    except OSError as e:
+        why = f"not a readable file ({e.strerror})"
+    if why:
+        raise ValueError(f"{meta_path} is {why}; delete it and the data folder to "
+                         "prepare the data again.")
+    return meta
 
 
 def _verified(folder):
@@ -392,10 +400,23 @@ def _as_flags(kind, options):
 def _check_tokenizer_options(workdir, meta, kind, options, built_kind=None):
     """Explicit options (--vocab-size, --min-freq, ...) that contradict the
     ones the workdir's tokenizer was built with are an error, said in
-    flags."""
-    if not meta or not options:
+    flags; so are any options where the workdir does not record how its
+    tokenizer was built (no `data/source.json` of this version): they could
+    not be applied, and recording them would say they were. A
+    `--vocabulary-file` also has to hold what it held then."""
+    if not options:
         return
-    built = (meta.get("tokenizer") or {})
+    built = (meta.get("tokenizer") if isinstance(meta, dict) else None) or {}
+    if not built:
+        raise ValueError(
+            f"{workdir} already has a tokenizer ({os.path.join(workdir, 'tokenizer')}) "
+            f"but no record of the options it was built with "
+            f"({os.path.join(workdir, 'data', 'source.json')} is missing or of an older "
+            f"version); this run asks for {_as_flags(kind, options)}, which cannot be "
+            "applied to it: run without these flags, use a new --workdir, or delete "
+            f"{os.path.join(workdir, 'tokenizer')} and {os.path.join(workdir, 'data')} "
+            "to build them again."
+        )
     old = built.get("options", {})
     old_kind = built.get("kind") or built_kind
     differ = {k: v for k, v in options.items() if old.get(k) != v}
@@ -411,6 +432,24 @@ def _check_tokenizer_options(workdir, meta, kind, options, built_kind=None):
             f"new --workdir, or delete {os.path.join(workdir, 'tokenizer')} and "
             f"{os.path.join(workdir, 'data')} to build them again."
         )
+    path = options.get("vocabulary_file")
+    recorded = built.get("vocabulary_file_sha256")
+    if path and recorded and os.path.isfile(path) and _sha256_tree(path) != recorded:
+        raise ValueError(
+            f"--vocabulary-file {path} changed since {workdir}'s tokenizer was built "
+            "from it: the tokenizer and its shards hold the old vocabulary. Restore the "
+            f"file, use a new --workdir, or delete {os.path.join(workdir, 'tokenizer')} "
+            f"and {os.path.join(workdir, 'data')} to build them again."
+        )
+
+
+def _tokenizer_record(kind, options):
+    """What source.json records of how the tokenizer was built: its kind,
+    its options and the sha256 of a vocabulary file among them."""
+    record = {"kind": kind, "options": options}
+    if options.get("vocabulary_file") and os.path.isfile(options["vocabulary_file"]):
+        record["vocabulary_file_sha256"] = _sha256_tree(options["vocabulary_file"])
+    return record
 
 
 def _build_tokenizer(build, kind, corpus_source, options):
@@ -477,6 +516,36 @@ def _specials_only(kind, texts, options, specials, corpus_source, min_freq_only=
             f"Pass --min-freq {top} or less.")
 
 
+def tfds_options(args):
+    """`--tfds-text-feature` and `--tfds-split SPLIT=TFDS_SPLIT` as the
+    `text_feature`/`split_names` arguments of `open_corpus_source` (only
+    those given)."""
+    out = {}
+    feature = getattr(args, "tfds_text_feature", None)
+    if feature is not None:
+        out["text_feature"] = feature
+    pairs = getattr(args, "tfds_split", None) or []
+    names = {}
+    for pair in pairs:
+        split, sep, name = pair.partition("=")
+        split, name = split.strip(), name.strip()
+        if not sep or split not in SPLITS or not name:
+            raise ValueError(
+                f"--tfds-split takes SPLIT=TFDS_SPLIT with SPLIT one of {list(SPLITS)} "
+                f"(e.g. valid=train[-2%:]). Received: {pair!r}.")
+        if split in names and names[split] != name:
+            raise ValueError(f"--tfds-split gives {split} twice: {names[split]!r} and "
+                             f"{name!r}.")
+        names[split] = name
+    if names:
+        out["split_names"] = names
+    if out and not str(getattr(args, "data", "") or "").startswith("tfds:"):
+        given = sorted({"text_feature": "--tfds-text-feature",
+                        "split_names": "--tfds-split"}[k] for k in out)
+        raise ValueError(f"{' and '.join(given)} apply to --data tfds:NAME only.")
+    return out
+
+
 def vocabulary_flags(args):
     """The tokenizer flags of `txl prepare`/`train` that were given, as a
     dict for `prepare_data(vocabulary=...)`."""
@@ -517,6 +586,14 @@ def _kind_options(kind, flags):
                                  "not char.")
             options["lower_case"] = flags.pop("lower_case")
         if "vocabulary_file" in flags:
+            counted = [flag for flag, given in (("--vocab-size", size is not None),
+                                                ("--min-freq", "min_freq" in options))
+                       if given]
+            if counted:
+                raise ValueError(
+                    f"--vocabulary-file gives the vocabulary; {' and '.join(counted)} "
+                    "would size a counted one and cannot apply to it: pass one or "
+                    "the other.")
             path = flags.pop("vocabulary_file")
             if not os.path.isfile(path):
                 raise ValueError(f"--vocabulary-file {path!r} does not exist.")
@@ -542,7 +619,8 @@ def prepare_main(args):
     with WorkdirLock(args.workdir, command="txl prepare"):
         tokenizer, splits = prepare_data(
             args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
-            vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens)
+            vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens,
+            tfds=tfds_options(args))
 
     print(json.dumps({
         "workdir": args.workdir, "tokenizer": tokenizer.get_config().get("kind"),
@@ -554,7 +632,7 @@ def prepare_main(args):
 
 def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
                  write=True, tokenizer_options=None, shard_tokens=None,
-                 after_shard=None, vocabulary=None):
+                 after_shard=None, vocabulary=None, tfds=None):
     """Prepares (or reuses) the workdir's tokenizer and token shards.
 
     The corpus is streamed in chunks: the vocabulary is counted and each
@@ -572,6 +650,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         workdir: str. The run folder.
         tokenizer_kind: str or None. None: the corpus's own kind.
         data_dir, download: TFDS options (see `load_corpus`).
+        tfds: dict or None. More TFDS options: `text_feature`,
+            `split_names` (see `load_corpus`; `tfds_options(args)`).
         write: bool. False for a non-chief worker: nothing is written in
             the workdir; shards missing there are prepared in a private
             temporary folder.
@@ -618,7 +698,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         if not source.startswith("tfds:") and not os.path.exists(source):
             raise ValueError(f"--data {source!r}: the corpus path does not exist.")
         corpus_source = open_corpus_source(source, data_dir=data_dir, download=download,
-                                           cli_flags=True)
+                                           cli_flags=True, **(tfds or {}))
         logger.info("Corpus: %r", corpus_source)
         # Before anything is written: a split with no text would otherwise
         # fail only after the tokenizer and the train shards.
@@ -643,7 +723,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                 f"{workdir} already has a {kind} tokenizer; "
                 f"--tokenizer {tokenizer_kind} does not match it (use a new workdir)."
             )
-        _check_tokenizer_options(workdir, meta, tokenizer_kind, tokenizer_options, kind)
+        _check_tokenizer_options(
+            workdir, meta, tokenizer_kind,
+            {**tokenizer_options, **_kind_options(kind, vocabulary or {})}, kind)
         if (meta is not None and meta.get("tokenizer_sha256") is not None
                 and meta["tokenizer_sha256"] != _sha256_tree(tokenizer_dir)):
             raise ValueError(
@@ -660,7 +742,15 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             logger.warning("%s holds token arrays of an older version and no "
                            "source.json: cannot check where they come from.", data_cache)
             return tokenizer, {s: np.load(p) for s, p in zip(SPLITS, cached)}
-        raise ValueError(f"--data is needed: {workdir} has no prepared data yet.")
+        missing = [] if tokenizer is not None else [f"no {tokenizer_dir}"]
+        if meta is None:
+            missing.append(f"no {meta_path} of this version")
+        else:
+            missing += [f"{os.path.join(data_cache, s)} missing or unfinished"
+                        for s in SPLITS if not shards.is_complete(
+                            os.path.join(data_cache, s), meta.get("key"))]
+        raise ValueError(f"--data is needed: {workdir} has no complete prepared data "
+                         f"({'; '.join(missing) or 'nothing prepared yet'}).")
     if meta is None and tokenizer is not None and os.path.isdir(data_cache) and write:
         logger.warning("%s has no source.json of this version: preparing its "
                        "shards again from --data %s.", data_cache, source)
@@ -669,10 +759,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     options = dict(corpus_source.tokenizer_options) if kind == corpus_source.tokenizer_kind else {}
     options.update(tokenizer_options)
     options.update(_kind_options(kind, vocabulary or {}))
-    if tokenizer is not None:
-        _check_tokenizer_options(workdir, meta, tokenizer_kind,
-                                 {**tokenizer_options, **_kind_options(kind, vocabulary or {})},
-                                 kind)
+    if tokenizer is not None and (meta or {}).get("tokenizer"):
+        # A reused tokenizer is recorded as it was built, not as asked.
+        options = dict(meta["tokenizer"].get("options") or {})
     # Whether this workdir's tokenizer was built by its own preparation (and
     # may be rebuilt while that preparation is unfinished) or was there before.
     built_tokenizer = (meta or {}).get("built_tokenizer", tokenizer is None)
@@ -686,8 +775,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                 "format": DATA_FORMAT, "source": _where(source), "key": None,
                 "stat": stat, "sha256": sha, "identity": corpus_source.identity(),
                 "built_tokenizer": built_tokenizer, "finished": False,
-                "tokenizer": {"kind": kind, "options": options}}, indent=2).encode())
+                "tokenizer": _tokenizer_record(kind, options)}, indent=2).encode())
     private = None
+    tokenizer_reused = tokenizer is not None
     if tokenizer is None:
         logger.info("Building the %s vocabulary on %s (streamed)", kind,
                     "+".join(corpus_source.vocabulary_splits))
@@ -713,7 +803,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     new_meta = {"format": DATA_FORMAT, "source": first_source, "stat": stat, "key": key,
                 "built_tokenizer": built_tokenizer,
                 "finished": meta is not None and _finished(meta, data_cache),
-                "tokenizer": {"kind": kind, "options": options}, **key_fields}
+                "tokenizer": ((meta or {}).get("tokenizer") if tokenizer_reused
+                              else None) or _tokenizer_record(kind, options),
+                **key_fields}
     target = data_cache
     if not write:
         if meta is not None and meta.get("key") == key and all(
@@ -885,7 +977,7 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     tokenizer, splits = prepare_data(
         args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
         write=chief, vocabulary=vocabulary_flags(args),
-        shard_tokens=getattr(args, "shard_tokens", None),
+        shard_tokens=getattr(args, "shard_tokens", None), tfds=tfds_options(args),
     )
     model_config = match_vocabulary(model_dict, tokenizer, explicit)
     logger.info("Model: %s (%d parameters)", model_config, model_config.num_parameters())
@@ -979,9 +1071,11 @@ def eval_main(args):
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
         tokens = encode_split_to_shards(args.data, args.split, tokenizer, scratch.name,
-                                        data_dir=args.data_dir, download=args.download)
+                                        data_dir=args.data_dir, download=args.download,
+                                        tfds=tfds_options(args))
     else:
         tokens = workdir_split(args.workdir, args.split)
+        check_workdir_tokens(args.workdir, args.split, kind, source, tokenizer_dir)
     kwargs = {"batch_size": args.batch_size}
     for key in ("segment_length", "memory_length", "clamp_length"):
         value = getattr(args, key)
@@ -1038,8 +1132,68 @@ def workdir_split(workdir, split):
         "unfinished): pass --data, or run `txl prepare` with this --workdir.")
 
 
+def check_workdir_tokens(workdir, split, model_kind, model_source, tokenizer_dir):
+    """Refuses to score the model on the workdir's prepared tokens when they
+    were encoded by another tokenizer than the model's: the ids would be
+    read as other tokens and the perplexity would be a number about
+    nothing. (The workdir's data can be prepared again, e.g. from another
+    corpus once the old data and tokenizer are deleted, while the model
+    folder and checkpoints stay.)
+
+    Checks that the workdir's tokenizer is the one `data/source.json` says
+    encoded the shards, that the model folder's tokenizer is that same
+    tokenizer (by `tokenizer_fingerprint`: the folder holds a keras-hub
+    copy), and that a checkpoint was trained on the train shards there now
+    (their content key, which a checkpoint records).
+    """
+    from keras_txl.tokenizers import load_tokenizer
+    from keras_txl.tokenizers import tokenizer_fingerprint
+    from keras_txl.training import shards
+
+    data_cache = os.path.join(workdir, "data")
+    data_tokenizer = os.path.join(workdir, "tokenizer")
+    remedy = (f"Pass --data to encode the {split} split with the model's tokenizer, or "
+              f"prepare {data_cache} again with it.")
+    meta = _read_meta(os.path.join(data_cache, "source.json"))
+    recorded = meta.get("tokenizer_sha256") if isinstance(meta, dict) else None
+    if recorded is not None and (not os.path.isdir(data_tokenizer)
+                                 or recorded != _sha256_tree(data_tokenizer)):
+        raise ValueError(
+            f"{data_tokenizer} is missing or changed since {data_cache} was encoded with "
+            f"it: nothing says which tokenizer made the prepared {split} tokens. {remedy}")
+    if model_kind == "model":
+        if not (os.path.isdir(tokenizer_dir) and os.path.isdir(data_tokenizer)):
+            return
+        theirs, ours = load_tokenizer(data_tokenizer), load_tokenizer(tokenizer_dir)
+        if tokenizer_fingerprint(theirs) != tokenizer_fingerprint(ours):
+            raise ValueError(
+                f"{data_cache} was encoded with a {theirs.kind} tokenizer of "
+                f"{theirs.vocabulary_size()} tokens ({data_tokenizer}), not with the "
+                f"model's own ({ours.kind}, {ours.vocabulary_size()} tokens, "
+                f"{tokenizer_dir}): the model would read its ids as other tokens. {remedy}")
+        return
+    from keras_txl.training.checkpoint import STATE
+
+    try:
+        with open(os.path.join(model_source, STATE), "rb") as f:
+            trained_on = (json.loads(f.read()).get("data") or {}).get("shards_key")
+    except (OSError, ValueError, AttributeError):
+        trained_on = None
+    train_folder = os.path.join(data_cache, "train")
+    if trained_on and shards.is_complete(train_folder):
+        now = shards.ShardedTokens(train_folder)
+        try:
+            if now.key != trained_on:
+                raise ValueError(
+                    f"{model_source} was trained on other tokens than {train_folder} "
+                    f"holds now (key {trained_on}, now {now.key}): {data_cache} was "
+                    f"prepared again since, possibly with another tokenizer. {remedy}")
+        finally:
+            now.close()
+
+
 def encode_split_to_shards(source, split, tokenizer, folder, data_dir=None,
-                           download=False):
+                           download=False, tfds=None):
     """One split of `source` encoded with `tokenizer` into shards in
     `folder` (streamed, bounded memory); returns its `ShardedTokens`."""
     from keras_txl.training import shards
@@ -1048,7 +1202,7 @@ def encode_split_to_shards(source, split, tokenizer, folder, data_dir=None,
     aliases = {"validation": "valid", "dev": "valid"}
     split = aliases.get(split, split)
     corpus_source = open_corpus_source(source, data_dir=data_dir, download=download,
-                                       cli_flags=True)
+                                       cli_flags=True, **(tfds or {}))
     cut_for = {"kind": tokenizer.kind,
                "double_eos": bool(tokenizer.get_config().get("double_eos", False))}
     out = shards.write_split(

@@ -80,12 +80,22 @@ def _write_json(path, data):
 
 
 def _read_json(path):
+    """A JSON object (index.json, progress.json), or a ValueError naming the
+    file and the folder to delete."""
+    why = None
     try:
         with open(path) as handle:
-            return json.load(handle)
+            data = json.load(handle)
+        if not isinstance(data, dict):
+            why = f"a JSON {type(data).__name__}, not an object"
     except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); delete "
-                         f"{os.path.dirname(path)} to prepare it again.") from None
+        why = f"not valid JSON ({error})"
+    except OSError as error:
+        why = f"not a readable file ({error.strerror})"
+    if why:
+        raise ValueError(f"{path} is {why}; delete {os.path.dirname(path)} to "
+                         "prepare it again.")
+    return data
 
 
 def dtype_for(vocabulary_size):

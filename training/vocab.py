@@ -71,21 +71,38 @@ def count_tokens(kind, chunks, *, lower_case=False):
     return counts
 
 
-def read_vocabulary_file(path):
-    """Tokens of a vocabulary file, one per line (the first field of each
-    line, as the reference `Vocab` reads `1b_word_vocab.txt`), in bounded
-    memory besides the vocabulary itself."""
+def read_vocabulary_file(path, kind="word"):
+    """Tokens of a vocabulary file, one per line, in bounded memory besides
+    the vocabulary itself.
+
+    `word`: the first field of each line, as the reference `Vocab` reads
+    `1b_word_vocab.txt` (a count may follow). `char`: a line holding one
+    character is that character, the space included, and the two
+    characters `\\n` are the newline (as `export_vocabulary` writes it);
+    a longer line is read by its first field, an empty line skipped. A
+    "\\r" before a line's newline is the line ending, not part of it.
+    """
     tokens = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8", newline="\n") as handle:
             for line in handle:
-                fields = line.split()
+                raw = line[:-1] if line.endswith("\n") else line
+                if raw.endswith("\r") and len(raw) > 1:
+                    raw = raw[:-1]
+                if kind == "char" and (len(raw) == 1 or raw == "\\n"):
+                    tokens.append("\n" if raw == "\\n" else raw)
+                    continue
+                fields = raw.split()
                 if fields:
                     tokens.append(fields[0])
     except OSError as error:
         raise ValueError(
             f"--vocabulary-file {path!r} cannot be read ({error.strerror or error})."
         ) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"--vocabulary-file {path!r} is not valid UTF-8 text (near byte "
+            f"{error.start}).") from None
     if not tokens:
         raise ValueError(f"--vocabulary-file {path!r} holds no tokens.")
     return tokens
@@ -156,7 +173,7 @@ def build_streaming_tokenizer(kind, chunks, *, sample_bytes=DEFAULT_SAMPLE_BYTES
             unk_token=unk, eos_token=eos, double_eos=double_eos)
     if kind == "char":
         if options.get("vocabulary_file"):
-            vocabulary = read_vocabulary_file(options.pop("vocabulary_file"))
+            vocabulary = read_vocabulary_file(options.pop("vocabulary_file"), "char")
             return tokenizers.CharTokenizer(vocabulary, unk_token=options.get(
                 "unk_token", UNK_TOKEN))
         unknown = sorted(set(options) - set(_CHAR_FIT))

@@ -31,6 +31,7 @@ prints the paths written (one a line, on stdout) and returns 0, or raises
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 FORMATS = ("saved_model", "tflite", "all")
@@ -101,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--stateful", action="store_true",
         help="TFLite: keep the memory inside the model (signatures without "
         "memory, plus reset)",
+    )
+    parser.add_argument(
+        "--max-request-gib", dest="max_request_gib", type=float, default=None,
+        help="SavedModel: the most one request may allocate, in GiB: "
+        "initial_memory's memory and the activations of a segment, which grow "
+        "with its length squared (default: 4 for the memory, 16 for a segment)",
     )
     parser.add_argument(
         "--no-warmup", dest="warmup", action="store_false",
@@ -177,6 +184,17 @@ def check_arguments(args):
         if value is not None and value <= 0:
             raise ValueError(f"--{option.replace('_', '-')} must be positive, "
                              f"received {value}.")
+    gib = args.max_request_gib
+    if gib is not None and not (math.isfinite(gib) and gib * (1 << 30) >= 1):
+        raise ValueError(f"--max-request-gib must be a positive number of GiB, "
+                         f"received {gib}.")
+    if gib is not None and args.format == "tflite":
+        raise ValueError("--max-request-gib applies to the SavedModel, and --format "
+                         "tflite writes none (a TFLite model's shapes are fixed).")
+    if args.version >= 2**63:
+        raise ValueError(
+            f"--version must be below 2**63 (TF Serving reads version folders as "
+            f"int64 and would never serve this one), received {args.version}.")
     if args.memory_length is not None and args.memory_length < 0:
         raise ValueError(
             f"--memory-length must be >= 0, received {args.memory_length}.")
@@ -193,6 +211,18 @@ def check_arguments(args):
         raise ValueError(
             f"--name must be a plain name (no path separators, not . or ..), "
             f"received {name!r}: the exports are written inside --out.")
+    from keras_txl.export.tflite import side_file_names
+
+    side = side_file_names()
+    clash = (args.format in ("tflite", "all") and os.path.splitext(tflite_file_name(
+        name, args.quantize, args.stateful))[0] + ".json" in side) or (
+        args.format == "all" and name in side)
+    if clash:
+        # A TFLite export writes these beside its .tflite file; its own
+        # record (<name>.json) or the SavedModel's folder would replace one.
+        raise ValueError(
+            f"--name {name!r} would collide with the files a TFLite export writes "
+            f"beside the model in --out ({', '.join(side)}): choose another name.")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise ValueError(
             f"--out {args.out!r} is a file: it must be a folder (new or existing) "
@@ -288,6 +318,14 @@ def _run(args):
     model, tokenizer_dir = _load(args)
     if args.memory_length is not None:
         model = model.with_settings(memory_length=args.memory_length)
+    path = os.path.join(args.out, tflite_file_name(args.name, args.quantize, args.stateful))
+    if args.format == "all":
+        # What the TFLite export would refuse, before the SavedModel is
+        # written: a half-done export is worse than none.
+        from keras_txl.export.tflite import check_tflite_export
+
+        check_tflite_export(model, {args.quantize: path}, stateful=args.stateful,
+                            tokenizer_dir=tokenizer_dir)
     if args.format in ("saved_model", "all"):
         from keras_txl.export.saved_model import export_saved_model
 
@@ -297,13 +335,12 @@ def _run(args):
             segment_length=args.saved_model_segment_length,
             tokenizer_dir=tokenizer_dir, warmup=args.warmup,
             overwrite=args.overwrite,
+            max_request_bytes=(None if args.max_request_gib is None
+                               else int(args.max_request_gib * (1 << 30))),
         ), flush=True)
     if args.format in ("tflite", "all"):
         from keras_txl.export.tflite import export_tflite
 
-        path = os.path.join(
-            args.out, tflite_file_name(args.name, args.quantize, args.stateful)
-        )
         print(export_tflite(
             model, path, batch_size=args.batch_size or 1,
             segment_length=args.segment_length

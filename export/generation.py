@@ -26,11 +26,18 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from keras_txl import checks
 from keras_txl import register_text_ops
 from keras_txl.config import TransformerXLConfig
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
 from keras_txl.export.tflite import TFLiteRunner
+
+
+def one_row_memory(memory, row_shape, batch):
+    """A checked (1, L, M, D) memory (`checks.one_text_memory`) repeated over
+    the exported model's fixed batch."""
+    return np.repeat(checks.one_text_memory("memory", memory, row_shape), batch, 0)
 
 
 class SavedModelBackend:
@@ -124,9 +131,8 @@ class SavedModelBackend:
                 (1, cfg.num_layers, cfg.memory_length, cfg.hidden_dim),
                 np.float32,
             )
-        return tf.convert_to_tensor(
-            np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
-        )
+        return tf.convert_to_tensor(one_row_memory(
+            memory, (cfg.num_layers, cfg.memory_length, cfg.hidden_dim), self.batch_size))
 
     def run(self, token_ids, state, position=-1):
         token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
@@ -185,7 +191,7 @@ class TFLiteBackend:
     def initial_state(self, memory=None):
         if memory is None:
             return np.zeros(self.memory_shape, np.float32)
-        return np.repeat(np.asarray(memory, np.float32)[:1], self.batch_size, 0)
+        return one_row_memory(memory, self.memory_shape[1:], self.batch_size)
 
     def run(self, token_ids, state, position=-1):
         token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
@@ -247,8 +253,8 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             "`prompt_ids` must be a non-empty 1-D sequence of int ids, "
             f"received shape {prompt.shape} and dtype {prompt.dtype}."
         )
-    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0):
+    if (isinstance(max_new_tokens, (bool, np.bool_))
+            or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0):
         raise ValueError(
             "`max_new_tokens` must be an integer >= 0, received "
             f"max_new_tokens={max_new_tokens!r}."
@@ -256,7 +262,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
     stops = set(int(i) for i in (stop_token_ids or ()))
     batch = runner.batch_size
     state = (np.zeros(runner.memory_shape, np.float32) if memory is None
-             else np.repeat(np.asarray(memory, np.float32)[:1], batch, 0))
+             else one_row_memory(memory, tuple(runner.memory_shape)[1:], batch))
     sampler = sampler_from_options(temperature, top_k, top_p, seed)
 
     def feed(token, state):

@@ -171,15 +171,20 @@ def write_saved_model(
     checks=True,
     names=sig.SAVED_MODEL_SIGNATURES,
     generate=None,
+    max_request_bytes=None,
 ):
     """Writes the bare SavedModel (no side files) to `directory`.
 
     Args:
         generate: bool or None. Add the `generate` signatures (None: when
             the model has a preprocessor).
+        max_request_bytes: int or None. The most one call may allocate
+            (see `export_saved_model`); None: the defaults.
     """
+    caps = {} if max_request_bytes is None else {
+        "max_memory_bytes": max_request_bytes, "max_request_bytes": max_request_bytes}
     functions = sig.signature_functions(
-        model, batch_size, segment_length, checks=checks, names=names
+        model, batch_size, segment_length, checks=checks, names=names, **caps
     )
     if generate is None:
         generate = has_generate(model)
@@ -200,6 +205,7 @@ def export_saved_model(
     tokenizer_dir: str | None = None,
     warmup: bool = True,
     overwrite: bool = False,
+    max_request_bytes: int | None = None,
 ) -> str:
     """Exports `model` to `<out_dir>/<name>/<version>/` for TF Serving.
 
@@ -216,6 +222,12 @@ def export_saved_model(
             `assets.extra/tokenizer/`.
         warmup: bool. Write `assets.extra/tf_serving_warmup_requests`.
         overwrite: bool. Replace an existing version folder.
+        max_request_bytes: int or None. The most one call of the id-level
+            signatures may allocate: `initial_memory`'s memory, and the
+            activations of `serving_default`/`score`/`next_token`
+            (`signatures.request_bytes`, quadratic in the segment length);
+            a larger request is refused before anything is allocated.
+            None: 4 GiB of memory and 16 GiB of activations.
 
     Returns:
         str. The version folder.
@@ -227,6 +239,11 @@ def export_saved_model(
     if not isinstance(name, str) or not name or os.sep in name or name in (".", ".."):
         raise ValueError(f"`name` must be a plain folder name, received {name!r}.")
     checks.positive_int("version", version, allow_none=False)
+    checks.positive_int("max_request_bytes", max_request_bytes, allow_none=True)
+    if version >= 2**63:
+        raise ValueError(
+            f"`version` must be below 2**63 (TF Serving reads version folders as "
+            f"int64 and would never serve this one), received {version}.")
     checks.positive_int("batch_size", batch_size, allow_none=True)
     checks.positive_int("segment_length", segment_length, allow_none=True)
     base = os.path.join(out_dir, name)
@@ -246,7 +263,7 @@ def export_saved_model(
         generate = has_generate(model)
         write_saved_model(
             model, staging, batch_size=batch_size, segment_length=segment_length,
-            generate=generate,
+            generate=generate, max_request_bytes=max_request_bytes,
         )
         extra = os.path.join(staging, serving.ASSETS_EXTRA)
         names = sig.SAVED_MODEL_SIGNATURES + (
@@ -255,6 +272,9 @@ def export_saved_model(
         info = export_info(
             model, batch_size=batch_size, segment_length=segment_length,
             names=names, model_name=name, version=version,
+            request_caps={
+                "max_memory_bytes": max_request_bytes or sig.MAX_MEMORY_BYTES,
+                "max_request_bytes": max_request_bytes or sig.MAX_REQUEST_BYTES},
             **({"generate_caps": {
                 "max_new_tokens": sig.MAX_NEW_TOKENS_CAP,
                 "max_prompt_tokens": sig.MAX_PROMPT_TOKENS,
@@ -275,9 +295,19 @@ def export_saved_model(
                 os.path.join(extra, serving.WARMUP_FILE), requests
             )
         os.chmod(staging, default_mode(directory=True))
-        if os.path.exists(final):
-            shutil.rmtree(final)
+        old = None
+        if os.path.lexists(final):
+            # The old version moves aside (a non-numeric name, which TF
+            # Serving ignores) and the new one takes its name at once: a
+            # server polling the base path never finds the version missing
+            # or half there, and a kill in between leaves the old version
+            # under a name the next export removes.
+            old = tempfile.mkdtemp(prefix=temporary_prefix(f"{version}_old"), dir=base)
+            os.rmdir(old)
+            os.rename(final, old)
         os.rename(staging, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

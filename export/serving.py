@@ -153,8 +153,11 @@ def resolve_version_dir(path: str) -> str:
     """A version folder, or the highest numbered version under a base path."""
     if os.path.exists(os.path.join(path, "saved_model.pb")):
         return path
+    # As TF Serving reads a base path: folders named by an int64 (ASCII
+    # digits; "02" is version 2), the highest served.
     versions = [
-        int(n) for n in os.listdir(path) if n.isdigit() and os.path.exists(
+        (int(n), n) for n in os.listdir(path)
+        if n.isascii() and n.isdigit() and int(n) < 2**63 and os.path.exists(
             os.path.join(path, n, "saved_model.pb")
         )
     ] if os.path.isdir(path) else []
@@ -164,4 +167,4 @@ def resolve_version_dir(path: str) -> str:
             "numbered version folder under it (<base>/<version>/saved_model.pb, as "
             "txl export --format saved_model writes <out>/<name>/<version>/)."
         )
-    return os.path.join(path, str(max(versions)))
+    return os.path.join(path, max(versions)[1])

@@ -262,7 +262,7 @@ class RestTransport:
                 "`url` must be an http:// or https:// server root such as "
                 f"'http://localhost:8501', received {url!r}."
             )
-        _check_number("timeout", timeout, positive=True)
+        _check_number("timeout", timeout, positive=True, most=MAX_TIMEOUT_SECONDS)
         _check_number("backoff", backoff)
         checks.positive_int("max_response_bytes", max_response_bytes)
         if (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)
@@ -404,10 +404,18 @@ class RestTransport:
         pass
 
 
-def _check_number(name, value, positive=False):
+# The longest wait a timeout may ask for: Python's locks and sockets refuse
+# more (OverflowError), and gRPC's deadline overflows just above it.
+MAX_TIMEOUT_SECONDS = min(threading.TIMEOUT_MAX, 1e9)
+
+
+def _check_number(name, value, positive=False, most=None):
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not math.isfinite(value) or value < 0 or (positive and value == 0)):
+            or not math.isfinite(value) or value < 0 or (positive and value == 0)
+            or (most is not None and value > most)):
         expected = "a finite number > 0" if positive else "a finite number >= 0"
+        if most is not None:
+            expected += f" and <= {most:g}"
         raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}.")
 
 
@@ -433,7 +441,7 @@ class GrpcTransport:
                  backoff=0.5):
         import grpc
 
-        _check_number("timeout", timeout, positive=True)
+        _check_number("timeout", timeout, positive=True, most=MAX_TIMEOUT_SECONDS)
         _check_number("backoff", backoff)
         if (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)
                 or retries < 0):
@@ -519,6 +527,9 @@ class TXLServingClient:
     def __init__(self, transport):
         self.transport = transport
         self.memory = None
+        # The new ids of the last `generate`, one array per prompt: exact
+        # where the text is not (a continuation may end inside a character).
+        self.token_ids = None
         # V, learnt from the first log-probs answer: later ones must agree.
         self.vocabulary_size = None
 
@@ -672,7 +683,10 @@ class TXLServingClient:
             (B, L, M, D) float32 memory after each prompt and its
             continuation (also kept as `self.memory`, so `step` /
             `next_token` / another `generate(memory=client.memory)` go on
-            from it).
+            from it). The continuations' ids are kept as `self.token_ids`
+            (B int32 arrays): a text is decoded from its ids, and one that
+            stops inside a multi-byte character (a byte or subword
+            tokenizer) ends in U+FFFD where the ids are exact.
 
         Raises:
             ValueError: bad arguments (before anything is sent).
@@ -689,6 +703,17 @@ class TXLServingClient:
                 "`prompts` must be a non-empty list of non-empty strings, "
                 f"received {_short(repr(prompts), 200)}."
             )
+        for index, prompt in enumerate(prompts):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as error:
+                # Lone surrogates (e.g. undecodable bytes of a shell argument
+                # read with surrogateescape) are not text: gRPC cannot send
+                # them and REST would send escapes the server drops.
+                raise ValueError(
+                    f"`prompts`[{index}] is not valid Unicode text (a lone surrogate "
+                    f"{prompt[error.start]!r} at character {error.start}): pass UTF-8 "
+                    "text.") from None
         max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
         _check_number("temperature", temperature)
         top_k = checks.non_negative_int("top_k", top_k)
@@ -739,7 +764,8 @@ class TXLServingClient:
             inputs[MEMORY] = previous.astype(np.float32)
             signature = GENERATE_FROM_MEMORY
         out = self.transport.predict(
-            signature, inputs, output_names=[TEXTS, MEMORY], form="inputs",
+            signature, inputs, output_names=[TEXTS, MEMORY, TOKEN_IDS, LENGTHS],
+            form="inputs",
         )
         texts = out.get(TEXTS)
         if texts is None or texts.shape != (batch,) or texts.dtype != object:
@@ -753,7 +779,21 @@ class TXLServingClient:
                 f"The server's `{signature}` answer has `{LENGTHS}` of shape "
                 f"{np.asarray(out[LENGTHS]).shape}, expected ({batch},)."
             )
+        ids, lengths = out.get(TOKEN_IDS), out.get(LENGTHS)
+        if ids is not None and lengths is not None:
+            ids, lengths = np.asarray(ids), np.asarray(lengths)
+            if (ids.ndim != 2 or ids.shape[0] != batch or ids.dtype.kind not in "iu"
+                    or lengths.dtype.kind not in "iu" or np.any(lengths < 0)
+                    or np.any(lengths > ids.shape[1])):
+                raise ServingError(
+                    f"The server's `{signature}` answer has `{TOKEN_IDS}` of shape "
+                    f"{ids.shape} ({ids.dtype}) and `{LENGTHS}` {lengths.tolist()}, "
+                    f"expected ({batch}, N) ids and lengths in [0, N].")
+            token_ids = [ids[row, :lengths[row]].astype(np.int32) for row in range(batch)]
+        else:
+            token_ids = None
         self.memory = self._checked_memory(out, signature, batch, previous)
+        self.token_ids = token_ids
         return [str(t) for t in texts], self.memory
 
     def close(self):

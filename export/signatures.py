@@ -69,6 +69,8 @@ MAX_GENERATE_BATCH = 256
 SAVED_MODEL_SIGNATURES = (SERVING_DEFAULT, INITIAL_MEMORY, SCORE, NEXT_TOKEN)
 # The largest memory `initial_memory` allocates for one request (4 GiB).
 MAX_MEMORY_BYTES = 4 << 30
+# What one call's activations may need (`request_bytes`), by default.
+MAX_REQUEST_BYTES = 16 << 30
 TFLITE_SIGNATURES = (SERVING_DEFAULT, SCORE, NEXT_TOKEN)
 STATEFUL_TFLITE_SIGNATURES = (SERVING_DEFAULT, SCORE, NEXT_TOKEN, RESET)
 
@@ -224,6 +226,43 @@ def _check_token_ids(token_ids, name, spec, vocabulary_size, checks):
     return token_ids
 
 
+# A request's activations, as multiples of its largest tensors: about eight
+# (B, N, T, T + M) float32 score-sized tensors live at once in a layer's
+# attention (scores, their two terms, the shift's copy, probabilities ...),
+# and two (B, T, V) ones at the head. Measured on the tiny preset's export:
+# T = 8,000 peaked at 4.8 GB of RSS, where this counts 4.1 GB.
+_SCORE_TENSORS = 8
+_HEAD_TENSORS = 2
+
+
+def request_bytes(config, batch_size, segment_length):
+    """Bytes of activations a call of `segment_length` tokens on
+    `batch_size` rows needs (an estimate, see `_SCORE_TENSORS`): the
+    attention's are quadratic in the segment length."""
+    keys = segment_length + config.memory_length
+    return 4 * batch_size * segment_length * (
+        _SCORE_TENSORS * config.num_heads * keys
+        + _HEAD_TENSORS * config.vocabulary_size)
+
+
+def _check_request_size(token_ids, config, max_bytes):
+    """Refuses a request whose activations (`request_bytes`) exceed
+    `max_bytes`, before any of them is allocated: one request of 32,000
+    tokens (a 200 KB body) would otherwise ask for ~70 GB."""
+    import tensorflow as tf
+
+    shape = tf.cast(tf.shape(token_ids), tf.float64)  # no int overflow
+    check = tf.debugging.assert_less_equal(
+        request_bytes(config, shape[0], shape[1]),
+        tf.constant(float(max_bytes), tf.float64),
+        message=f"this request's batch x segment length needs more than "
+        f"max_request_bytes={max_bytes} of activations (the attention's grow with "
+        "the square of the segment length): send the text in shorter segments, "
+        "carrying the memory, or fewer rows")
+    with tf.control_dependencies([check]):
+        return tf.identity(token_ids)
+
+
 def _check_memory(memory, token_ids, spec, checks):
     import tensorflow as tf
 
@@ -258,6 +297,7 @@ def signature_functions(
     checks: bool = True,
     names: tuple = SAVED_MODEL_SIGNATURES,
     max_memory_bytes: int = MAX_MEMORY_BYTES,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> dict:
     """Pure functions of the SavedModel / stateless TFLite signatures.
 
@@ -273,6 +313,10 @@ def signature_functions(
         max_memory_bytes: int. `initial_memory` refuses a `batch_size` whose
             memory is larger (default 4 GiB), so one request cannot
             allocate hundreds of GB.
+        max_request_bytes: int. The id-level signatures refuse a call
+            whose activations (`request_bytes`: the attention's grow with
+            the square of the segment length) would be larger (default
+            16 GiB), before allocating them.
 
     Returns:
         `{name: (function, [TensorSpec, ...])}`; each function takes the
@@ -291,13 +335,15 @@ def signature_functions(
     if max_batch < 1:
         raise ValueError(
             f"max_memory_bytes={max_memory_bytes} is smaller than one row of "
-            f"memory ({row_bytes} bytes); raise it."
+            f"memory ({row_bytes} bytes); raise it (`txl export --max-request-gib`)."
         )
 
     def forward(token_ids, memory):
         token_ids = _check_token_ids(
             token_ids, TOKEN_IDS, specs[TOKEN_IDS], V, checks
         )
+        if checks:
+            token_ids = _check_request_size(token_ids, config, max_request_bytes)
         memory = _check_memory(memory, token_ids, specs[MEMORY], checks)
         out = model.call_with_memory(token_ids, memory, training=False)
         log_probs = tf.ensure_shape(

@@ -55,6 +55,8 @@ from keras_txl.export.signatures import SERVING_DEFAULT
 from keras_txl.export.signatures import TARGETS
 from keras_txl.export.signatures import TOKEN_IDS
 from keras_txl.safe_files import atomic_write_bytes
+from keras_txl.safe_files import remove_stale_temporaries
+from keras_txl.safe_files import temporary_prefix
 
 QUANTIZATIONS = ("none", "float16", "dynamic_int8")
 VOCABULARY_FILE = "vocabulary.json"
@@ -240,6 +242,86 @@ def write_vocabulary(tokenizer, directory: str) -> list:
     return paths
 
 
+def side_file_names() -> tuple:
+    """The names a TFLite export may write beside its .tflite files (the
+    model's config, its tokenizer folder, the app's vocabulary files): no
+    TFLite file's `<stem>.json`, and no SavedModel folder in the same
+    `--out`, may take one of them."""
+    from keras_txl.export.saved_model import CONFIG_FILE
+    from keras_txl.export.saved_model import TOKENIZER_DIR
+    from keras_txl.tokenizers import EXPORT_INFO_FILE
+    from keras_txl.tokenizers import EXPORT_VOCABULARY_FILE
+    from keras_txl.tokenizers import SENTENCEPIECE_ASSET
+
+    return (CONFIG_FILE, TOKENIZER_DIR, EXPORT_VOCABULARY_FILE, EXPORT_INFO_FILE,
+            SENTENCEPIECE_ASSET, VOCABULARY_FILE, VOCABULARY_INFO_FILE)
+
+
+def _check_stems(out_paths):
+    reserved = side_file_names()
+    for path in out_paths.values():
+        record = os.path.splitext(os.path.basename(path))[0] + ".json"
+        if record in reserved:
+            raise ValueError(
+                f"The TFLite file {path} would write its export record to {record}, "
+                f"one of the side files written beside it ({', '.join(reserved)}): "
+                "name the file otherwise (`txl export --name`).")
+
+
+def check_tflite_export(model, out_paths: dict, *, stateful: bool = False,
+                        tokenizer_dir: str | None = None) -> None:
+    """What `export_tflite_variants` refuses before it converts, checked
+    without writing anything: a stateless model without memory, a file
+    name whose record would replace a side file, and a folder holding
+    another model's side files. `txl export --format all` calls it before
+    the SavedModel is written, so that a refused TFLite export leaves no
+    half-done export behind."""
+    from keras_txl.export import saved_model
+
+    model = float32_model(saved_model.pure_model(model))
+    _check_memory(model, stateful)
+    _check_stems(out_paths)
+    with tempfile.TemporaryDirectory(prefix="txl-tflite-check-") as tmp:
+        _stage_side_files(model, tmp, tokenizer_dir)
+        for directory in sorted({os.path.dirname(os.path.abspath(p))
+                                 for p in out_paths.values()}):
+            _check_side_files(tmp, directory)
+
+
+def _check_sizes(config, batch_size, segment_length):
+    """A TFLite model's fixed shapes within the SavedModel's default caps
+    (a memory of `signatures.MAX_MEMORY_BYTES`, a call's activations of
+    `MAX_REQUEST_BYTES`), before anything is allocated: a stateful model's
+    memory variable is allocated while tracing (--batch-size 10**8 ran out
+    of memory in TensorFlow), and the model runs on a device."""
+    from keras_txl.export import signatures as sig
+
+    memory = 4 * batch_size * config.num_layers * config.memory_length * config.hidden_dim
+    activations = sig.request_bytes(config, batch_size, segment_length)
+    for what, needed, most in (("memory", memory, sig.MAX_MEMORY_BYTES),
+                               ("activations of one call", activations,
+                                sig.MAX_REQUEST_BYTES)):
+        if needed > most:
+            raise ValueError(
+                f"batch_size={batch_size} (--batch-size) and segment_length="
+                f"{segment_length} (--segment-length) give the TFLite model "
+                f"{needed / (1 << 30):.1f} GiB of {what}, more than "
+                f"{most / (1 << 30):g} GiB: export a smaller batch or segment.")
+
+
+def _check_memory(model, stateful):
+    if not stateful and model.txl_config.memory_length == 0:
+        # The memory input would be (B, L, 0, D): LiteRT refuses a tensor
+        # with a 0-size dimension when the model runs ("Invalid tensor
+        # size"), so the file would convert and never run.
+        raise ValueError(
+            "A stateless TFLite model needs memory_length >= 1 (its memory "
+            "input and output would have a 0-size dimension, which LiteRT "
+            "cannot run); this model has memory_length=0. Export it with "
+            "stateful=True (`--stateful`), or with a memory (--memory-length)."
+        )
+
+
 def export_tflite_variants(
     model,
     out_paths: dict,
@@ -270,18 +352,17 @@ def export_tflite_variants(
             f"{unknown or 'nothing'}."
         )
     model = float32_model(saved_model.pure_model(model))
-    if not stateful and model.txl_config.memory_length == 0:
-        # The memory input would be (B, L, 0, D): LiteRT refuses a tensor
-        # with a 0-size dimension when the model runs ("Invalid tensor
-        # size"), so the file would convert and never run.
-        raise ValueError(
-            "A stateless TFLite model needs memory_length >= 1 (its memory "
-            "input and output would have a 0-size dimension, which LiteRT "
-            "cannot run); this model has memory_length=0. Export it with "
-            "stateful=True (`--stateful`), or with a memory (--memory-length)."
-        )
+    _check_memory(model, stateful)
+    _check_sizes(model.txl_config, batch_size, segment_length)
+    _check_stems(out_paths)
     directories = sorted({os.path.dirname(os.path.abspath(p)) for p in out_paths.values()})
-    with tempfile.TemporaryDirectory(prefix="txl-tflite-") as tmp:
+    for directory in directories:
+        os.makedirs(directory, exist_ok=True)
+        remove_stale_temporaries(directory)
+    # The SavedModel converted is as big as the model: staged in the output
+    # folder under a name the next export there removes if this one is killed.
+    with tempfile.TemporaryDirectory(dir=directories[0],
+                                     prefix=temporary_prefix("tflite")) as tmp:
         # The side files first (cheap), so a folder holding another model's
         # is refused before the conversion (minutes), and nothing is written.
         side = os.path.join(tmp, "side")

@@ -92,6 +92,22 @@ def finite_float32(name, value, hint=""):
     return array
 
 
+def one_text_memory(name, value, row_shape):
+    """A (1, L, M, D) memory to continue one text from (generation decodes
+    one text): float32 with no NaN/Inf after the cast, of exactly that
+    shape, or a ValueError naming `name` (a memory of several rows was cut
+    to its first in silence)."""
+    array = finite_float32(name, value, "pass a memory returned by the model "
+                           "(e.g. after a prompt) or None.")
+    expected = (1, *tuple(row_shape))
+    if array.shape != expected:
+        raise ValueError(
+            f"`{name}` must have shape (1, num_layers, memory_length, hidden_dim) = "
+            f"{expected} (generation decodes one text), received shape {array.shape}."
+        )
+    return array
+
+
 # The dtypes a stored weight may have: it is cast to the variable's dtype on
 # load, which is exact for these and silently wrong for integers or booleans.
 WEIGHT_DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -867,8 +867,12 @@ def _serve_client(args):
             )
         except ServingError as e:
             raise ValueError(f"the server answered: {e}") from e
-    for prompt, text in zip(args.prompt, texts):
-        print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
+    ids = client.token_ids or [None] * len(texts)
+    for prompt, text, row in zip(args.prompt, texts, ids):
+        line = {"prompt": prompt, "text": text}
+        if row is not None:  # exact where the text may not be (a cut character)
+            line["token_ids"] = row.tolist()
+        print(json.dumps(line, ensure_ascii=False))
     return 0
 
 

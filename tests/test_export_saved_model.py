@@ -429,3 +429,104 @@ def test_side_files_hold_the_tokenizer_alone_when_it_lives_in_a_preset(tmp_path)
                    for p in (tmp_path / "out" / "tokenizer").rglob("*") if p.is_file())
     assert not [f for f in files if f.endswith(".h5") or f in ("config.json", "task.json")], files
     assert load_tokenizer(tmp_path / "out" / "tokenizer").get_vocabulary() == words
+
+
+def test_overwrite_removes_the_old_version_only_after_the_new_one_is_in_place(
+        exported, tmp_path, monkeypatch):
+    # The old version folder was deleted before the new one was renamed in:
+    # a TF Serving polling the base path found no version, and a kill in
+    # between lost both.
+    import shutil
+
+    out = tmp_path / "out"
+    saved_model.export_saved_model(exported.model, str(out), warmup=False)
+    final = out / "txl" / "1"
+    removed, real = [], shutil.rmtree
+
+    def watched(path, *args, **kwargs):
+        if os.path.basename(str(path)).startswith(".tmp-1_old-"):
+            assert (final / "saved_model.pb").is_file(), "old removed before new in place"
+        removed.append(os.path.basename(str(path)))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", watched)
+    assert saved_model.export_saved_model(
+        exported.model, str(out), warmup=False, overwrite=True) == str(final)
+    assert any(name.startswith(".tmp-1_old-") for name in removed)
+    assert sorted(os.listdir(out / "txl")) == ["1"]
+    assert (final / "saved_model.pb").is_file()
+
+
+def test_one_request_cannot_ask_for_unbounded_activations(exported, tmp_path):
+    # The id-level signatures took any segment length: memory grows with its
+    # square (T = 8,000 peaked at 4.8 GB on the tiny preset). A request whose
+    # activations exceed the cap is refused before they are allocated.
+    config = exported.model.txl_config
+    small = sig.request_bytes(config, 1, 8)
+    assert sig.request_bytes(config, 1, 64) > 20 * small  # quadratic in T
+    out = tmp_path / "out"
+    run_cli("--workdir", exported.tmp / "run", "--out", out, "--no-warmup",
+            "--max-request-gib", small / (1 << 30))
+    info = json.load(open(out / "txl" / "1" / serving.ASSETS_EXTRA / "export.json"))
+    assert info["request_caps"]["max_request_bytes"] == int(small / (1 << 30) * (1 << 30))
+    signatures = tf.saved_model.load(str(out / "txl" / "1")).signatures
+    memory = signatures["initial_memory"](batch_size=tf.constant(1))["memory"]
+    ok = signatures["serving_default"](token_ids=tf.zeros((1, 8), tf.int32), memory=memory)
+    assert ok["log_probs"].shape == (1, 8, config.vocabulary_size)
+    for ids in (tf.zeros((1, 9), tf.int32), tf.zeros((2, 8), tf.int32)):
+        memory = signatures["initial_memory"](batch_size=tf.constant(ids.shape[0]))["memory"]
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="needs more than max_request_bytes=.*shorter segments"):
+            signatures["score"](token_ids=ids, targets=ids, memory=memory)
+    with pytest.raises(ValueError, match="--max-request-gib must be a positive number"):
+        run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "o", "--max-request-gib", 0)
+
+
+def test_version_folders_read_as_tf_serving_reads_them(exported, tmp_path):
+    import shutil
+
+    with pytest.raises(ValueError, match=r"`version` must be below 2\*\*63"):
+        saved_model.export_saved_model(exported.model, str(tmp_path), version=2**63)
+    with pytest.raises(ValueError, match=r"--version must be below 2\*\*63"):
+        run_cli("--workdir", exported.tmp / "run", "--out", tmp_path, "--version", 2**64)
+    base = tmp_path / "base"
+    base.mkdir()
+    shutil.copytree(exported.version_dir, base / "02")  # version 2, as TF Serving reads it
+    (base / "١٠").mkdir()  # Arabic-Indic digits: not a version folder
+    assert serving.resolve_version_dir(str(base)) == str(base / "02")
+    shutil.copytree(exported.version_dir, base / "10")
+    assert serving.resolve_version_dir(str(base)) == str(base / "10")
+
+
+def test_names_that_would_replace_side_files_are_refused(exported, tmp_path):
+    # `--name config` wrote the TFLite export record over the model's
+    # config.json (and `--name tokenizer_info` over the app's tokenizer info).
+    from keras_txl.export import tflite
+
+    run = exported.tmp / "run"
+    for name, fmt in (("config", "tflite"), ("tokenizer_info", "tflite"),
+                      ("vocabulary", "all"), ("tokenizer", "all")):
+        with pytest.raises(ValueError, match=f"--name '{name}' would collide with the files"):
+            run_cli("--workdir", run, "--out", tmp_path / "o", "--format", fmt, "--name", name)
+    assert not (tmp_path / "o").exists() or os.listdir(tmp_path / "o") == []
+    with pytest.raises(ValueError, match="would write its export record to config.json"):
+        tflite.export_tflite(exported.model, str(tmp_path / "t" / "config.tflite"),
+                             batch_size=1, segment_length=4)
+
+
+def test_format_all_refuses_what_tflite_would_refuse_before_writing_the_saved_model(
+        exported, tmp_path):
+    # The SavedModel was written, printed, and then the TFLite step failed
+    # (another model's side files in --out; a model of memory_length 0).
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"another": "model"}')
+    with pytest.raises(ValueError, match="already holds config.json of another model"):
+        run_cli("--workdir", exported.tmp / "run", "--out", out, "--format", "all")
+    assert os.listdir(out) == ["config.json"]
+    zero = tmp_path / "zero"
+    keras_txl.save_pretrained(
+        keras_txl.TransformerXLCausalLM(tiny_config(memory_length=0)), str(zero / "model"))
+    with pytest.raises(ValueError, match="stateless TFLite model needs memory_length >= 1"):
+        run_cli("--workdir", zero, "--out", tmp_path / "z", "--format", "all")
+    assert not (tmp_path / "z" / "txl").exists()

@@ -395,3 +395,31 @@ def test_token_by_token_tflite_equals_generate_and_ships_the_vocabulary(tmp_path
     print(f"max |memory(TFLite) - memory(generate)| = {worst:.2e}")
     with pytest.raises(ValueError, match="non-empty 1-D"):
         tflite_generate(runner, [], 1)
+
+
+def test_shapes_too_large_for_a_device_are_refused_before_allocating(artifacts, tmp_path):
+    # --batch-size 10**8 --stateful allocated the memory variable while tracing
+    # (TensorFlow's OOM traceback).
+    with pytest.raises(ValueError, match=r"batch_size=100000000 .* GiB of memory, more "
+                                         r"than 4 GiB"):
+        tflite.export_tflite(artifacts.model, str(tmp_path / "m.tflite"),
+                             batch_size=10**8, segment_length=4, stateful=True)
+    with pytest.raises(ValueError, match=r"GiB of activations of one call"):
+        tflite.export_tflite(artifacts.model, str(tmp_path / "m.tflite"),
+                             batch_size=1, segment_length=200_000)
+    assert os.listdir(tmp_path) == []
+
+
+def test_one_text_memory_is_checked_not_cut_to_its_first_row(artifacts):
+    # tflite_generate(memory=(2, L, M, D)) used row 0 and dropped row 1; so did
+    # the TFLite and SavedModel backends' initial_state.
+    from keras_txl.export.generation import TFLiteBackend
+
+    backend = TFLiteBackend.from_file(artifacts.paths["float32"])
+    shape = tuple(backend.memory_shape)[1:]
+    one = np.random.default_rng(0).normal(size=(1, *shape)).astype(np.float32)
+    np.testing.assert_array_equal(backend.initial_state(one), np.repeat(one, B, 0))
+    with pytest.raises(ValueError, match=r"`memory` must have shape \(1, num_layers"):
+        backend.initial_state(np.zeros((2, *shape), np.float32))
+    with pytest.raises(ValueError, match="`memory` contains NaN"):
+        backend.initial_state(np.full((1, *shape), np.nan, np.float32))

@@ -278,6 +278,9 @@ def test_client_generate_matches_the_signature_and_continues(deployed_text, kind
         assert all(isinstance(t, str) for t in texts)
         np.testing.assert_allclose(memory, direct[sig.MEMORY], atol=1e-6, rtol=0)
         assert client.memory is memory
+        # The exact new ids, which the texts are decoded from.
+        assert [ids.tolist() for ids in client.token_ids] == [
+            row[:n].tolist() for row, n in zip(direct[sig.TOKEN_IDS], direct[sig.LENGTHS])]
         # Continue from the memory: generate_from_memory.
         more, memory = client.generate(["!", " é", "."], 4, memory=memory,
                                        temperature=0.9, top_k=20, seed=7)
@@ -307,6 +310,8 @@ def test_client_generate_checks_its_arguments_before_sending(deployed_text):
         ({"top_p": 0.0}, "top_p"),
         ({"seed": 1.5}, "seed"),
         ({"memory": np.zeros((2, 2, 48, 32), np.float32)}, "batch 1"),
+        # An undecodable shell argument (surrogateescape) is not text.
+        ({"prompts": ["ok", "bad \udcff"]}, r"`prompts`\[1\] is not valid Unicode"),
     ]:
         arguments = {"prompts": ["a"], "max_new_tokens": 2, **kwargs}
         with pytest.raises(ValueError, match=message):
@@ -327,8 +332,9 @@ def test_txl_serve_client_generate_prints_one_json_line_per_prompt(
     assert code == 0
     direct = _direct_generate(deployed_text, sig.GENERATE, TEXT_PROMPTS[:2], 5)
     assert [json.loads(line) for line in lines] == [
-        {"prompt": p, "text": t.decode("utf-8")}
-        for p, t in zip(TEXT_PROMPTS[:2], direct[sig.TEXTS])
+        {"prompt": p, "text": t.decode("utf-8"), "token_ids": ids[:n].tolist()}
+        for p, t, ids, n in zip(TEXT_PROMPTS[:2], direct[sig.TEXTS],
+                                direct[sig.TOKEN_IDS], direct[sig.LENGTHS])
     ]
     code = main(["serve-client", "generate", *server, "--prompt", "a",
                  "--max-new-tokens", str(sig.MAX_NEW_TOKENS_CAP + 1)])

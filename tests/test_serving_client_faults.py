@@ -204,6 +204,9 @@ def test_transport_and_reset_arguments_are_checked():
     for kwargs, message in (
         ({"timeout": 0}, "`timeout` must be a finite number > 0"),
         ({"timeout": float("nan")}, "`timeout` must be"),
+        # Python's timers overflowed (REST: OverflowError traceback) and gRPC's
+        # deadline failed every call at once.
+        ({"timeout": 1e10}, r"`timeout` must be a finite number > 0 and <= 1e\+09"),
         ({"retries": -1}, "`retries` must be an integer >= 0"),
         ({"retries": True}, "`retries` must be an integer >= 0"),
         ({"backoff": -1.0}, "`backoff` must be a finite number >= 0"),

@@ -102,11 +102,17 @@ class TransformerXLConfig:
 
     def __post_init__(self):
         # Normalise containers so JSON lists and tuples compare equal.
-        object.__setattr__(self, "cutoffs", tuple(self.cutoffs))
-        if self.tie_projections is not None:
-            object.__setattr__(
-                self, "tie_projections", tuple(self.tie_projections)
-            )
+        for name in ("cutoffs", "tie_projections"):
+            value = getattr(self, name)
+            if value is None and name == "tie_projections":
+                continue
+            if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+                expected = ("a list of increasing ints below vocabulary_size ([] for a "
+                            "plain softmax)" if name == "cutoffs" else
+                            "a list of booleans, one per tail cluster, or null")
+                raise ValueError(f"`{name}` must be {expected}. Received: "
+                                 f"{name}={value!r}.")
+            object.__setattr__(self, name, tuple(value))
         # NumPy scalars (np.int64(2), np.float32(0.1)) are numbers like
         # Python's: store them as Python numbers (JSON cannot write them).
         for field in dataclasses.fields(self):

@@ -115,6 +115,27 @@ def _folder_files(directory):
     return found
 
 
+def sha256_tree(path):
+    """sha256 over a file, or over a folder's files (names and contents,
+    in sorted order): what a workdir records of its tokenizer folder."""
+    digest = hashlib.sha256()
+    if os.path.isfile(path):
+        files = [(os.path.basename(path), path)]
+    else:
+        files = []
+        for root, dirs, names in os.walk(path):
+            dirs.sort()
+            for name in sorted(names):
+                full = os.path.join(root, name)
+                files.append((os.path.relpath(full, path), full))
+    for name, full in files:
+        digest.update(name.encode() + b"\0")
+        with open(full, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def write_manifest(directory):
     """Writes `directory/manifest.json`: the size and sha256 of every file
     of the folder, so a loader notices a damaged or changed file (keras-hub

@@ -58,6 +58,20 @@ def weights(model):
     return {w.path: w.numpy().copy() for w in model.model_weights()}
 
 
+def reseal(path):
+    """A checkpoint's manifest rewritten for its files as they are now (a
+    test that edits a checkpoint on purpose)."""
+    import hashlib
+
+    manifest_path = os.path.join(path, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    for name in manifest["files"]:
+        data = open(os.path.join(path, name), "rb").read()
+        manifest["files"][name] = {"bytes": len(data),
+                                   "sha256": hashlib.sha256(data).hexdigest()}
+    json.dump(manifest, open(manifest_path, "w"))
+
+
 def flip_byte(path, offset_from_end=100):
     data = bytearray(open(path, "rb").read())
     data[-offset_from_end] ^= 0xFF
@@ -134,7 +148,20 @@ def test_an_invalid_state_json_names_its_file(tmp_path):
     run = trainer(tmp_path, steps=2)
     run.train(corpus())
     path = run.checkpoints.latest()
-    os.remove(os.path.join(path, "manifest.json"))  # an older, unverifiable one
+    os.remove(os.path.join(path, "manifest.json"))
+    # Written with a manifest (its tensors file says so): deleting the
+    # manifest does not turn verification off.
+    with pytest.raises(CheckpointError, match=r"ckpt-00000002 has no manifest.json, "
+                       "which it was written with"):
+        CheckpointManager.read(path)
+    # An older, unverifiable one (no such mark) loads with a warning; its
+    # state.json is still read with care.
+    from safetensors.numpy import save_file
+
+    tensors_path = os.path.join(path, "state.safetensors")
+    from keras_txl.weights_file import read_safetensors
+
+    save_file(read_safetensors(tensors_path), tensors_path)
     open(os.path.join(path, "state.json"), "w").write("{\"step\": ")
     with pytest.raises(CheckpointError, match=r"ckpt-00000002/state.json is not "
                        r"valid JSON"):
@@ -312,12 +339,18 @@ def test_a_changed_corpus_or_tokenizer_is_refused(tmp_path):
         prepare_data(first, workdir, "char")
 
 
-def test_eval_refuses_workdir_tokens_of_another_tokenizer_than_the_models(tmp_path, capsys):
+@pytest.mark.parametrize("recorded", [True, False])
+def test_eval_refuses_workdir_tokens_of_another_tokenizer_than_the_models(
+        tmp_path, capsys, monkeypatch, recorded):
     # After `rm -r W/data W/tokenizer` and `txl prepare` from another corpus
     # (what the "different content" error suggests), `txl eval --workdir W`
     # scored the old model on ids of the new tokenizer: a perplexity, exit 0.
     import shutil
 
+    from keras_txl.training import loop
+
+    if not recorded:  # a checkpoint of an earlier version: no tokenizer sha256
+        monkeypatch.setattr(loop, "tokenizer_record", lambda tokenizer: {})
     workdir = str(tmp_path / "w")
     assert main(["train", "--data", write_corpus(tmp_path / "a", 0), "--workdir", workdir,
                  "--preset", "tiny", "--tokenizer", "char", "--batch-size", "2",
@@ -341,8 +374,16 @@ def test_eval_refuses_workdir_tokens_of_another_tokenizer_than_the_models(tmp_pa
     assert main(evaluate) == 2
     assert re.search(r"data was encoded with a char tokenizer of \d+ tokens .*not with the "
                      r"model's own .*Pass --data", capsys.readouterr().err)
-    assert main(evaluate + ["--checkpoint", "2"]) == 2
-    assert "was trained on other tokens than" in capsys.readouterr().err
+    message = ("was trained with another tokenizer than" if recorded
+               else "was trained on other tokens than")
+    for extra in (["--checkpoint", "2"], ["--checkpoint", "2", "--data", str(other)]):
+        # A checkpoint holds no tokenizer: the workdir's new one is not its own,
+        # with or without --data (which was encoded with the new tokenizer).
+        assert main(evaluate + extra) == 2
+        assert message in capsys.readouterr().err
+    assert main(["generate", "--workdir", workdir, "--checkpoint", "2", "--prompt", "xy",
+                 "--max-new-tokens", "2"]) == 2
+    assert message in capsys.readouterr().err
     # The prepared data's own tokenizer replaced since: nothing says what made it.
     shutil.rmtree(os.path.join(workdir, "tokenizer"))
     assert main(evaluate) == 2
@@ -437,7 +478,6 @@ def test_a_checkpoints_model_config_is_checked_like_a_model_folders(tmp_path):
     run = trainer(tmp_path, steps=2)
     run.train(corpus())
     path = run.checkpoints.latest()
-    os.remove(os.path.join(path, "manifest.json"))  # edited by hand below
     state_path = os.path.join(path, "state.json")
     state = json.load(open(state_path))
     good = dict(state["model_config"])
@@ -447,6 +487,7 @@ def test_a_checkpoints_model_config_is_checked_like_a_model_folders(tmp_path):
         state["model_config"] = {**good, **change}
         with open(state_path, "w") as f:
             json.dump(state, f)
+        reseal(path)  # edited by hand: the manifest follows
         with pytest.raises(CheckpointError, match=message):
             model_from_checkpoint(path)
 
@@ -535,3 +576,89 @@ def test_txl_train_evaluates_the_validation_split_once_at_the_end(
     argv[argv.index("--steps") + 1] = "4"
     assert main(argv) == 143
     assert "Stopped on SIGTERM during the final evaluation" in caplog.text
+
+
+# --- the training CLI under hostile use (twenty-first session) --------------
+def test_a_stale_latest_json_or_a_file_in_a_checkpoints_place_costs_nothing(tmp_path, caplog):
+    # latest.json is rewritten after the checkpoint's rename: a kill in
+    # between left it naming the one before, and resume, eval and export used
+    # that older one in silence. A file named like the newest checkpoint made
+    # every later save of that step fail.
+    run = trainer(tmp_path)
+    run.train(corpus())  # checkpoints 2, 4, 6
+    manager = run.checkpoints
+    pointer = os.path.join(manager.directory, "latest.json")
+    with open(pointer, "w") as f:
+        json.dump({"name": "ckpt-00000004", "step": 4}, f)
+    assert os.path.basename(manager.latest()) == "ckpt-00000006"
+    assert trainer(tmp_path).restore() == 6
+    import shutil
+
+    shutil.rmtree(os.path.join(manager.directory, "ckpt-00000006"))
+    with open(os.path.join(manager.directory, "ckpt-00000006"), "w") as f:
+        f.write("junk")
+    again = trainer(tmp_path)
+    assert again.restore() == 4
+    with caplog.at_level(logging.WARNING):
+        again.train(corpus())
+    assert "ckpt-00000006 is not a checkpoint folder: replacing it" in caplog.text
+    assert os.path.basename(manager.latest()) == "ckpt-00000006"
+    assert CheckpointManager.read(manager.latest())[1]["step"] == 6
+
+
+def test_a_finished_run_is_not_rewritten_and_a_failing_final_evaluation_costs_nothing(
+        tmp_path, caplog, monkeypatch):
+    from keras_txl.training import loop
+
+    run = trainer(tmp_path, steps=4, checkpoint_every=2)
+    run.train(corpus())
+    newest = run.checkpoints.latest()
+    before = open(os.path.join(newest, "state.json"), "rb").read()
+    # Asked for fewer steps than reached: said, and nothing is rewritten (it
+    # stored steps=3 into the step-4 checkpoint and said the schedule was
+    # "stretched").
+    short = trainer(tmp_path, steps=3, checkpoint_every=2)
+    with caplog.at_level(logging.WARNING):
+        assert short.restore() == 4
+        short.train(corpus())
+    assert "is at step 4, and this run has steps=3: nothing to train" in caplog.text
+    assert "stretched" not in caplog.text
+    assert open(os.path.join(newest, "state.json"), "rb").read() == before
+    # The final evaluation fails (a setting the split cannot take): the
+    # trained steps are on disk already (it ran before the checkpoint).
+    def failing(*args, **kwargs):
+        raise ValueError("the evaluation failed")
+
+    fresh = tmp_path / "fresh"
+    monkeypatch.setattr(loop, "evaluate", failing)
+    with pytest.raises(ValueError, match="the evaluation failed"):
+        trainer(fresh, steps=3, checkpoint_every=2).train(corpus(), corpus(400))
+    manager = CheckpointManager(str(fresh / "checkpoints"))
+    assert os.path.basename(manager.latest()) == "ckpt-00000003"
+    assert (fresh / "model" / "config.json").is_file()
+
+
+def test_set_and_config_values_are_checked_before_training(tmp_path, capsys):
+    # `--set steps` and `--set model.` were IndexErrors; eval.* values were
+    # checked only after the last step; cutoffs=5 / tie_projections=7 were
+    # TypeErrors after the data was prepared.
+    for overrides, message in (
+            (["steps"], "--set takes KEY=VALUE"),
+            (["model."], "--set takes KEY=VALUE"),
+            (["eval.memory_length=-5"], '"eval" memory_length must be an integer >= 0'),
+            (["eval.batch_size=0"], '"eval" batch_size must be an integer >= 1')):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            resolve_configs("tiny", None, overrides)
+    assert resolve_configs("tiny", None, [" steps=3"])[1].steps == 3
+    base = dict(vocabulary_size=50, num_layers=1, hidden_dim=8, num_heads=2,
+                intermediate_dim=8)
+    for changes, message in (({"cutoffs": 5}, "`cutoffs` must be a list"),
+                             ({"cutoffs": None}, "`cutoffs` must be a list"),
+                             ({"tie_projections": 7}, "`tie_projections` must be a list")):
+        with pytest.raises(ValueError, match=message):
+            keras_txl.TransformerXLConfig(**base, **changes)
+    corpus_dir = write_corpus(tmp_path / "c", 0)
+    assert main(["train", "--data", corpus_dir, "--workdir", str(tmp_path / "w"),
+                 "--preset", "tiny", "--steps", "1", "--set", "eval.segment_length=-3"]) == 2
+    assert '"eval" segment_length must be an integer >= 0' in capsys.readouterr().err
+    assert not (tmp_path / "w" / "checkpoints").exists()

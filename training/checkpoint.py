@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_txl.checks import WEIGHT_DTYPES
 from keras_txl.folders import model_weights_file
+from keras_txl.folders import sha256_tree
 from keras_txl.folders import verify_manifest
 from keras_txl.io import atomic_write_bytes
 from keras_txl.io import sha256_file
@@ -161,6 +162,27 @@ def assign_tensors(tensors, model, optimizer, source="checkpoint"):
                 put(v, key)
 
 
+def _written_with_manifest(tensors_path):
+    """True when a checkpoint's tensors file says its checkpoint was
+    written with a manifest (its safetensors metadata, since the
+    twenty-first session; earlier checkpoints carry no such mark)."""
+    import struct
+
+    try:
+        with open(tensors_path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                return False
+            (size,) = struct.unpack("<Q", prefix)
+            if size > 100 << 20:
+                return False
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return False
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(metadata, dict) and metadata.get("manifest") == "required"
+
+
 class CheckpointManager:
     """Writes, lists, prunes and restores checkpoints in `directory`."""
 
@@ -180,16 +202,10 @@ class CheckpointManager:
         return [p for _, p in sorted(found)]
 
     def latest(self):
-        """Path of the newest complete checkpoint, or None."""
-        pointer = os.path.join(self.directory, "latest.json")
-        if os.path.exists(pointer):
-            try:
-                with open(pointer) as f:
-                    path = os.path.join(self.directory, json.load(f)["name"])
-                if os.path.exists(os.path.join(path, "state.json")):
-                    return path
-            except (ValueError, KeyError, OSError):
-                logger.warning("Ignoring unreadable %s.", pointer)
+        """Path of the newest complete checkpoint (the highest step), or
+        None. `latest.json` names it too, but it is written after the
+        checkpoint's rename: a kill in between leaves it naming the one
+        before, so the folders decide."""
         found = self.checkpoints()
         return found[-1] if found else None
 
@@ -217,7 +233,8 @@ class CheckpointManager:
             files = {
                 TENSORS: _write_synced(
                     os.path.join(tmp, TENSORS),
-                    to_bytes(tensors, metadata={"format": "keras-txl-ckpt"}),
+                    to_bytes(tensors, metadata={"format": "keras-txl-ckpt",
+                                                "manifest": "required"}),
                 ),
                 STATE: _write_synced(
                     os.path.join(tmp, STATE),
@@ -231,8 +248,13 @@ class CheckpointManager:
                 json.dumps({"format": "keras-txl-ckpt/2", "step": step,
                             "files": files}, indent=2, sort_keys=True).encode(),
             )
-            if os.path.exists(final):
-                shutil.rmtree(final)
+            if os.path.isdir(final) and not os.path.islink(final):
+                shutil.rmtree(final)  # a damaged one of this step
+            elif os.path.lexists(final):
+                # Not a checkpoint folder (a file or a link put there):
+                # rmtree fails on it, and every later save with it.
+                logger.warning("%s is not a checkpoint folder: replacing it.", final)
+                os.remove(final)
             os.replace(tmp, final)
             _fsync_dir(self.directory)
         except OSError as e:
@@ -267,14 +289,8 @@ class CheckpointManager:
                         pass
 
     def restore_candidates(self):
-        """Checkpoints to try when resuming, newest first (the one
-        `latest.json` names, then the others by step)."""
-        found = self.checkpoints()[::-1]
-        latest = self.latest()
-        if latest in found:
-            found.remove(latest)
-            found.insert(0, latest)
-        return found
+        """Checkpoints to try when resuming, newest (highest step) first."""
+        return self.checkpoints()[::-1]
 
     def newest_intact(self, warn=True):
         """(path, tensors, state) of the newest checkpoint that verifies,
@@ -309,6 +325,13 @@ class CheckpointManager:
         """
         manifest_path = os.path.join(path, MANIFEST)
         if not os.path.exists(manifest_path):
+            if _written_with_manifest(os.path.join(path, TENSORS)):
+                # Deleting the manifest must not turn verification off.
+                raise CheckpointError(
+                    f"Checkpoint {path} has no {MANIFEST}, which it was written with "
+                    f"(its {TENSORS} says so): its files cannot be verified.",
+                    manifest_path,
+                )
             if os.path.exists(os.path.join(path, STATE)):
                 logger.warning("%s has no %s (an older checkpoint): its files "
                                "cannot be verified.", path, MANIFEST)
@@ -493,6 +516,61 @@ def model_from_checkpoint(path):
     return model
 
 
+def tokenizer_record(tokenizer):
+    """What a checkpoint's state records of the tokenizer it was trained
+    with: `{"tokenizer_sha256": ...}` of a tokenizer folder, else {}."""
+    if isinstance(tokenizer, (str, os.PathLike)) and os.path.isdir(tokenizer):
+        return {"tokenizer_sha256": sha256_tree(tokenizer)}
+    return {}
+
+
+def check_checkpoint_tokenizer(path, workdir, remedy=None):
+    """A checkpoint holds no tokenizer: eval, generate and export read it
+    with WORKDIR/tokenizer. Refuses that tokenizer when it is not the one
+    the checkpoint was trained with (its ids would be read as other
+    tokens, in silence): by the tokenizer sha256 the checkpoint records,
+    or, for checkpoints written before that, by the train shards' key it
+    records against the workdir's train shards now (prepared again
+    since: possibly with another tokenizer)."""
+    from keras_txl.training import shards
+
+    tokenizer_dir = os.path.join(workdir, "tokenizer")
+    try:
+        with open(os.path.join(path, STATE), "rb") as f:
+            state = json.loads(f.read())
+    except (OSError, ValueError):
+        return  # `read` names a damaged state.json
+    if not isinstance(state, dict):
+        return
+    remedy = remedy or (f"Use the model folder written with it (which holds its "
+                        f"tokenizer), or restore {tokenizer_dir} as it was.")
+    recorded = state.get("tokenizer_sha256")
+    if recorded:
+        now = sha256_tree(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
+        if now != recorded:
+            raise ValueError(
+                f"{path} was trained with another tokenizer than {tokenizer_dir} "
+                f"({'missing' if now is None else 'changed'} since: the checkpoint "
+                "records its sha256). A checkpoint holds no tokenizer of its own, so "
+                f"its ids would be read as other tokens. {remedy}")
+        return
+    data = state.get("data")
+    trained_on = data.get("shards_key") if isinstance(data, dict) else None
+    train_folder = os.path.join(workdir, "data", "train")
+    if trained_on and shards.is_complete(train_folder):
+        tokens = shards.ShardedTokens(train_folder)
+        try:
+            key = tokens.key
+        finally:
+            tokens.close()
+        if key != trained_on:
+            raise ValueError(
+                f"{path} was trained on other tokens than {train_folder} holds now "
+                f"(key {trained_on}, now {key}): the workdir's data was prepared again "
+                "since, possibly with another tokenizer, and this checkpoint does not "
+                f"record its own. {remedy}")
+
+
 def materialize_model_folder(workdir, checkpoint=None, out=None):
     """A model folder for `workdir`: WORKDIR/model, or one written from a
     checkpoint to `out` (default: a new temporary folder) with the
@@ -502,6 +580,7 @@ def materialize_model_folder(workdir, checkpoint=None, out=None):
     kind, path = workdir_model_source(workdir, checkpoint)
     if kind == "model":
         return path
+    check_checkpoint_tokenizer(path, workdir)
     out = out or tempfile.mkdtemp(prefix="txl-ckpt-model-")
     tokenizer = os.path.join(workdir, "tokenizer")
     save_preset(model_from_checkpoint(path), out,

@@ -40,6 +40,7 @@ from keras_txl.causal_lm import ResetMemory
 from keras_txl.io import save_preset
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
+from keras_txl.training.checkpoint import tokenizer_record
 from keras_txl.training.data import LMBatches
 from keras_txl.training.data import lm_dataset
 from keras_txl.training.loop import StopOnSignals
@@ -287,10 +288,12 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         if workdir:
             model_config.to_json(os.path.join(workdir, "config.json"))
 
+            recorded = tokenizer_record(tokenizer)
+
             def state_at(at):
                 return {"model_config": model_config.to_dict(),
                         "train_config": train_config.to_dict(), "loop": "fit",
-                        "data": data_position(layout, at, data_key)}
+                        "data": data_position(layout, at, data_key), **recorded}
 
             checkpoint = CheckpointCallback(
                 manager, strategy, train_config.checkpoint_every, total, steps, state_at)

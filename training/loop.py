@@ -38,6 +38,7 @@ from keras_txl.host_memory import CompiledFunction
 from keras_txl.io import save_preset
 from keras_txl.training.checkpoint import CheckpointManager
 from keras_txl.training.checkpoint import assign_tensors
+from keras_txl.training.checkpoint import tokenizer_record
 from keras_txl.training.data import LMBatches
 from keras_txl.training.data import distributed_lm_dataset
 from keras_txl.training.data import lm_dataset
@@ -163,7 +164,13 @@ def check_train_config(path, saved, train_config):
             f"{saved_batch}, or train in a new --workdir."
         )
     saved_steps = saved.get("steps", cfg.steps)
-    if saved_steps != cfg.steps:
+    at = checkpoint_step(path)
+    if at is not None and cfg.steps <= at:
+        logger.warning(
+            "%s is at step %d, and this run has steps=%d: nothing to train (pass "
+            "--steps above %d to train on; the checkpoint is left as it is).",
+            path, at, cfg.steps, at)
+    elif saved_steps != cfg.steps:
         before = learning_rate_schedule(
             saved.get("learning_rate", cfg.learning_rate),
             saved.get("warmup_steps", cfg.warmup_steps),
@@ -171,7 +178,6 @@ def check_train_config(path, saved, train_config):
             saved.get("min_lr_ratio", cfg.min_lr_ratio))
         after = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps,
                                        cfg.steps, cfg.min_lr_ratio)
-        at = checkpoint_step(path)
         logger.warning(
             "%s was trained for a schedule of %d steps; this run has "
             "steps=%d, so the cosine learning-rate schedule is stretched "
@@ -453,6 +459,7 @@ class Trainer:
         else:
             self.memory = self._zero_memory()
         self.step = int(state["step"])
+        self._checkpointed_step = self.step  # on disk as it is: not rewritten
         self._restored_data = (path, state.get("data"))
         self.loss_scale_skips = int(state.get("loss_scale_skips", 0))
         self.history = list(state.get("history", []))
@@ -496,9 +503,12 @@ class Trainer:
         }
         if getattr(self, "_data_layout", None) is not None:
             state["data"] = data_position(self._data_layout, self.step, self._data_key)
-        return self.checkpoints.save(
+        state.update(tokenizer_record(self.tokenizer))
+        path = self.checkpoints.save(
             self.step, self.model, self.optimizer, self.memory_numpy(), state
         )
+        self._checkpointed_step = self.step
+        return path
 
     def train(self, train_tokens, valid_tokens=None, steps=None,
               eval_settings=None, final_eval_settings=None):
@@ -586,15 +596,27 @@ class Trainer:
                     self.save_checkpoint()
             if signals.received:  # during the last step
                 self._stop_on_signal(signals.received, total)
+            # The trained state is on disk before the final evaluation, which
+            # may fail (an evaluation setting the split cannot take) or be
+            # stopped: it must not cost the run. A checkpoint already written
+            # at this step (the last step's, or the one resumed from) is
+            # not written again.
+            trained = getattr(self, "_checkpointed_step", None) != self.step
+            if trained:
+                self.save_checkpoint()
+            if trained or not self._model_folder_written():
+                self.save_model()
             if valid_tokens is not None:
                 final = eval_settings
                 if final_eval_settings is not None:
                     final = {"max_segments": 0, **final_eval_settings}
-                self.final_eval = self._evaluate_or_stop(valid_tokens, final, writer,
-                                                         signals, total)
-            self.save_checkpoint()
-            self.save_model()
+                self.final_eval = self._evaluate_or_stop(
+                    valid_tokens, final, writer if trained else None, signals, total)
         return losses
+
+    def _model_folder_written(self):
+        return bool(self.workdir) and os.path.isfile(
+            os.path.join(self.workdir, "model", "config.json"))
 
     def save_model(self):
         """Writes the model folder (what eval, export and generate read)."""
@@ -612,8 +634,11 @@ class Trainer:
             self._stop_on_signal(signals.received, total)
 
     def _stop_on_signal(self, name, total):
-        path = self.save_checkpoint()
-        self.save_model()
+        if getattr(self, "_checkpointed_step", None) == self.step and self.checkpoints:
+            path = self.checkpoints.latest()  # written before the final evaluation
+        else:
+            path = self.save_checkpoint()
+            self.save_model()
         raise TrainingInterrupted(name, self.step, total, path)
 
     def _stop_non_finite(self, loss, norm, previous_memory, scaler_state=None):

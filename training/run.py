@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 from keras_txl import TransformerXLConfig
+from keras_txl.folders import sha256_tree
 from keras_txl.presets import PRESETS
 from keras_txl.safe_files import default_mode
 from keras_txl.training.config import TrainConfig
@@ -38,25 +39,8 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 
 
-def _sha256_tree(path):
-    """sha256 over a file, or over a folder's files (names and contents,
-    in sorted order)."""
-    digest = hashlib.sha256()
-    if os.path.isfile(path):
-        files = [(os.path.basename(path), path)]
-    else:
-        files = []
-        for root, dirs, names in os.walk(path):
-            dirs.sort()
-            for name in sorted(names):
-                full = os.path.join(root, name)
-                files.append((os.path.relpath(full, path), full))
-    for name, full in files:
-        digest.update(name.encode() + b"\0")
-        with open(full, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+# The tokenizer folder's sha256 (recorded in source.json and checkpoints).
+_sha256_tree = sha256_tree
 
 
 # The sections of a `--config` file, and the settings of its "eval" one:
@@ -195,8 +179,13 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
     eval_fields = {**EVAL_DEFAULTS, **evaluation}
     explicit = set()
     for text in overrides:
-        key = text.split("=", 1)[0]
+        key, equals, raw = text.partition("=")
+        key = key.strip()
         scope, _, name = key.rpartition(".")
+        if not equals or not name:
+            raise ValueError(
+                f"--set takes KEY=VALUE (e.g. --set dropout=0.2, --set "
+                f"eval.memory_length=640), received {text!r}.")
         targets = {"model": (model_fields, model), "train": (train_fields, train),
                    "eval": (eval_fields, evaluation)}
         if scope:
@@ -212,7 +201,7 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
                 f"Unknown key {name!r} in --set. Model keys: {sorted(model_fields)}; "
                 f"train keys: {sorted(train_fields)}."
             )
-        key, value = parse_override(f"{name}={text.split('=', 1)[1]}", fields)
+        key, value = parse_override(f"{name}={raw}", fields)
         target[key] = value
         fields[key] = value
         if target is model:
@@ -229,6 +218,10 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
                       "precision", "learning_rate", "log_every", "checkpoint_every",
                       "eval_every"):
             train[name] = value
+    # The final evaluation's settings, checked before any step is trained
+    # (a bad one failed after the last step, --set ones were not checked).
+    _check_eval_section("the eval settings (--config \"eval\", --set eval.*)",
+                        evaluation)
     model.setdefault("vocabulary_size", 256)
     steps = train.get("steps", TrainConfig.steps)
     warmup = train.get("warmup_steps", 0)
@@ -1061,6 +1054,9 @@ def eval_main(args):
         model = load_pretrained(source)
         tokenizer_dir = tokenizer_directory(source) or os.path.join(source, "tokenizer")
     else:
+        from keras_txl.training.checkpoint import check_checkpoint_tokenizer
+
+        check_checkpoint_tokenizer(source, args.workdir)
         model = model_from_checkpoint(source)
         tokenizer_dir = os.path.join(args.workdir, "tokenizer")
     import tempfile
@@ -1141,14 +1137,13 @@ def check_workdir_tokens(workdir, split, model_kind, model_source, tokenizer_dir
     folder and checkpoints stay.)
 
     Checks that the workdir's tokenizer is the one `data/source.json` says
-    encoded the shards, that the model folder's tokenizer is that same
+    encoded the shards, and that the model folder's tokenizer is that same
     tokenizer (by `tokenizer_fingerprint`: the folder holds a keras-hub
-    copy), and that a checkpoint was trained on the train shards there now
-    (their content key, which a checkpoint records).
+    copy). A checkpoint is checked against the workdir's tokenizer when it
+    is loaded (`checkpoint.check_checkpoint_tokenizer`).
     """
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.tokenizers import tokenizer_fingerprint
-    from keras_txl.training import shards
 
     data_cache = os.path.join(workdir, "data")
     data_tokenizer = os.path.join(workdir, "tokenizer")
@@ -1172,24 +1167,7 @@ def check_workdir_tokens(workdir, split, model_kind, model_source, tokenizer_dir
                 f"model's own ({ours.kind}, {ours.vocabulary_size()} tokens, "
                 f"{tokenizer_dir}): the model would read its ids as other tokens. {remedy}")
         return
-    from keras_txl.training.checkpoint import STATE
-
-    try:
-        with open(os.path.join(model_source, STATE), "rb") as f:
-            trained_on = (json.loads(f.read()).get("data") or {}).get("shards_key")
-    except (OSError, ValueError, AttributeError):
-        trained_on = None
-    train_folder = os.path.join(data_cache, "train")
-    if trained_on and shards.is_complete(train_folder):
-        now = shards.ShardedTokens(train_folder)
-        try:
-            if now.key != trained_on:
-                raise ValueError(
-                    f"{model_source} was trained on other tokens than {train_folder} "
-                    f"holds now (key {trained_on}, now {now.key}): {data_cache} was "
-                    f"prepared again since, possibly with another tokenizer. {remedy}")
-        finally:
-            now.close()
+    # A checkpoint: `check_checkpoint_tokenizer` (eval_main, when loading it).
 
 
 def encode_split_to_shards(source, split, tokenizer, folder, data_dir=None,

@@ -236,8 +236,12 @@ def export_saved_model(
         ValueError: bad arguments, or the version exists and not overwrite.
     """
     model = pure_model(model)
-    if not isinstance(name, str) or not name or os.sep in name or name in (".", ".."):
+    if (not isinstance(name, str) or not name or os.sep in name or "\x00" in name
+            or name in (".", "..")):
         raise ValueError(f"`name` must be a plain folder name, received {name!r}.")
+    if tokenizer_dir is not None and not os.path.isdir(tokenizer_dir):
+        # Before the (slow) tracing and before anything is written.
+        raise ValueError(f"`tokenizer_dir`={tokenizer_dir!r} is not a folder.")
     checks.positive_int("version", version, allow_none=False)
     checks.positive_int("max_request_bytes", max_request_bytes, allow_none=True)
     if version >= 2**63:

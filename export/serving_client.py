@@ -568,6 +568,15 @@ class TXLServingClient:
                 "the client's memory is unchanged."
             )
         memory = out[MEMORY]
+        if memory.size == 0 and memory.ndim < 4 and isinstance(self.transport, RestTransport):
+            # JSON has no way to write a (B, L, 0, D) tensor: TF Serving
+            # answers [[[], []]], whose D is lost, and could not read it back.
+            raise ServingError(
+                f"{where} has a `{MEMORY}` of shape {memory.shape}: the model was "
+                "exported with memory_length=0, whose empty memory JSON cannot carry "
+                "(its last dimension is lost). Use gRPC "
+                "(TXLServingClient.grpc, txl serve-client --grpc) for it, or export "
+                "with a memory (txl export --memory-length N).")
         expected = ((batch, *previous.shape[1:]) if previous is not None
                     else f"({batch}, num_layers, memory_length, hidden_dim)")
         if (memory.dtype.kind != "f" or memory.ndim != 4 or memory.shape[0] != batch

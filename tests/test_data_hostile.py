@@ -354,6 +354,10 @@ def test_vocabulary_flags_that_cannot_apply_are_refused_never_recorded(tmp_path,
     capsys.readouterr()
     assert main(flags) == 2
     assert "changed since" in capsys.readouterr().err
+    # Without the flag too (a corpus's own vocabulary file, e.g. LM1B's
+    # 1b_word_vocab.txt, is never given as a flag).
+    assert main(flags[:-2]) == 2
+    assert "The vocabulary file" in capsys.readouterr().err
 
 
 def test_a_char_vocabulary_file_holds_the_space_and_the_newline(tmp_path, capsys):
@@ -471,3 +475,12 @@ def test_damaged_workdir_records_are_named(tmp_path, damage):
 def test_sentencepiece_below_three_pieces_is_a_clear_error():
     with pytest.raises(ValueError, match=r"`vocabulary_size`=1 .*too small.*3 or more"):
         build_tokenizer("sentencepiece", "some text here\n", vocabulary_size=1)
+
+
+def test_a_fifo_as_the_corpus_is_named_as_such(tmp_path):
+    fifo = tmp_path / "corpus"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="is neither a regular file nor a folder"):
+        open_corpus_source(str(fifo))
+    with pytest.raises(ValueError, match="does not exist"):
+        open_corpus_source(str(tmp_path / "missing"))

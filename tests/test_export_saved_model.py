@@ -363,6 +363,12 @@ def test_export_arguments_are_checked(exported, tmp_path):
         saved_model.export_saved_model(model, str(tmp_path), batch_size=-2)
     with pytest.raises(ValueError, match="plain folder name"):
         saved_model.export_saved_model(model, str(tmp_path), name="a/b")
+    with pytest.raises(ValueError, match="plain folder name"):
+        saved_model.export_saved_model(model, str(tmp_path), name="a\x00b")
+    # Refused before the tracing, leaving no empty base folder behind.
+    with pytest.raises(ValueError, match="`tokenizer_dir`=.* is not a folder"):
+        saved_model.export_saved_model(model, str(tmp_path),
+                                       tokenizer_dir=str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="TransformerXLCausalLM"):
         saved_model.export_saved_model(keras.Sequential(), str(tmp_path))
     assert os.listdir(tmp_path) == []

@@ -267,3 +267,19 @@ def test_generate_and_reset_numbers_must_fit_their_wire_types():
             client.generate(["a prompt"], **args)
     with pytest.raises(ValueError, match=r"`batch_size` must be at most 2147483647"):
         client.reset(batch_size=2**40)
+
+
+def test_an_empty_memory_over_rest_is_said_not_misread():
+    # A model exported with memory_length=0 answers [[[], []]] over REST: the
+    # (B, L, 0, D) memory's last dimension is lost in JSON, and the client's
+    # shape check said only "shape (1, 2, 0)".
+    from keras_txl.export.serving_client import decode_rest_response
+
+    class EmptyMemory(RestTransport):
+        def predict(self, signature_name, inputs, output_names=None, form=None):
+            return decode_rest_response({"outputs": {"memory": [[[], []]]}}, "inputs")
+
+    client = TXLServingClient(EmptyMemory("http://127.0.0.1:1"))
+    with pytest.raises(ServingError, match="exported with memory_length=0.*Use gRPC"):
+        client.reset(batch_size=1)
+    assert client.memory is None

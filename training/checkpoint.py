@@ -425,6 +425,9 @@ def find_checkpoint(workdir, checkpoint):
     WORKDIR/checkpoints (`ckpt-00001800`), or a step number (`1800`)."""
     directory = os.path.join(workdir, "checkpoints")
     text = str(checkpoint)
+    if not text.strip():  # os.path.join(directory, "") is the folder itself
+        raise ValueError("--checkpoint is empty: pass a checkpoint folder, a name such "
+                         "as ckpt-00001800, or a step.")
     candidates = [text, os.path.join(directory, text)]
     if text.isdigit():
         candidates.append(os.path.join(directory, f"ckpt-{int(text):08d}"))

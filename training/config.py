@@ -120,6 +120,12 @@ class TrainConfig:
                     f"`{name}` must be a finite number {bounds}, received "
                     f"{value!r}."
                 )
+        for field in dataclasses.fields(self):
+            if field.type in (bool, "bool") and not isinstance(getattr(self, field.name), bool):
+                # A --config file's "report_bpc": "no" is truthy.
+                raise ValueError(
+                    f"`{field.name}` must be true or false, received "
+                    f"{getattr(self, field.name)!r}.")
         if self.warmup_steps > self.steps:
             raise ValueError(
                 f"`warmup_steps`={self.warmup_steps} exceeds `steps`={self.steps}: "

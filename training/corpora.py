@@ -1436,9 +1436,10 @@ def open_corpus_source(
         stem = path.stem if path.suffix == ".zip" else path.name
         return _raw_source(path, stem if stem in _RAW_NAMES else "raw-file", **common)
     if not path.is_dir():
+        what = ("is neither a regular file nor a folder (a FIFO, a device or a socket)"
+                if os.path.exists(path) else "does not exist")
         raise ValueError(
-            f"corpus path {path} does not exist (expected a folder, a file or "
-            "'tfds:NAME')."
+            f"corpus path {path} {what} (expected a folder, a file or 'tfds:NAME')."
         )
     lm1b = _lm1b_source(path, **common)
     if lm1b is not None:

@@ -287,6 +287,8 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         checkpoint = None
         if workdir:
             model_config.to_json(os.path.join(workdir, "config.json"))
+            with open(os.path.join(workdir, "train_config.json"), "w") as f:
+                f.write(train_config.to_json() + "\n")  # as the custom loop
 
             recorded = tokenizer_record(tokenizer)
 

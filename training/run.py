@@ -230,8 +230,8 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
         train["warmup_steps"] = steps // 10
         logger.info(
             "The preset's warmup_steps=%d exceeds steps=%d: using "
-            "warmup_steps=%d (a tenth of the run; pass --set warmup_steps=N "
-            "to choose).", warmup, steps, train["warmup_steps"],
+            "warmup_steps=%d (a tenth of the run, rounded down; pass --set "
+            "warmup_steps=N to choose).", warmup, steps, train["warmup_steps"],
         )
     return model, TrainConfig.from_dict(train), evaluation, explicit
 
@@ -316,8 +316,9 @@ def _check_source(workdir, meta, corpus_source, data_cache, stat):
     raise ValueError(
         f"{workdir} was prepared from {meta.get('source')!r}; --data "
         f"{where!r} has different content. Its tokenizer and prepared shards belong to "
-        f"the old corpus: train in a new --workdir (or delete {data_cache} "
-        f"and {os.path.join(workdir, 'tokenizer')} to start over)."
+        f"the old corpus, and so do the checkpoints and model trained on them: train "
+        f"in a new --workdir (or, to start this one over, delete {data_cache}, "
+        f"{os.path.join(workdir, 'tokenizer')} and its checkpoints/ and model/)."
     )
 
 
@@ -395,8 +396,7 @@ def _check_tokenizer_options(workdir, meta, kind, options, built_kind=None):
     ones the workdir's tokenizer was built with are an error, said in
     flags; so are any options where the workdir does not record how its
     tokenizer was built (no `data/source.json` of this version): they could
-    not be applied, and recording them would say they were. A
-    `--vocabulary-file` also has to hold what it held then."""
+    not be applied, and recording them would say they were."""
     if not options:
         return
     built = (meta.get("tokenizer") if isinstance(meta, dict) else None) or {}
@@ -425,11 +425,19 @@ def _check_tokenizer_options(workdir, meta, kind, options, built_kind=None):
             f"new --workdir, or delete {os.path.join(workdir, 'tokenizer')} and "
             f"{os.path.join(workdir, 'data')} to build them again."
         )
-    path = options.get("vocabulary_file")
+
+
+def _check_vocabulary_file(workdir, meta):
+    """The vocabulary file the workdir's tokenizer was built from (a
+    --vocabulary-file, or a corpus's own such as LM1B's 1b_word_vocab.txt)
+    must hold what it held then: the tokenizer and its shards have the old
+    vocabulary."""
+    built = (meta.get("tokenizer") if isinstance(meta, dict) else None) or {}
+    path = (built.get("options") or {}).get("vocabulary_file")
     recorded = built.get("vocabulary_file_sha256")
     if path and recorded and os.path.isfile(path) and _sha256_tree(path) != recorded:
         raise ValueError(
-            f"--vocabulary-file {path} changed since {workdir}'s tokenizer was built "
+            f"The vocabulary file {path} changed since {workdir}'s tokenizer was built "
             "from it: the tokenizer and its shards hold the old vocabulary. Restore the "
             f"file, use a new --workdir, or delete {os.path.join(workdir, 'tokenizer')} "
             f"and {os.path.join(workdir, 'data')} to build them again."
@@ -719,6 +727,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         _check_tokenizer_options(
             workdir, meta, tokenizer_kind,
             {**tokenizer_options, **_kind_options(kind, vocabulary or {})}, kind)
+        _check_vocabulary_file(workdir, meta)
         if (meta is not None and meta.get("tokenizer_sha256") is not None
                 and meta["tokenizer_sha256"] != _sha256_tree(tokenizer_dir)):
             raise ValueError(

@@ -1267,6 +1267,44 @@ class TransformerXLCausalLM(CausalLM):
         )
         positions = cache.pop("positions", None)
 
+        from keras_hub.samplers import BeamSampler
+
+        beams = sampler.num_beams if isinstance(sampler, BeamSampler) else None
+        vocabulary_size = self.txl_config.vocabulary_size
+
+        def forced(log_probs, prompt, index):
+            """Beam search over the continuation only, each row as alone.
+
+            keras-hub's beam loop ranks the beams at every position from
+            `index` on, then writes the prompt's own token where the mask
+            is set: started at position 1 (every row fed from its first
+            token), the prompt's positions were ranked over tokens never
+            placed, leaving duplicate beams with made-up scores. And it
+            goes on extending the beams of a row whose beams have all
+            stopped while other rows run, so a batch ranked differently
+            than each prompt alone. Here a prompt position, and every
+            position of a finished row, gets all its probability on the
+            token it will hold (the prompt's, or a stop token): each beam
+            keeps its score and no beam is replaced."""
+            mask = ops.repeat(padding_mask, beams, axis=0)  # as BeamSampler's beams
+            in_prompt = mask[:, index]
+            token = ops.where(in_prompt, prompt[:, index], 0)
+            force = in_prompt
+            if stop_token_ids:
+                written = ops.logical_and(
+                    ops.arange(ops.shape(prompt)[1]) < index, ops.logical_not(mask))
+                hits = ops.equal(prompt, stop_token_ids[0])
+                for stop in stop_token_ids[1:]:
+                    hits = ops.logical_or(hits, ops.equal(prompt, stop))
+                stopped = ops.any(ops.logical_and(hits, written), axis=1)
+                row_done = ops.all(ops.reshape(stopped, (-1, beams)), axis=1)
+                row_done = ops.repeat(row_done, beams, axis=0)
+                token = ops.where(in_prompt, token, stop_token_ids[0])
+                force = ops.logical_or(force, row_done)
+            one_hot = ops.one_hot(ops.maximum(token, 0), vocabulary_size) > 0.5
+            pinned = ops.where(one_hot, 0.0, -1e9)
+            return ops.where(force[:, None], pinned, log_probs)
+
         def next(prompt, cache, index):
             fed = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
             step_cache = dict(cache)
@@ -1274,7 +1312,10 @@ class TransformerXLCausalLM(CausalLM):
                 step_cache["positions"] = positions
             hidden, new_cache = self.backbone.call_with_cache(fed, step_cache)
             new_cache.pop("positions", None)
-            return self.log_probs_from_hidden(hidden)[:, 0], hidden[:, 0], new_cache
+            log_probs = self.log_probs_from_hidden(hidden)[:, 0]
+            if beams is not None:
+                log_probs = forced(log_probs, prompt, index)
+            return log_probs, hidden[:, 0], new_cache
 
         token_ids = sampler(
             next=next, prompt=token_ids, cache=cache, index=1, mask=padding_mask,

@@ -159,6 +159,55 @@ def test_beam_search_on_a_peaked_model_equals_greedy_and_stops_at_the_stop_token
     assert list(stopped[0]) == list(greedy[0][:3])
 
 
+def textbook_beam_search(model, prompt, max_length, beams):
+    """Beam search over the continuation of one prompt, each hypothesis
+    scored by `call_with_memory` on its whole prefix."""
+    hyps = [(0.0, list(prompt))]
+    for _ in range(max_length - len(prompt)):
+        candidates = []
+        for score, seq in hyps:
+            log_probs = np.asarray(model.call_with_memory(
+                np.array([seq], "int32"))["log_probs"])[0, -1]
+            for token in np.argsort(-log_probs)[:beams]:
+                candidates.append((score + float(log_probs[token]), seq + [int(token)]))
+        candidates.sort(key=lambda c: -c[0])
+        hyps = candidates[:beams]
+    return hyps[0][1]
+
+
+@pytest.mark.parametrize("case", ["long_prompt", "stop_token"])
+def test_beam_search_is_a_beam_search_over_the_continuation_alone(case):
+    # keras-hub's beam loop, started at position 1, ranked the beams at the
+    # prompt's positions over tokens never placed (duplicate beams, made-up
+    # scores: the 6-token prompt below gave a sequence 0.25 nats less likely
+    # than beam search finds), and kept extending a finished row's beams
+    # while other rows ran (with the stop token below, the prompt [4, 7] gave
+    # [4, 7, 1] in the batch and [4, 7, 7, 1] alone).
+    from keras_txl import TransformerXLConfig
+
+    vocabulary, seed, lengths, draw, stop = {
+        "long_prompt": (256, 2, (1, 2, 6), 256, ()),
+        "stop_token": (11, 3, (1, 3, 5, 2), 0, (1,))}[case]
+    keras.utils.set_random_seed(seed)
+    model = TransformerXLCausalLM(TransformerXLConfig(
+        vocabulary_size=vocabulary, num_layers=2, hidden_dim=32, num_heads=2, head_dim=16,
+        intermediate_dim=64, segment_length=32, memory_length=32, dropout=0.0,
+        init_std=0.3, projection_init_std=0.3,
+        empty_memory="masked" if case == "long_prompt" else "zeros"))
+    model.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=3))
+    rs = np.random.RandomState(draw)
+    prompts = [[int(t) for t in rs.randint(0, vocabulary, n)] for n in lengths]
+    max_length = 12 if case == "long_prompt" else 16
+    batch = model.generate(prompts, max_length=max_length, stop_token_ids=stop or None)
+    for prompt, row in zip(prompts, batch):
+        if case == "long_prompt":
+            expected = textbook_beam_search(model, prompt, max_length, 3)
+        else:  # the README's promise: a batch gives each prompt's tokens alone
+            expected = [int(t) for t in model.generate(
+                [prompt], max_length=max_length, stop_token_ids=stop)[0]]
+        assert [int(t) for t in row] == expected, (prompt, row, expected)
+
+
 # === Datasets and string tensors ===
 
 

@@ -377,6 +377,11 @@ class TransformerXLCausalLM(CausalLM):
     # --- validation -------------------------------------------------------
     def _check_token_ids(self, token_ids, name="token_ids"):
         cfg = self.txl_config
+        if isinstance(token_ids, (tf.RaggedTensor, tf.SparseTensor)):
+            raise ValueError(
+                f"`{name}` must be a dense integer tensor of shape (batch, "
+                f"segment_length), received a {type(token_ids).__name__} (pad the "
+                "rows, or pass prompts of any lengths to generate()).")
         if not (tf.is_tensor(token_ids) or isinstance(token_ids, keras.KerasTensor)):
             try:
                 array = np.asarray(token_ids)
@@ -595,6 +600,20 @@ class TransformerXLCausalLM(CausalLM):
                     + (f" of length {len(entry)}" if isinstance(entry, (tuple, list)) else "")
                     + "."
                 )
+        heads, head_dim = cfg.num_heads, cfg.resolved_head_dim
+        for key, expected in (("keys", (heads, head_dim, cfg.memory_length)),
+                              ("values", (heads, cfg.memory_length, head_dim))):
+            for layer, tensor in enumerate(cache[key]):
+                shape = tuple(getattr(tensor, "shape", ()) or ())
+                if len(shape) != 4 or any(
+                        got is not None and got != want
+                        for got, want in zip(shape[1:], expected)):
+                    raise ValueError(
+                        f"`cache[{key!r}][{layer}]` has shape {shape}, expected "
+                        f"(batch, {', '.join(map(str, expected))}) for this model "
+                        f"(num_heads={heads}, head_dim={head_dim}, memory_length="
+                        f"{cfg.memory_length}): build the cache with this model's "
+                        "build_cache().")
         rows = cache["keys"][0].shape[0]
         batch = token_ids.shape[0]
         if rows is not None and batch is not None and rows != batch:
@@ -895,7 +914,10 @@ class TransformerXLCausalLM(CausalLM):
         and read from a zeroed memory (zeroed again after): the result is
         the log-probs of those segments, (num_batches * B, T, V), batch k's
         row b being segment k of stream b
-        (`preprocessor.ordered_segments(texts, B)` gives the same inputs)."""
+        (`preprocessor.ordered_segments(texts, B)` gives the same inputs).
+        On ids the stateful model is a stateful Keras RNN: its memory runs
+        on from the previous call (`reset_memory()` first to start a text
+        over), as in `evaluate` and `fit` on ids."""
         if self.stateful and isinstance(x, tf.data.Dataset) and _is_string_spec(
                 x.element_spec):
             segments = self._ordered_segments(x, "predict()").map(
@@ -933,6 +955,11 @@ class TransformerXLCausalLM(CausalLM):
     def call(self, token_ids, training=False):
         padding_mask = None
         if isinstance(token_ids, dict):  # keras-hub's preprocessor output
+            if "token_ids" not in token_ids:
+                raise ValueError(
+                    "A dict input must hold \"token_ids\" (and optionally "
+                    "\"padding_mask\"), as keras-hub's preprocessor outputs; received "
+                    f"keys {sorted(token_ids)}.")
             padding_mask = token_ids.get("padding_mask")
             token_ids = token_ids["token_ids"]
         if not self.stateful:
@@ -1187,6 +1214,32 @@ class TransformerXLCausalLM(CausalLM):
             optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics,
             sampler=sampler, **kwargs,
         )
+
+    def get_compile_config(self):
+        """Keras' compile config and the sampler, so that a `.keras` file
+        reloads compiled as saved (Keras skips `compile_from_config` for a
+        custom `compile`: the sampler went back to top-k and the optimizer
+        and loss were lost, with a warning)."""
+        config = super().get_compile_config()
+        if config and getattr(self, "sampler", None) is not None:
+            import keras_hub
+
+            config = dict(config)
+            config["sampler"] = keras_hub.samplers.serialize(self.sampler)
+            config["jit_compile"] = getattr(self, "_generate_jit", "auto")
+        return config
+
+    def compile_from_config(self, config):
+        import keras_hub
+
+        config = dict(config)
+        sampler = config.pop("sampler", None)
+        config = keras.saving.deserialize_keras_object(config)
+        if sampler is not None:
+            config["sampler"] = keras_hub.samplers.deserialize(sampler)
+        self.compile(**config)
+        if getattr(self, "optimizer", None) is not None and self.built:
+            self.optimizer.build(self.trainable_variables)  # its variables load next
 
     def generate_jit_compile(self):
         """Whether `generate()`'s compiled function uses XLA: as given to

@@ -61,6 +61,10 @@ def save_pretrained(model, directory, tokenizer=None):
     """
     from safetensors.numpy import save
 
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise ValueError(
+            f"`directory` {os.fspath(directory)!r} is a file, not a folder: pass a new "
+            "folder, an empty one or a keras-txl weights folder.")
     if os.path.lexists(os.path.join(directory, CONFIG_FILE)):
         # Another library's folder would lose its config.json (and a Hugging
         # Face folder its model.safetensors): refused, as `save_preset` does.

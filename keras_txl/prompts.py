@@ -46,7 +46,13 @@ def _dict_rows(inputs):
             "`inputs` as a dict must hold 'token_ids' and optionally "
             f"'padding_mask', received keys {sorted(map(str, inputs))}."
         )
-    token_ids = np.asarray(_as_host(inputs["token_ids"]))
+    try:
+        token_ids = np.asarray(_as_host(inputs["token_ids"]))
+    except ValueError:  # NumPy: "inhomogeneous shape" (a ragged tensor's rows)
+        raise ValueError(
+            "`inputs['token_ids']` must be a dense (batch, length) array, its rows "
+            "right-padded and `padding_mask` saying where; received rows of "
+            "different lengths (pass them as a list of id lists instead).") from None
     if token_ids.dtype.kind not in "iu":
         raise ValueError(
             "`inputs['token_ids']` must hold integer token ids, received "

@@ -427,3 +427,23 @@ def test_generate_step_refuses_a_model_without_memory():
     with pytest.raises(ValueError, match="this model has memory_length=0"):
         model.generate_step({"token_ids": ids, "padding_mask": ids > 0})
 
+
+
+def test_ragged_ids_dicts_files_and_caches_of_another_model_are_named(tmp_path):
+    # Were TypeError (RaggedTensor as a boolean), KeyError, FileExistsError,
+    # an AddV2 shape error deep in the graph and NumPy's "inhomogeneous".
+    model = TransformerXLCausalLM(tiny_config(memory_length=6))
+    with pytest.raises(ValueError, match="must be a dense integer tensor .* RaggedTensor"):
+        model.call_with_memory(tf.ragged.constant([[1, 2], [3]]))
+    with pytest.raises(ValueError, match='must hold "token_ids"'):
+        model({"ids": np.zeros((2, 4), "int32")})
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        save_pretrained(model, str(tmp_path / "afile"))
+    assert (tmp_path / "afile").read_text() == "mine"
+    other = TransformerXLCausalLM(tiny_config(memory_length=9))
+    with pytest.raises(ValueError, match=r"`cache\['keys'\]\[0\]` has shape .* expected "
+                                         r"\(batch, .*, 6\)"):
+        model.call_with_cache(np.zeros((2, 1), "int32"), other.build_cache(batch_size=2))
+    with pytest.raises(ValueError, match="must be a dense \\(batch, length\\) array"):
+        model.generate({"token_ids": tf.ragged.constant([[1, 2], [3]])}, max_length=6)

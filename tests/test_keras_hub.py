@@ -610,3 +610,28 @@ def _datasets(handle):
     found = []
     handle.visititems(lambda k, v: found.append(k) if isinstance(v, h5py.Dataset) else None)
     return found
+
+
+def test_a_keras_file_reloads_compiled_as_saved(tmp_path):
+    # Keras skips compile_from_config for a custom compile(): a reloaded
+    # model sampled with the default top-k (not the saved beam search) and
+    # had lost its optimizer and loss, with only a warning.
+    import warnings
+
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256, segment_length=8,
+                                              memory_length=8),
+                                  preprocessor=byte_preprocessor())
+    model.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=2),
+                  optimizer=keras.optimizers.SGD(0.1), weighted_metrics=None)
+    model.fit(["some text to fit on", "and another one"], epochs=1, verbose=0)
+    expected = model.generate(["Hello", "abc def"], max_length=20)
+    model.save(tmp_path / "m.keras")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*compile.*")
+        loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.sampler, keras_hub.samplers.BeamSampler)
+    assert loaded.sampler.num_beams == 2
+    assert isinstance(loaded.optimizer, keras.optimizers.SGD)
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert loaded.generate(["Hello", "abc def"], max_length=20) == expected

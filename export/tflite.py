@@ -370,8 +370,8 @@ def export_tflite_variants(
         for directory in directories:
             _check_side_files(side, directory)
         names = _tflite_saved_model(
-            model, os.path.join(tmp, "model"), batch_size, segment_length, stateful
-        )
+            _id_level(model), os.path.join(tmp, "model"), batch_size, segment_length,
+            stateful)
         contents = {
             q: convert_saved_model(os.path.join(tmp, "model"), names, q)
             for q in out_paths
@@ -452,6 +452,19 @@ def _copy_side_files(staging, directory):
     for rel in _staged_files(staging):
         with open(os.path.join(staging, rel), "rb") as f:
             _write_bytes(os.path.join(directory, rel), f.read())
+
+
+def _id_level(model):
+    """`model` without its preprocessor, for the TFLite conversion: the
+    TFLite signatures take ids, and a tokenizer tracked with the model
+    brings its lookup tables (HashTableV2, not a builtin op: the char and
+    word tokenizers' exports failed in the converter). The vocabulary
+    travels beside the .tflite file instead (`write_vocabulary`)."""
+    if getattr(model, "preprocessor", None) is None:
+        return model
+    copy = type(model)(model.txl_config, dtype=model.dtype_policy.name)
+    copy.assign_weights_from(model)
+    return copy
 
 
 def float32_model(model):

@@ -34,6 +34,20 @@ class _TableHelpFormatter(_HelpFormatter, argparse.RawDescriptionHelpFormatter):
     """`_HelpFormatter` that prints the description and epilog as written."""
 
 
+def _positive_int_flag(flag):
+    """An argparse `type` for a flag that takes an integer >= 1."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be an integer >= 1, received {text!r}")
+        return value
+    return parse
+
+
 def _add_data_arguments(p, without):
     p.add_argument("--data", default=None,
                    help="corpus: a folder, a text file, or tfds:NAME[:CONFIG] "
@@ -370,7 +384,7 @@ def build_parser():
     p.add_argument("--contexts", nargs="+", type=int,
                    default=[16, 32, 64, 96, 128, 160, 192, 256, 320, 384],
                    help="context lengths c, walked in increasing order")
-    p.add_argument("--targets", type=int, default=2000,
+    p.add_argument("--targets", type=_positive_int_flag("--targets"), default=2000,
                    help="target tokens, spread evenly over the split")
     p.add_argument("--memory-length", dest="memory_length", type=int,
                    default=None, help="evaluation memory of the models that "
@@ -772,6 +786,11 @@ def _generate(args):
             raise ValueError("--prompt encodes to no tokens; give some text.")
     else:
         prompt_ids = _parse_ids(args.prompt_ids, "--prompt-ids")
+        size = backend.vocabulary_size
+        outside = [i for i in prompt_ids if not 0 <= i < size]
+        if outside:
+            raise ValueError(f"--prompt-ids must be ids in [0, {size}) (the model's "
+                             f"vocabulary), received {outside[:5]}.")
     from keras_txl.causal_lm import MAX_GENERATE_LENGTH
 
     if len(prompt_ids) + args.max_new_tokens > MAX_GENERATE_LENGTH:
@@ -931,6 +950,9 @@ def _demo(args):
     from keras_txl.training.run import train_main
 
     start = time.time()
+    from keras_txl.training.run import writable_workdir
+
+    writable_workdir(args.workdir)  # a file there: said as txl train says it
     corpus_dir = os.path.join(args.workdir, "corpus")
     prepare_stdlib_docs(corpus_dir, max_chars=args.max_chars)
     print(f"[demo] corpus: Python standard library docstrings -> {corpus_dir}")

@@ -467,11 +467,19 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
 # === keras-hub generation (compiled, batched) ===
 
 
+# Temperatures below this decode greedily: the limit of T -> 0, which
+# keras-hub's softmax(logits / T) misses under XLA (T = 1e-9 gave NaN
+# probabilities there, and the last id was drawn); above it the
+# distribution is already all on the argmax but for ties within ~1e-5 nats.
+GREEDY_BELOW_TEMPERATURE = 1e-6
+
+
 def sampler_from_options(temperature=1.0, top_k=0, top_p=1.0, seed=None,
                          vocabulary_size=None):
     """The keras-hub sampler for `txl generate`'s options.
 
-    temperature 0: `GreedySampler`; top_p < 1: `TopPSampler(p, k=top_k or
+    temperature 0 (or below `GREEDY_BELOW_TEMPERATURE`): `GreedySampler`;
+    top_p < 1: `TopPSampler(p, k=top_k or
     None)`; top_k > 0: `TopKSampler(k)`; otherwise `RandomSampler`; each
     with `temperature` and `seed` (a new sampler with the same seed draws
     the same tokens). `seed`: None or an int in [0, 2**63 - 1].
@@ -486,7 +494,7 @@ def sampler_from_options(temperature=1.0, top_k=0, top_p=1.0, seed=None,
     seed = check_seed(seed)
     if vocabulary_size is not None:
         top_k = min(top_k, checks.positive_int("vocabulary_size", vocabulary_size))
-    if temperature == 0:
+    if temperature < GREEDY_BELOW_TEMPERATURE:
         return samplers.GreedySampler()
     if top_p < 1:
         return samplers.TopPSampler(p=top_p, k=top_k or None, seed=seed,

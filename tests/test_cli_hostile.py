@@ -128,6 +128,22 @@ def test_empty_prompt_id_and_tflite_folder_are_named(word_run, capsys):
     refused(capsys, ["generate", "--tflite", str(out), "--prompt", "the"],
             r"--tflite '.*exported' is a folder: pass the .tflite file \(it holds "
             r"txl.tflite\)")
+    # Named the internal `inputs[0]` before.
+    refused(capsys, ["generate", "--workdir", str(workdir), "--prompt-ids", "1,999"],
+            r"--prompt-ids must be ids in \[0, \d+\) .*received \[999\]")
+
+
+def test_demo_and_recl_flags_name_themselves(tmp_path, word_run, capsys):
+    # `txl demo --workdir FILE` was "[Errno 20] Not a directory: 'afile/corpus'";
+    # `txl recl --targets 0` "The loss tables hold no tokens."
+    (tmp_path / "afile").write_text("mine")
+    refused(capsys, ["demo", "--workdir", str(tmp_path / "afile")],
+            r"--workdir '.*afile' is not writable")
+    assert (tmp_path / "afile").read_text() == "mine"
+    workdir, _ = word_run
+    with pytest.raises(SystemExit):
+        main(["recl", "--workdirs", str(workdir), "--targets", "0"])
+    assert "--targets must be an integer >= 1, received '0'" in capsys.readouterr().err
 
 
 def test_schedule_token_on_a_segment_model_names_the_flag(tmp_path, word_run, capsys):

@@ -423,3 +423,30 @@ def test_one_text_memory_is_checked_not_cut_to_its_first_row(artifacts):
         backend.initial_state(np.zeros((2, *shape), np.float32))
     with pytest.raises(ValueError, match="`memory` contains NaN"):
         backend.initial_state(np.full((1, *shape), np.nan, np.float32))
+
+
+@pytest.mark.parametrize("kind", ["char", "word"])
+def test_a_model_whose_tokenizer_has_lookup_tables_exports_to_tflite(tmp_path, kind):
+    # The tokenizer went into the converted graph with the model: its
+    # HashTableV2 is no builtin op, so char and word models failed in the
+    # converter (a raw ConverterError); byte models passed.
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import CharTokenizer
+    from keras_txl.tokenizers import WordTokenizer
+
+    tokenizer = (CharTokenizer(["<unk>", "a", "b", " ", "\n"]) if kind == "char"
+                 else WordTokenizer(["<eos>", "<unk>", "a", "b", "c"]))
+    model = keras_txl.TransformerXLCausalLM(
+        tiny_config(vocabulary_size=5, memory_length=4),
+        preprocessor=TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=4))
+    path = tflite.export_tflite(model, str(tmp_path / "m.tflite"), batch_size=1,
+                                segment_length=4)
+    assert (tmp_path / "vocabulary.txt").read_text(encoding="utf-8").splitlines()[:2] == (
+        ["<unk>", "a"] if kind == "char" else ["<eos>", "<unk>"])
+    ids = np.array([[1, 2, 3, 4]], np.int32)
+    runner = tflite.TFLiteRunner(path)
+    out = runner.run("serving_default", token_ids=ids,
+                     memory=np.zeros(runner.memory_shape, np.float32))
+    np.testing.assert_allclose(out["log_probs"], model.call_with_memory(ids)["log_probs"],
+                               atol=1e-4)
+    assert model.preprocessor is not None  # the user's model is left as it was

@@ -174,3 +174,20 @@ def test_the_custom_loop_names_the_model_config_keys_that_differ(tmp_path):
                        r"memory_length 8 -> 16 \(checkpoint -> this run\)\. Pass the "
                        r"checkpoint's values to resume it, or train in a new --workdir"):
         other.restore()
+
+
+def test_a_fit_resume_drops_the_metrics_rows_logged_after_its_checkpoint(tmp_path):
+    # A custom-loop run logged steps 6-8 after its step-5 checkpoint, then
+    # was killed; resumed with --loop fit (which logs no rows) they stayed,
+    # showing steps the resumed state never trained.
+    workdir = str(tmp_path / "w")
+    train_with_fit(model_config(), train_config(steps=5), tf.distribute.get_strategy(),
+                   corpus(), workdir=workdir, verbose=0)
+    rows = [{"step": s, "loss": 1.0} for s in range(1, 9)] + [{"step": 8, "split": "valid"}]
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    train_with_fit(model_config(), train_config(steps=6), tf.distribute.get_strategy(),
+                   corpus(), workdir=workdir, verbose=0)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        steps = [json.loads(line)["step"] for line in f]
+    assert steps == [1, 2, 3, 4, 5]

@@ -381,3 +381,20 @@ def test_txl_generate_clamps_top_k_to_the_vocabulary(char_workdir, capsys, extra
         assert main(argv) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[0].startswith("abc")
+
+
+@pytest.mark.parametrize("temperature", [1e-10, 1e-7])
+def test_a_tiny_temperature_decodes_greedily(temperature):
+    # keras-hub's softmax(logits / T) gave NaN under XLA at T = 1e-9 and the
+    # last id was drawn (`txl generate --temperature 1e-10` wrote it forever);
+    # the limit of T -> 0 is greedy decoding.
+    model = id_model()
+    greedy = generation.generate_ids(model, [[1, 2], [3]], 6, temperature=0)
+    for top_k in (0, 5):
+        tiny = generation.generate_ids(model, [[1, 2], [3]], 6, temperature=temperature,
+                                       top_k=top_k, seed=1)
+        for a, b in zip(tiny, greedy):
+            np.testing.assert_array_equal(a, b)
+    assert isinstance(generation.sampler_from_options(temperature),
+                      keras_hub.samplers.GreedySampler)
+    assert isinstance(generation.sampler_from_options(1e-5), keras_hub.samplers.RandomSampler)

@@ -650,6 +650,12 @@ def test_set_and_config_values_are_checked_before_training(tmp_path, capsys):
         with pytest.raises(ValueError, match=re.escape(message)):
             resolve_configs("tiny", None, overrides)
     assert resolve_configs("tiny", None, [" steps=3"])[1].steps == 3
+    # An evaluation memory given as 0 is no memory (it fell back to the model's).
+    from keras_txl.training.run import _eval_kwargs
+
+    evaluation = resolve_configs("tiny", None, ["eval.memory_length=0"])[2]
+    assert _eval_kwargs(evaluation)["memory_length"] == 0
+    assert "segment_length" not in _eval_kwargs({"segment_length": 0})
     base = dict(vocabulary_size=50, num_layers=1, hidden_dim=8, num_heads=2,
                 intermediate_dim=8)
     for changes, message in (({"cutoffs": 5}, "`cutoffs` must be a list"),
@@ -662,3 +668,18 @@ def test_set_and_config_values_are_checked_before_training(tmp_path, capsys):
                  "--preset", "tiny", "--steps", "1", "--set", "eval.segment_length=-3"]) == 2
     assert '"eval" segment_length must be an integer >= 0' in capsys.readouterr().err
     assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_a_memory_of_another_shape_is_said_when_a_pass_resumes_without_it(tmp_path, caplog):
+    # A multi-worker checkpoint holds only the chief's rows: resumed in one
+    # process, the memory went to zeros in silence and the losses changed.
+    run = trainer(tmp_path, steps=3, checkpoint_every=3)
+    run.train(corpus())
+    latest = run.checkpoints.latest()
+    tensors, state = CheckpointManager.read(latest)
+    assert state["data"]["segment"] != 0  # mid-pass
+    run.checkpoints.save(3, run.model, run.optimizer, tensors["memory"][:2], state)
+    with caplog.at_level(logging.WARNING):
+        assert trainer(tmp_path, steps=3, checkpoint_every=3).restore() == 3
+    assert re.search(r"holds a memory of shape \(2, .*this run needs a memory of shape "
+                     r"\(4, .*continues from a zero memory", caplog.text)

@@ -134,3 +134,47 @@ def test_precision_must_be_a_known_policy():
     with pytest.raises(ValueError, match=r"`precision` must be one of \('float32', "
                        r"'mixed_bfloat16', 'mixed_float16', 'auto'\), received 'float16'"):
         TrainConfig(precision="float16", steps=10)
+
+
+STRATEGY_ERRORS = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+from keras_txl.training.strategy import get_strategy
+out = []
+for name, tpu, tf_config in json.loads(sys.argv[1]):
+    if tf_config is None:
+        os.environ.pop("TF_CONFIG", None)
+    else:
+        os.environ["TF_CONFIG"] = tf_config
+    try:
+        get_strategy(name, tpu)
+        out.append("no error")
+    except ValueError as error:
+        out.append(str(error))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_strategy_errors_name_tf_config_and_the_tpu():
+    # TensorFlow's own: "Expecting value: line 1 column 13", "The `task_id` 5
+    # exceeds ...", and for --strategy tpu a NotFoundError traceback.
+    import json
+    import subprocess
+    import sys
+
+    from testing import REPO
+
+    cases = [["multi_worker", "", '{"cluster": '],
+             ["multi_worker", "", json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
+                                              "task": {"type": "worker", "index": 5}})],
+             ["tpu", "local", None]]
+    done = subprocess.run([sys.executable, "-c", STRATEGY_ERRORS, json.dumps(cases)],
+                          capture_output=True, text=True, timeout=240,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    assert line, done.stderr[-3000:]
+    bad_json, bad_index, no_tpu = json.loads(line[-1][len("RESULT "):])
+    assert bad_json.startswith("TF_CONFIG is not valid JSON")
+    assert "could not start from TF_CONFIG (task 'worker' 5" in bad_index
+    assert "exceeds the maximum id" in bad_index
+    assert no_tpu.startswith("--strategy tpu found no TPU at --tpu 'local'")

@@ -49,6 +49,7 @@ from keras_txl.training.loop import check_data_position
 from keras_txl.training.loop import check_model_config
 from keras_txl.training.loop import check_train_config
 from keras_txl.training.loop import data_position
+from keras_txl.training.loop import drop_metrics_after
 from keras_txl.training.metrics import BitsPerCharacter
 from keras_txl.training.metrics import TokenNLL
 from keras_txl.training.optimizers import setup_model_and_optimizer
@@ -278,6 +279,8 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
                                "the resumed pass continues from a zero memory.",
                                latest, replicas, B // replicas)
         step = int(state["step"])
+        if workdir:  # one process (no MultiWorker with fit): the chief
+            drop_metrics_after(workdir, step)  # rows a custom-loop run logged past it
         logger.info("Resumed from %s at step %d (segment %d of pass %d).", latest,
                     step, step % per_epoch, step // per_epoch + 1)
     total = train_config.steps

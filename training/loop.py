@@ -198,6 +198,32 @@ def check_train_config(path, saved, train_config):
         )
 
 
+def drop_metrics_after(workdir, step):
+    """A resume replays the steps after the checkpoint (or, with `--loop
+    fit`, which logs no rows, trains them again): remove their rows from
+    WORKDIR/metrics.jsonl so that each step is logged once and none is
+    shown that the resumed state did not train."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):
+            continue  # a line cut by a kill
+        if row_step <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        from keras_txl.io import atomic_write_bytes
+
+        atomic_write_bytes(path, "".join(kept).encode())
+        logger.info("metrics.jsonl: dropped %d row(s) logged after step %d "
+                    "(they are logged again).", len(lines) - len(kept), step)
+
+
 def data_position(layout, step, data_key):
     """What a checkpoint records of the train data (`state["data"]`): the
     position in every stream after `step` steps. Stream b of the train split
@@ -458,6 +484,18 @@ class Trainer:
             self._set_memory(tensors["memory"])
         else:
             self.memory = self._zero_memory()
+            data = state.get("data") if isinstance(state.get("data"), dict) else {}
+            if data.get("segment", 1) != 0:
+                # Mid-pass, a zero memory is not the one the text had: the
+                # losses differ from an uninterrupted run (said, not silent).
+                saved = tensors.get("memory")
+                logger.warning(
+                    "%s holds %s, and this run needs a memory of shape %s: the "
+                    "resumed pass continues from a zero memory, so its losses differ "
+                    "from an uninterrupted run's (a multi-worker checkpoint holds only "
+                    "the chief's rows).", path,
+                    "no memory" if saved is None else f"a memory of shape {saved.shape}",
+                    self.memory_numpy().shape)
         self.step = int(state["step"])
         self._checkpointed_step = self.step  # on disk as it is: not rewritten
         self._restored_data = (path, state.get("data"))
@@ -468,29 +506,8 @@ class Trainer:
         return self.step
 
     def _drop_metrics_after(self, step):
-        """A resume replays the steps after the checkpoint: remove their
-        rows from metrics.jsonl so each step is logged once."""
-        if not (self.workdir and self.chief):
-            return
-        path = os.path.join(self.workdir, "metrics.jsonl")
-        if not os.path.exists(path):
-            return
-        with open(path) as f:
-            lines = f.readlines()
-        kept = []
-        for line in lines:
-            try:
-                row_step = json.loads(line).get("step", 0)
-            except ValueError:
-                continue  # a line cut by a kill
-            if row_step <= step:
-                kept.append(line if line.endswith("\n") else line + "\n")
-        if len(kept) != len(lines):
-            from keras_txl.io import atomic_write_bytes
-
-            atomic_write_bytes(path, "".join(kept).encode())
-            logger.info("metrics.jsonl: dropped %d row(s) logged after step %d "
-                        "(they are logged again).", len(lines) - len(kept), step)
+        if self.workdir and self.chief:
+            drop_metrics_after(self.workdir, step)
 
     def save_checkpoint(self):
         if not self.checkpoints or not self.chief:

@@ -44,7 +44,10 @@ _sha256_tree = sha256_tree
 
 
 # The sections of a `--config` file, and the settings of its "eval" one:
-# how `txl train` evaluates at the end (0, -1: the model's own).
+# how `txl train` evaluates at the end. Left out, each is the model's own
+# (the values below); given, it is used as given: memory_length 0 is an
+# evaluation without memory, segment_length 0 and clamp_length -1 the
+# model's own.
 CONFIG_SECTIONS = ("model", "train", "eval")
 EVAL_DEFAULTS = {"segment_length": 0, "memory_length": 0, "clamp_length": -1,
                  "same_length": False, "batch_size": 1}
@@ -616,7 +619,7 @@ def prepare_main(args):
     JSON line; returns 0."""
     if not args.data:
         raise ValueError("txl prepare needs --data (the corpus to prepare).")
-    _writable_workdir(args.workdir)
+    writable_workdir(args.workdir)
     with WorkdirLock(args.workdir, command="txl prepare"):
         tokenizer, splits = prepare_data(
             args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
@@ -922,7 +925,7 @@ class WorkdirLock:
         return False
 
 
-def _writable_workdir(workdir):
+def writable_workdir(workdir):
     """Creates `workdir` and checks it is writable: a clear error instead
     of an OSError traceback halfway through the run."""
     try:
@@ -942,7 +945,7 @@ def _writable_workdir(workdir):
 def train_main(args):
     """`txl train`: returns the exit code (0 done, 1 stopped by the
     non-finite guard, 130/143 stopped by SIGINT/SIGTERM)."""
-    _writable_workdir(args.workdir)
+    writable_workdir(args.workdir)
     return _train(args)
 
 
@@ -1043,7 +1046,9 @@ def _eval_kwargs(settings, **overrides):
     for key in ("segment_length", "memory_length", "clamp_length", "same_length",
                 "batch_size"):
         value = overrides.get(key, settings.get(key))
-        if value is None or (key in ("segment_length", "memory_length") and value == 0
+        # segment_length 0 is "the model's own"; a memory_length given as 0
+        # is an evaluation without memory (it was dropped for the model's).
+        if value is None or (key == "segment_length" and value == 0
                              and key not in overrides):
             continue
         out[key] = value

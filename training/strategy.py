@@ -24,16 +24,62 @@ def get_strategy(name: str = "default", tpu: str = ""):
         ]
         return tf.distribute.MirroredStrategy(devices)
     if name == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        where = _tf_config_task()
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        except (ValueError, KeyError, tf.errors.OpError) as error:
+            # TensorFlow's own messages ("Could not start gRPC server", "task_id
+            # 5 exceeds ...") name neither TF_CONFIG nor the address.
+            raise ValueError(
+                f"--strategy multi_worker could not start from TF_CONFIG ({where}): "
+                f"{_first_line(error)}") from None
     if name == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            raise ValueError(
+                f"--strategy tpu found no TPU at --tpu {tpu or 'local'!r}: "
+                f"{_first_line(error)}") from None
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(
         "`strategy` must be one of 'default', 'mirrored', 'multi_worker', "
         f"'tpu', received {name!r}."
     )
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:400]
+
+
+def _tf_config_task():
+    """This worker's task and address in TF_CONFIG, for messages; a
+    ValueError naming TF_CONFIG when it is not a JSON object (TensorFlow
+    says only "Expecting value: line 1 column 13")."""
+    import json
+    import os
+
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return "not set: one worker"
+    try:
+        config = json.loads(raw)
+        if not isinstance(config, dict):
+            raise ValueError(f"a JSON {type(config).__name__}, not an object")
+    except ValueError as error:
+        raise ValueError(
+            f"TF_CONFIG is not valid JSON ({error}): expected "
+            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", '
+            '"index": 0}}.') from None
+    task = config.get("task") or {}
+    kind, index = task.get("type"), task.get("index")
+    try:
+        address = config["cluster"][kind][index]
+    except (KeyError, IndexError, TypeError):
+        address = "no such address in its cluster"
+    return f"task {kind!r} {index!r} at {address}"
 
 
 def is_chief(strategy) -> bool:

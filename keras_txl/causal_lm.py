@@ -188,13 +188,11 @@ def check_sampler(sampler):
         f"sampler ({name}) temperature", getattr(sampler, "temperature", 1.0),
         expected="a finite number > 0 (use 'greedy' for temperature 0)",
     )
-    from keras_txl.generation import GREEDY_BELOW_TEMPERATURE
-
-    if not sampler.temperature >= GREEDY_BELOW_TEMPERATURE:
+    if not sampler.temperature >= checks.GREEDY_BELOW_TEMPERATURE:
         # Below it keras-hub's softmax(logits / T) gives NaN under XLA.
         raise ValueError(
             f"`sampler ({name}) temperature` must be a finite number >= "
-            f"{GREEDY_BELOW_TEMPERATURE:g} (use 'greedy' for temperature 0, the "
+            f"{checks.GREEDY_BELOW_TEMPERATURE:g} (use 'greedy' for temperature 0, the "
             f"limit), received temperature={sampler.temperature!r}."
         )
 

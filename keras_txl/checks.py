@@ -92,6 +92,13 @@ def finite_float32(name, value, hint=""):
     return array
 
 
+# Temperatures below this decode greedily: the limit of T -> 0, which
+# keras-hub's softmax(logits / T) misses under XLA (T = 1e-9 gave NaN
+# probabilities there, and the last id was drawn); above it the
+# distribution is already all on the argmax but for ties within ~1e-5 nats.
+GREEDY_BELOW_TEMPERATURE = 1e-6
+
+
 def one_text_memory(name, value, row_shape):
     """A (1, L, M, D) memory to continue one text from (generation decodes
     one text): float32 with no NaN/Inf after the cast, of exactly that

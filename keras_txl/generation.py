@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_txl import checks
+from keras_txl.checks import GREEDY_BELOW_TEMPERATURE
 from keras_txl.host_memory import CompiledFunction
 
 logger = logging.getLogger(__name__)
@@ -465,13 +466,6 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
 
 
 # === keras-hub generation (compiled, batched) ===
-
-
-# Temperatures below this decode greedily: the limit of T -> 0, which
-# keras-hub's softmax(logits / T) misses under XLA (T = 1e-9 gave NaN
-# probabilities there, and the last id was drawn); above it the
-# distribution is already all on the argmax but for ties within ~1e-5 nats.
-GREEDY_BELOW_TEMPERATURE = 1e-6
 
 
 def sampler_from_options(temperature=1.0, top_k=0, top_p=1.0, seed=None,

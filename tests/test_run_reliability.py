@@ -624,6 +624,14 @@ def test_a_finished_run_is_not_rewritten_and_a_failing_final_evaluation_costs_no
     assert "is at step 4, and this run has steps=3: nothing to train" in caplog.text
     assert "stretched" not in caplog.text
     assert open(os.path.join(newest, "state.json"), "rb").read() == before
+    # Trained on to a step whose checkpoint the loop writes itself: the
+    # model folder follows (it is not left at the step before).
+    longer = trainer(tmp_path, steps=6, checkpoint_every=2)
+    assert longer.restore() == 4
+    longer.train(corpus())
+    folder = keras_txl.load_pretrained(str(tmp_path / "model"))
+    for a, b in zip(folder.get_weights(), longer.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
     # The final evaluation fails (a setting the split cannot take): the
     # trained steps are on disk already (it ran before the checkpoint).
     def failing(*args, **kwargs):

@@ -569,6 +569,7 @@ class Trainer:
                 f.write(cfg.to_json() + "\n")
         losses = []
         window_start, window_tokens, window_losses = time.perf_counter(), 0, []
+        first_step = self.step
         progress = TrainingProgress(total, start=self.step, enabled=self.verbose)
         with StopOnSignals() as signals, progress:
             while self.step < total:
@@ -618,8 +619,8 @@ class Trainer:
             # stopped: it must not cost the run. A checkpoint already written
             # at this step (the last step's, or the one resumed from) is
             # not written again.
-            trained = getattr(self, "_checkpointed_step", None) != self.step
-            if trained:
+            trained = self.step != first_step
+            if getattr(self, "_checkpointed_step", None) != self.step:
                 self.save_checkpoint()
             if trained or not self._model_folder_written():
                 self.save_model()

@@ -324,8 +324,10 @@ def _run(args):
         # written: a half-done export is worse than none.
         from keras_txl.export.tflite import check_tflite_export
 
-        check_tflite_export(model, {args.quantize: path}, stateful=args.stateful,
-                            tokenizer_dir=tokenizer_dir)
+        check_tflite_export(model, {args.quantize: path}, batch_size=args.batch_size or 1,
+                            segment_length=args.segment_length
+                            or model.txl_config.segment_length,
+                            stateful=args.stateful, tokenizer_dir=tokenizer_dir)
     if args.format in ("saved_model", "all"):
         from keras_txl.export.saved_model import export_saved_model
 

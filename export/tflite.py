@@ -268,18 +268,21 @@ def _check_stems(out_paths):
                 "name the file otherwise (`txl export --name`).")
 
 
-def check_tflite_export(model, out_paths: dict, *, stateful: bool = False,
-                        tokenizer_dir: str | None = None) -> None:
+def check_tflite_export(model, out_paths: dict, *, batch_size: int, segment_length: int,
+                        stateful: bool = False, tokenizer_dir: str | None = None) -> None:
     """What `export_tflite_variants` refuses before it converts, checked
-    without writing anything: a stateless model without memory, a file
-    name whose record would replace a side file, and a folder holding
-    another model's side files. `txl export --format all` calls it before
-    the SavedModel is written, so that a refused TFLite export leaves no
-    half-done export behind."""
+    without writing anything: a stateless model without memory, shapes
+    beyond the caps, a file name whose record would replace a side file,
+    and a folder holding another model's side files. `txl export --format
+    all` calls it before the SavedModel is written, so that a refused
+    TFLite export leaves no half-done export behind."""
     from keras_txl.export import saved_model
 
+    checks.positive_int("batch_size", batch_size, allow_none=False)
+    checks.positive_int("segment_length", segment_length, allow_none=False)
     model = float32_model(saved_model.pure_model(model))
     _check_memory(model, stateful)
+    _check_sizes(model.txl_config, batch_size, segment_length)
     _check_stems(out_paths)
     with tempfile.TemporaryDirectory(prefix="txl-tflite-check-") as tmp:
         _stage_side_files(model, tmp, tokenizer_dir)

@@ -536,3 +536,7 @@ def test_format_all_refuses_what_tflite_would_refuse_before_writing_the_saved_mo
     with pytest.raises(ValueError, match="stateless TFLite model needs memory_length >= 1"):
         run_cli("--workdir", zero, "--out", tmp_path / "z", "--format", "all")
     assert not (tmp_path / "z" / "txl").exists()
+    with pytest.raises(ValueError, match="GiB of memory, more than 4 GiB"):
+        run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "b", "--format",
+                "all", "--stateful", "--batch-size", 10**8)
+    assert not (tmp_path / "b" / "txl").exists()

@@ -229,15 +229,22 @@ def remove_stale_temporaries(directory):
             continue  # a live process of another user, or no such pid
         path = os.path.join(directory, entry)
         logger.warning("Removing %s, left by a keras-txl process that was killed.", path)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.remove(path)
-            except OSError:
-                continue
-        removed.append(path)
+        if remove_path(path):
+            removed.append(path)
     return removed
+
+
+def remove_path(path):
+    """Removes a file, a link or a folder (with what it holds) at `path`;
+    returns whether it is gone. A link is removed, never followed."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    return not os.path.lexists(path)
 
 
 def atomic_write_bytes(path, data, make_parents=False):

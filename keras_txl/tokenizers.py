@@ -2384,6 +2384,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
     keras-txl folder and in a keras-hub preset, whose files differ."""
     import hashlib
 
+    if not isinstance(tokenizer, TransformerXLTokenizer):
+        raise ValueError(
+            "`tokenizer` must be a keras-txl TransformerXLTokenizer. "
+            f"Received type {type(tokenizer).__name__}.")
     config = {k: v for k, v in tokenizer.get_config().items() if k not in _NOT_BEHAVIOUR}
     digest = hashlib.sha256(json.dumps(
         [type(tokenizer).__name__, config], sort_keys=True, default=repr).encode())

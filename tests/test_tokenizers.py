@@ -819,3 +819,24 @@ def test_a_min_freq_that_keeps_no_token_is_refused_by_fit(kind):
     with pytest.raises(ValueError, match=r"`min_freq` \(--min-freq\) 100 keeps no token: "
                        r"the most frequent one, .* occurs 2 times.*Pass min_freq=2 or less"):
         tokenizers.build_tokenizer(kind, ["abc abc\n"], min_freq=100)
+
+
+def test_the_fingerprint_is_the_same_across_folder_layouts_and_names_its_argument(tmp_path):
+    # What `txl eval` compares: a workdir tokenizer and the model folder's
+    # keras-hub copy hold other files but the same ids.
+    import keras_txl
+    from keras_txl.io import save_preset
+    from keras_txl.tokenizers import WordTokenizer
+    from keras_txl.tokenizers import load_tokenizer
+    from keras_txl.tokenizers import tokenizer_fingerprint
+
+    tokenizer = WordTokenizer(["<eos>", "<unk>", "a", "b"])
+    tokenizer.save(tmp_path / "tokenizer")
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(
+        vocabulary_size=4, num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=8))
+    save_preset(model, str(tmp_path / "model"), tokenizer=str(tmp_path / "tokenizer"))
+    same = tokenizer_fingerprint(load_tokenizer(tmp_path / "tokenizer"))
+    assert tokenizer_fingerprint(load_tokenizer(tmp_path / "model")) == same
+    assert tokenizer_fingerprint(WordTokenizer(["<eos>", "<unk>", "b", "a"])) != same
+    with pytest.raises(ValueError, match="`tokenizer` must be a keras-txl"):
+        tokenizer_fingerprint("not a tokenizer")

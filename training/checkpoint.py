@@ -33,6 +33,7 @@ from keras_txl.io import atomic_write_bytes
 from keras_txl.io import sha256_file
 from keras_txl.limits import check_config
 from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import remove_path
 
 logger = logging.getLogger(__name__)
 
@@ -248,13 +249,12 @@ class CheckpointManager:
                 json.dumps({"format": "keras-txl-ckpt/2", "step": step,
                             "files": files}, indent=2, sort_keys=True).encode(),
             )
-            if os.path.isdir(final) and not os.path.islink(final):
-                shutil.rmtree(final)  # a damaged one of this step
-            elif os.path.lexists(final):
-                # Not a checkpoint folder (a file or a link put there):
-                # rmtree fails on it, and every later save with it.
-                logger.warning("%s is not a checkpoint folder: replacing it.", final)
-                os.remove(final)
+            if os.path.lexists(final):  # a damaged one of this step
+                if os.path.islink(final) or not os.path.isdir(final):
+                    # A file or a link put there: rmtree failed on it, and
+                    # every later save of this step with it.
+                    logger.warning("%s is not a checkpoint folder: replacing it.", final)
+                remove_path(final)
             os.replace(tmp, final)
             _fsync_dir(self.directory)
         except OSError as e:
@@ -279,14 +279,7 @@ class CheckpointManager:
         # out): checkpoint folders and `latest.json`'s temporary files.
         for name in os.listdir(self.directory):
             if name.startswith(".ckpt-") or name.startswith(".tmp-"):
-                path = os.path.join(self.directory, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    try:
-                        os.remove(path)
-                    except OSError:
-                        pass
+                remove_path(os.path.join(self.directory, name))
 
     def restore_candidates(self):
         """Checkpoints to try when resuming, newest (highest step) first."""

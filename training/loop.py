@@ -520,7 +520,9 @@ class Trainer:
         }
         if getattr(self, "_data_layout", None) is not None:
             state["data"] = data_position(self._data_layout, self.step, self._data_key)
-        state.update(tokenizer_record(self.tokenizer))
+        if not hasattr(self, "_tokenizer_record"):  # one hash per run, not per save
+            self._tokenizer_record = tokenizer_record(self.tokenizer)
+        state.update(self._tokenizer_record)
         path = self.checkpoints.save(
             self.step, self.model, self.optimizer, self.memory_numpy(), state
         )

@@ -39,10 +39,6 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 
 
-# The tokenizer folder's sha256 (recorded in source.json and checkpoints).
-_sha256_tree = sha256_tree
-
-
 # The sections of a `--config` file, and the settings of its "eval" one:
 # how `txl train` evaluates at the end. Left out, each is the model's own
 # (the values below); given, it is used as given: memory_length 0 is an
@@ -438,7 +434,7 @@ def _check_vocabulary_file(workdir, meta):
     built = (meta.get("tokenizer") if isinstance(meta, dict) else None) or {}
     path = (built.get("options") or {}).get("vocabulary_file")
     recorded = built.get("vocabulary_file_sha256")
-    if path and recorded and os.path.isfile(path) and _sha256_tree(path) != recorded:
+    if path and recorded and os.path.isfile(path) and sha256_tree(path) != recorded:
         raise ValueError(
             f"The vocabulary file {path} changed since {workdir}'s tokenizer was built "
             "from it: the tokenizer and its shards hold the old vocabulary. Restore the "
@@ -452,7 +448,7 @@ def _tokenizer_record(kind, options):
     its options and the sha256 of a vocabulary file among them."""
     record = {"kind": kind, "options": options}
     if options.get("vocabulary_file") and os.path.isfile(options["vocabulary_file"]):
-        record["vocabulary_file_sha256"] = _sha256_tree(options["vocabulary_file"])
+        record["vocabulary_file_sha256"] = sha256_tree(options["vocabulary_file"])
     return record
 
 
@@ -732,7 +728,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             {**tokenizer_options, **_kind_options(kind, vocabulary or {})}, kind)
         _check_vocabulary_file(workdir, meta)
         if (meta is not None and meta.get("tokenizer_sha256") is not None
-                and meta["tokenizer_sha256"] != _sha256_tree(tokenizer_dir)):
+                and meta["tokenizer_sha256"] != sha256_tree(tokenizer_dir)):
             raise ValueError(
                 f"{tokenizer_dir} changed since {data_cache} was encoded with it: "
                 "delete the data folder to re-encode, or restore the tokenizer."
@@ -795,7 +791,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             private = tempfile.mkdtemp(prefix="txl-worker-data-")
             tokenizer_dir = os.path.join(private, "tokenizer")
             tokenizer.save(tokenizer_dir)
-    tokenizer_sha = _sha256_tree(tokenizer_dir)
+    tokenizer_sha = sha256_tree(tokenizer_dir)
     shard_tokens = (shard_tokens or (meta or {}).get("shard_tokens")
                     or shards.DEFAULT_SHARD_TOKENS)
     size = tokenizer.vocabulary_size()
@@ -1166,7 +1162,7 @@ def check_workdir_tokens(workdir, split, model_kind, model_source, tokenizer_dir
     meta = _read_meta(os.path.join(data_cache, "source.json"))
     recorded = meta.get("tokenizer_sha256") if isinstance(meta, dict) else None
     if recorded is not None and (not os.path.isdir(data_tokenizer)
-                                 or recorded != _sha256_tree(data_tokenizer)):
+                                 or recorded != sha256_tree(data_tokenizer)):
         raise ValueError(
             f"{data_tokenizer} is missing or changed since {data_cache} was encoded with "
             f"it: nothing says which tokenizer made the prepared {split} tokens. {remedy}")

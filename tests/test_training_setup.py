@@ -178,3 +178,30 @@ def test_strategy_errors_name_tf_config_and_the_tpu():
     assert "could not start from TF_CONFIG (task 'worker' 5" in bad_index
     assert "exceeds the maximum id" in bad_index
     assert no_tpu.startswith("--strategy tpu found no TPU at --tpu 'local'")
+
+
+def test_a_tpu_address_that_does_not_answer_is_an_error_not_a_hang():
+    # TensorFlow's initialize_tpu_system waited past 60 s on a refused local port.
+    import socket
+    import time
+
+    from keras_txl.training.strategy import _check_tpu_addresses
+    from keras_txl.training.strategy import get_strategy
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=rf"found no TPU at --tpu 'grpc://127.0.0.1:{port}': "
+                                         rf"127.0.0.1:{port} did not accept a connection"):
+        get_strategy("tpu", f"grpc://127.0.0.1:{port}")
+    assert time.monotonic() - started < 20
+    with pytest.raises(ValueError, match=r"expected grpc://HOST:PORT .*received 'grpc://tpu-host'"):
+        get_strategy("tpu", "grpc://tpu-host")
+    with pytest.raises(ValueError, match=r"received 'grpc://h:99999'"):
+        _check_tpu_addresses("grpc://h:99999")
+    with socket.socket() as server:  # one that answers passes the check
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        _check_tpu_addresses(f"grpc://127.0.0.1:{server.getsockname()[1]}", timeout=5)
+    _check_tpu_addresses("local")  # names are the resolver's

@@ -34,6 +34,7 @@ def get_strategy(name: str = "default", tpu: str = ""):
                 f"--strategy multi_worker could not start from TF_CONFIG ({where}): "
                 f"{_first_line(error)}") from None
     if name == "tpu":
+        _check_tpu_addresses(tpu)
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
             tf.config.experimental_connect_to_cluster(resolver)
@@ -47,6 +48,41 @@ def get_strategy(name: str = "default", tpu: str = ""):
         "`strategy` must be one of 'default', 'mirrored', 'multi_worker', "
         f"'tpu', received {name!r}."
     )
+
+
+# Seconds a plain TCP connect to a --tpu grpc:// address may take.
+TPU_CONNECT_TIMEOUT_S = 30.0
+
+
+def _check_tpu_addresses(tpu, timeout=None):
+    """Tries each `grpc://HOST:PORT` of `tpu` (comma-separated) with a TCP connect.
+
+    TensorFlow's `initialize_tpu_system` waits without a deadline for an address that
+    does not answer (measured with TF 2.21: a refused port on 127.0.0.1 still hung
+    past 60 s, and SIGTERM did not stop it), so a mistyped address would hang the run.
+    Names ("local", a Cloud TPU name) are left to the resolver.
+    """
+    import socket
+
+    timeout = TPU_CONNECT_TIMEOUT_S if timeout is None else timeout
+    for entry in str(tpu).split(","):
+        entry = entry.strip()
+        if not entry.startswith("grpc://"):
+            continue
+        host, sep, port = entry[len("grpc://"):].rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"--tpu {tpu!r}: expected grpc://HOST:PORT (e.g. grpc://10.0.0.2:8470), "
+                f"received {entry!r}.")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                pass
+        except OSError as error:
+            raise ValueError(
+                f"--strategy tpu found no TPU at --tpu {tpu!r}: {host}:{port} did not "
+                f"accept a connection within {timeout:g} s ({error or type(error).__name__})."
+                " TensorFlow would wait for it forever.") from None
 
 
 def _first_line(error):

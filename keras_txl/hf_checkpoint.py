@@ -39,8 +39,8 @@ def config_from_hf(hf: dict, source="config.json") -> TransformerXLConfig:
     named in every error, with the field and the value received.
 
     Raises:
-        ValueError: a field of the wrong type or value, a missing field, or
-            an attn_type other than 0.
+        ValueError: a field of the wrong type or value, a missing field, an
+            attn_type other than 0, sample_softmax > 0 or ext_len > 0.
     """
     try:
         config = _config_from_hf(hf, source)
@@ -157,6 +157,23 @@ def _config_from_hf(hf, source):
         raise ValueError(
             f"{source}: only attn_type=0 (Transformer-XL relative attention) "
             f"can be loaded, the checkpoint has attn_type={attn_type!r}."
+        )
+    # Options of transformers (or of its older TransfoXLConfig) that change
+    # the outputs and have no keras-txl equivalent: only their off values load.
+    sample_softmax = _hf_int(hf, "sample_softmax", -1, source)
+    if sample_softmax > 0:
+        raise ValueError(
+            f"{source}: sample_softmax={sample_softmax} is a sampled-softmax "
+            "model, which keras-txl (like transformers' TransfoXLLMHeadModel) "
+            "does not load: only sample_softmax <= 0 (the full adaptive "
+            "softmax) can be loaded."
+        )
+    ext_len = _hf_int(hf, "ext_len", 0, source, minimum=0)
+    if ext_len:
+        raise ValueError(
+            f"{source}: ext_len={ext_len} keeps the last {ext_len} positions "
+            "of each segment out of the memory (older transformers); "
+            "keras-txl loads ext_len=0 (or absent) only."
         )
     required = ["vocab_size", "d_model", "n_head", "d_head", "d_inner",
                 "n_layer"]

@@ -262,6 +262,29 @@ def test_hf_config_fields_of_the_wrong_type_are_refused(field, value, tmp_path):
     assert field in message and repr(value) in message
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("sample_softmax", 8, "sample_softmax=8 is a sampled-softmax model"),
+    ("ext_len", 2, "ext_len=2 keeps the last 2 positions"),
+    ("sample_softmax", "8", "`sample_softmax` has the wrong type"),
+    ("ext_len", -1, "`ext_len` has the wrong type or value"),
+])
+def test_hf_options_that_change_the_outputs_are_refused_by_name(field, value, says, tmp_path):
+    # A sampled softmax (transformers' LM head asserts it off) or an extended
+    # context (older transformers' ext_len, which shortens what enters the
+    # memory) would load as the plain model and compute something else.
+    config_path = _hf_folder(tmp_path / "hf", **{field: value})
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    assert str(config_path) in str(info.value) and says in str(info.value)
+    # Their off values load as before.
+    off = {"sample_softmax": -1, "ext_len": 0}[field]
+    _hf_folder(tmp_path / "off", **{field: off})
+    model = keras_txl.load_hf_checkpoint(str(tmp_path / "off"))
+    reference = keras_txl.load_hf_checkpoint(str(HF))
+    for a, b in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_hf_config_values_out_of_range_name_the_file(tmp_path):
     config_path = _hf_folder(tmp_path / "hf", weights=False, dropout=1.5)
     with pytest.raises(ValueError) as info:

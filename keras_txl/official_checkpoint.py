@@ -272,8 +272,8 @@ def read_vocabulary_file(path, vocabulary_size=None):
         list of str.
 
     Raises:
-        ValueError: a missing file, an empty or repeated symbol, or a size
-            other than `vocabulary_size`.
+        ValueError: a missing file, an empty or repeated symbol, a symbol
+            with whitespace in it, or a size other than `vocabulary_size`.
     """
     if not os.path.lexists(path):
         raise ValueError(f"`vocabulary_file`={path!r} does not exist.")
@@ -291,6 +291,16 @@ def read_vocabulary_file(path, vocabulary_size=None):
             raise ValueError(
                 f"`vocabulary_file` {path}: line {line} is empty; every line "
                 "must hold one symbol (the id is the line number - 1)."
+            )
+        if any(c.isspace() for c in symbol):
+            # The official vocabularies split their text on whitespace, so
+            # such a symbol is never produced: a "symbol count" file, or
+            # spaces an editor left, would map the text to other ids.
+            raise ValueError(
+                f"`vocabulary_file` {path}: line {line} {symbol!r} holds "
+                "whitespace; every line must hold one symbol and nothing "
+                "else (not a count, no spaces around it), as the official "
+                "tokenizers split text on whitespace."
             )
     seen = {}
     for line, symbol in enumerate(symbols, start=1):

@@ -120,6 +120,20 @@ def test_vocabulary_file_that_is_not_utf8_names_the_file_and_line(tmp_path):
 # === Official: the checkpoint is resolved inside the folder ===
 
 
+@pytest.mark.parametrize("line", ["b 4213", "b\t4213", "b ", " b", "b\u00a0c", "b\x0bc"])
+def test_vocabulary_symbol_with_whitespace_is_refused(line, tmp_path, no_model):
+    # The official tokenizers split text on whitespace (`str.split`): such a
+    # symbol is never produced, and a "symbol count" file of the right size
+    # would silently map every word to <unk> or to the wrong id.
+    write_release(tmp_path)
+    symbols = ["_"] + [chr(ord("a") + i) for i in range(26)]
+    symbols[2] = line
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(symbols) + "\n", encoding="utf-8")
+    message = load_error(tmp_path, vocabulary_file=str(vocab))
+    assert str(vocab) in message and f"line 3 {line!r} holds whitespace" in message
+
+
 def test_copied_release_folder_loads_its_own_weights(tmp_path):
     original = write_release(tmp_path / "a", seed=0)
     # TF1's Saver writes absolute paths into the `checkpoint` state file.

@@ -379,6 +379,18 @@ class _Checkpoint:
             _check_regular(prefix + ".index", "checkpoint index")
         for shard in sorted(glob.glob(glob.escape(prefix) + ".data-*")):
             _check_regular(shard, "checkpoint data shard")
+        index = prefix + ".index"
+        if os.path.lexists(index) and index not in tf.io.gfile.glob(index):
+            # TF's reader looks the index up as a glob pattern: a path that
+            # does not match itself (`[x]`, `\`) would read as a missing or
+            # damaged checkpoint.
+            raise ValueError(
+                f"TensorFlow's checkpoint reader cannot open {prefix!r}: it "
+                "reads the path as a glob pattern, which brackets ('[...]') "
+                "or a backslash in it change. Move, rename or link the "
+                "checkpoint to a path without them (the checkpoint itself "
+                "is not at fault)."
+            )
         try:
             self.reader = tf.train.load_checkpoint(prefix)
         except Exception as e:  # TF raises several error types here

@@ -134,6 +134,30 @@ def test_vocabulary_symbol_with_whitespace_is_refused(line, tmp_path, no_model):
     assert str(vocab) in message and f"line 3 {line!r} holds whitespace" in message
 
 
+@pytest.mark.parametrize("folder, prefix", [
+    ("run [v2]", "model.ckpt-0"), ("back\\slash", "model.ckpt-0"),
+    ("plain", "model[1].ckpt-0"),
+])
+def test_a_path_tensorflow_reads_as_a_glob_pattern_is_named(folder, prefix, tmp_path):
+    # TensorFlow's reader globs `<prefix>.index`: brackets or a backslash made
+    # an intact checkpoint read as "damaged or truncated".
+    directory = tmp_path / folder
+    write_release(directory)
+    if prefix != "model.ckpt-0":
+        for path in glob.glob(str(directory / "model.ckpt-0.*")):
+            os.rename(path, path.replace("model.ckpt-0", prefix))
+    path = str(directory / prefix)
+    message = load_error(path)
+    assert f"TensorFlow's checkpoint reader cannot open {path!r}" in message
+    assert "damaged" not in message
+
+
+def test_spaces_unicode_and_self_matching_glob_characters_load(tmp_path):
+    for name in ("with space é", "star*", "q?", "br[x"):
+        write_release(tmp_path / name, slots=False)
+        assert loaded_bias(tmp_path / name).shape == (4, 6)
+
+
 def test_copied_release_folder_loads_its_own_weights(tmp_path):
     original = write_release(tmp_path / "a", seed=0)
     # TF1's Saver writes absolute paths into the `checkpoint` state file.

@@ -132,6 +132,35 @@ HF_DEFAULTS = {"mem_len": 1600, "clamp_len": 1000, "same_length": True,
                "proj_share_all_but_first": True}
 
 
+# The fields config.json and the weights fix: a keyword argument of
+# `load_hf_checkpoint` may repeat them but not change them, as for the
+# official releases (the others are evaluation and training settings).
+HF_FIXED = ("vocabulary_size", "num_layers", "hidden_dim", "num_heads",
+            "head_dim", "intermediate_dim", "embedding_dim", "cutoffs",
+            "div_val", "tie_projections", "tie_embeddings", "project_same_dim",
+            "untie_relative_bias", "pre_layer_norm", "layer_norm_epsilon",
+            "attention_type", "same_length_convention")
+
+
+def _check_changes(config, changes, source):
+    """A ValueError naming the first of `changes` that contradicts a field
+    of `HF_FIXED` in `config` (read from `source`)."""
+    for key in HF_FIXED:
+        if key not in changes:
+            continue
+        value, fixed = changes[key], getattr(config, key)
+        if value == fixed or (isinstance(fixed, tuple) and isinstance(
+                value, (list, tuple)) and tuple(value) == fixed):
+            continue
+        raise ValueError(
+            f"`{key}`={value!r} contradicts {source}, which has "
+            f"{key}={fixed!r} (the checkpoint was trained so, and its "
+            "weights hold no sign of another value): leave it out. "
+            "Evaluation settings (memory_length, clamp_length, same_length, "
+            "segment_length, dropout, ...) can be changed."
+        )
+
+
 def _with_aliases(hf, source):
     """`hf` with transformers' alias names mapped to the fields they stand
     for; an alias and its field with other values is an error."""
@@ -470,8 +499,12 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         batch_size: int. Needed when stateful.
         limits: None, a dict or a `keras_txl.limits.Limits`: bounds on what
             the folder may ask for (see docs/reliability.md).
-        **changes: config overrides (e.g. `memory_length=1600` for a longer
-            evaluation memory, `dropout=0.0`).
+        **changes: config overrides of the evaluation and training
+            settings (e.g. `memory_length=1600` for a longer evaluation
+            memory, `dropout=0.0`). The fields the checkpoint fixes
+            (`HF_FIXED`: widths, layers, `pre_layer_norm`,
+            `layer_norm_epsilon`, `same_length_convention`, ...) may be
+            repeated, not changed.
 
     Returns:
         A `TransformerXLCausalLM` with the checkpoint's weights.
@@ -482,7 +515,8 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             truncated or corrupted `model.safetensors`, weights that do not
             match the config, a tensor that is not float16/bfloat16/
             float32/float64 or holds NaN/Inf (naming the file and tensor),
-            or a config beyond `limits`.
+            a keyword argument that contradicts the checkpoint, or a config
+            beyond `limits`.
     """
     from keras_txl.causal_lm import TransformerXLCausalLM
     from keras_txl.safe_files import folder_path
@@ -500,6 +534,7 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
     config = config_from_hf(hf, config_path)
     check_config(config, limits, source=config_path)
     if changes:
+        _check_changes(config, changes, config_path)
         config = config.replace(**changes)
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")

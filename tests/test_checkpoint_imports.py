@@ -323,6 +323,33 @@ def test_hf_options_that_change_the_outputs_are_refused_by_name(field, value, sa
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.parametrize("field, value", [
+    ("pre_layer_norm", True), ("layer_norm_epsilon", 1e-12),
+    ("same_length_convention", "official_tf"), ("attention_type", "vanilla"),
+    ("tie_projections", (False, False, False)), ("num_layers", 1),
+])
+def test_hf_keyword_contradicting_the_checkpoint_is_refused(field, value):
+    # pre_layer_norm, the epsilon, the same_length mask or the attention leave
+    # no trace in the weights: changed, the model loaded and computed
+    # another function than the checkpoint's.
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(HF), **{field: value})
+    message = str(info.value)
+    assert f"`{field}`={value!r} contradicts {HF / 'config.json'}" in message
+
+
+def test_hf_keywords_may_repeat_the_checkpoint_and_change_evaluation_settings():
+    reference = keras_txl.load_hf_checkpoint(str(HF))
+    cfg = reference.txl_config
+    model = keras_txl.load_hf_checkpoint(
+        str(HF), pre_layer_norm=cfg.pre_layer_norm, cutoffs=list(cfg.cutoffs),
+        tie_projections=list(cfg.tie_projections), memory_length=3,
+        clamp_length=2, same_length=True, dropout=0.0)
+    assert (model.txl_config.memory_length, model.txl_config.clamp_length) == (3, 2)
+    for a, b in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_hf_config_values_out_of_range_name_the_file(tmp_path):
     config_path = _hf_folder(tmp_path / "hf", weights=False, dropout=1.5)
     with pytest.raises(ValueError) as info:

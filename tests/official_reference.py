@@ -317,8 +317,14 @@ def forward(layout, variables, token_ids, mems=None):
     output = embeddings
     new_mems = []
     for layer in range(lay.n_layer):
-        # _cache_mem: the layer *input* joins the memory.
-        new_mems.append(np.concatenate([mems[layer], output], 0)[-lay.mem_len:])
+        # _cache_mem: the layer *input* joins the memory; mem_len 0 keeps
+        # the (empty) memory it was given (`[-0:]` would keep everything).
+        if lay.mem_len == 0:
+            new_mems.append(mems[layer])
+        else:
+            new_mems.append(
+                np.concatenate([mems[layer], output], 0)[-lay.mem_len:]
+            )
         a = t + f"layer_{layer}/rel_attn/"
         r_w_bias = w[t + "r_w_bias"][layer] if lay.untie_r else w[t + "r_w_bias"]
         r_r_bias = w[t + "r_r_bias"][layer] if lay.untie_r else w[t + "r_r_bias"]

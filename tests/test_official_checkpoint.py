@@ -103,6 +103,27 @@ def test_matches_numpy_reference_over_segments(name, tmp_path):
     assert np.abs(alone["log_probs"].numpy() - rows[-1]["log_probs"]).max() > 1e-2
 
 
+@pytest.mark.parametrize("same_length", [True, False])
+def test_memory_length_zero_matches_the_official_cache_mem(same_length, tmp_path):
+    # `_cache_mem` with mem_len 0 returns the empty memory it was given: no
+    # recurrence, every segment alone.
+    import dataclasses
+
+    layout = dataclasses.replace(ref.LAYOUTS["wt103"], mem_len=0,
+                                 same_length=same_length)
+    variables = ref.official_variables(layout)
+    ref.write_checkpoint(str(tmp_path), variables, layout)
+    model = keras_txl.load_official_checkpoint(tmp_path, **settings(layout))
+    rows = chain(model, layout, variables)
+    for row in rows:
+        assert row["memory"].shape == (B, layout.n_layer, 0, layout.d_model)
+        assert row["ref_memory"].shape == row["memory"].shape
+        assert np.abs(row["log_probs"] - row["ref_log_probs"]).max() < ATOL
+    alone = model.call_with_memory(rows[-1]["ids"].astype("int32"))
+    np.testing.assert_allclose(alone["log_probs"].numpy(), rows[-1]["log_probs"],
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "form", ["folder", "prefix", "no_state_file", "stale_state_file", "inner_cutoffs"]
 )

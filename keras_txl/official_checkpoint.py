@@ -4,8 +4,9 @@ The authors' TF1 code (kimiyoung/transformer-xl, `tf/model.py`) saved its
 models as name-based checkpoints (`model.ckpt-N.index` / `.data-*`, with a
 `checkpoint` state file) beside a `corpus-info.json`
 (`{"vocab_size": ..., "cutoffs": [0, c_1, ..., vocab_size], "dataset": ...}`).
-This module reads them with `tf.train.load_checkpoint` only: no TF1 graph
-is built and nothing is unpickled (the releases' `cache.pkl`, which holds
+This module reads them with `tf.train.load_checkpoint` only (the same
+variables saved by a TF2 `tf.train.Checkpoint`, under their object paths,
+load too): no TF1 graph is built and nothing is unpickled (the releases' `cache.pkl`, which holds
 the vocabulary, is never opened; see `docs/official_checkpoints.md`).
 
 Everything the variable shapes and `corpus-info.json` determine is inferred
@@ -79,8 +80,13 @@ _SLOT = re.compile(
 )
 _BOOKKEEPING = re.compile(
     r"^(global_step|beta1_power(_\d+)?|beta2_power(_\d+)?|"
-    r"learning_rate|_CHECKPOINTABLE_OBJECT_GRAPH)$"
+    r"learning_rate|_CHECKPOINTABLE_OBJECT_GRAPH|save_counter)$"
+    # tf.train.Checkpoint: slots of a tracked optimizer, and its own state.
+    r"|/\.OPTIMIZER_SLOT/|^optimizer/"
 )
+# A tf.train.Checkpoint (TF2, object-based) stores a variable under its
+# object path, each component escaped ("/" as ".S", "." as ".."), and this.
+_OBJECT_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 _LAYER = re.compile(r"^transformer/layer_(\d+)/")
 
 # What the official code fixes: a keyword argument may repeat these values
@@ -100,7 +106,21 @@ EVALUATION_SETTINGS = dict(dropout=0.0, attention_dropout=0.0)
 
 def is_bookkeeping(name):
     """Whether a checkpoint variable is an optimizer slot or a counter."""
-    return bool(_SLOT.search(name) or _BOOKKEEPING.match(name))
+    return bool(_SLOT.search(name) or _BOOKKEEPING.search(name))
+
+
+def variable_name(key):
+    """The variable name a checkpoint key stands for: a TF1 name as it is,
+    the key of a `tf.train.Checkpoint` as its object path unescaped
+    (`transformer/r_w_bias/.ATTRIBUTES/VARIABLE_VALUE` or
+    `transformer.Sr_w_bias/.ATTRIBUTES/VARIABLE_VALUE`:
+    `transformer/r_w_bias`)."""
+    if not key.endswith(_OBJECT_VALUE):
+        return key
+    return "/".join(
+        re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), part)
+        for part in key[: -len(_OBJECT_VALUE)].split("/")
+    )
 
 
 # === Files ===
@@ -399,10 +419,19 @@ class _Checkpoint:
                 f"truncated checkpoint (or a missing .data file?): {e}"
             ) from None
         shapes = self.reader.get_variable_to_shape_map()
-        self.skipped = sorted(n for n in shapes if is_bookkeeping(n))
+        self.keys = {}  # variable name -> its key in the checkpoint
+        for key in sorted(shapes):
+            name = variable_name(key)
+            if name in self.keys:
+                raise ValueError(
+                    f"{prefix}: variable {name!r} is stored twice, as "
+                    f"{self.keys[name]!r} and {key!r}: which one holds?"
+                )
+            self.keys[name] = key
+        self.skipped = sorted(n for n in self.keys if is_bookkeeping(n))
         self.shapes = {
-            name: tuple(shape)
-            for name, shape in shapes.items()
+            name: tuple(shapes[key])
+            for name, key in self.keys.items()
             if not is_bookkeeping(name)
         }
 
@@ -422,7 +451,7 @@ class _Checkpoint:
         files there, whole and with matching checksums), of a float dtype
         and finite (`keras_txl.checks.loaded_weight`)."""
         try:
-            value = self.reader.get_tensor(name)
+            value = self.reader.get_tensor(self.keys[name])
         except Exception as e:  # IndexError, OpError, ... from TF's reader
             message = (str(e).strip().splitlines() or [""])[0]
             raise ValueError(

@@ -158,6 +158,18 @@ def test_spaces_unicode_and_self_matching_glob_characters_load(tmp_path):
         assert loaded_bias(tmp_path / name).shape == (4, 6)
 
 
+def test_a_variable_stored_under_two_keys_is_refused(tmp_path, no_model):
+    # The TF1 name and the tf.train.Checkpoint key of one variable: which
+    # one holds is not for the loader to guess.
+    variables = ref.official_variables(ref.LAYOUTS[LAYOUT])
+    key = "transformer/r_w_bias/.ATTRIBUTES/VARIABLE_VALUE"
+    write_release(tmp_path, variables={**variables, key: variables["transformer/r_w_bias"]},
+                  slots=False)
+    message = load_error(tmp_path)
+    assert "variable 'transformer/r_w_bias' is stored twice, as" in message
+    assert repr(key) in message
+
+
 def test_copied_release_folder_loads_its_own_weights(tmp_path):
     original = write_release(tmp_path / "a", seed=0)
     # TF1's Saver writes absolute paths into the `checkpoint` state file.

@@ -124,6 +124,43 @@ def test_memory_length_zero_matches_the_official_cache_mem(same_length, tmp_path
                                atol=1e-6)
 
 
+@pytest.mark.parametrize("keys", ["nested", "flat"])
+def test_tf2_object_based_checkpoint_of_the_official_variables(keys, tmp_path):
+    # The official variables saved with tf.train.Checkpoint (TF2): keys are
+    # object paths ("transformer/r_w_bias/.ATTRIBUTES/VARIABLE_VALUE", or with
+    # "/" escaped as ".S" when a name holds it), with save_counter beside them.
+    import tensorflow as tf
+
+    layout = ref.LAYOUTS["wt103_heads3x8_mem9_clamp2"]
+    variables = ref.official_variables(layout)
+    created = {name: tf.Variable(value) for name, value in variables.items()}
+    if keys == "flat":
+        root = tf.train.Checkpoint(**created)
+    else:
+        modules = {}
+
+        def module(path):
+            if path not in modules:
+                modules[path] = tf.Module()
+                parent, _, leaf = path.rpartition("/")
+                setattr(module(parent) if parent else top, leaf, modules[path])
+            return modules[path]
+
+        top = tf.Module()
+        for name, variable in created.items():
+            parent, _, leaf = name.rpartition("/")
+            setattr(module(parent), leaf, variable)
+        root = tf.train.Checkpoint(transformer=top.transformer)
+    root.save(str(tmp_path / "model.ckpt"))
+    (tmp_path / "corpus-info.json").write_text(json.dumps(
+        {"vocab_size": layout.n_token, "cutoffs": layout.cutoffs, "dataset": "wt103"}))
+    names = [n for n, _ in tf.train.list_variables(str(tmp_path / "model.ckpt-1"))]
+    assert any(n.endswith("/.ATTRIBUTES/VARIABLE_VALUE") for n in names)
+    model = keras_txl.load_official_checkpoint(tmp_path, **settings(layout))
+    rows = chain(model, layout, variables)
+    assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
+
+
 @pytest.mark.parametrize(
     "form", ["folder", "prefix", "no_state_file", "stale_state_file", "inner_cutoffs"]
 )

@@ -281,7 +281,9 @@ def read_corpus_info(path):
 
 
 def read_vocabulary_file(path, vocabulary_size=None):
-    """Reads a vocabulary file: one symbol per line, the id is the line.
+    """Reads a vocabulary file: one symbol per line, the id is the line; as
+    the official code, a line's first field is its symbol (a count may
+    follow).
 
     Args:
         path: str. A UTF-8 text file (see `docs/official_checkpoints.md` for
@@ -292,8 +294,8 @@ def read_vocabulary_file(path, vocabulary_size=None):
         list of str.
 
     Raises:
-        ValueError: a missing file, an empty or repeated symbol, a symbol
-            with whitespace in it, or a size other than `vocabulary_size`.
+        ValueError: a missing file, an empty line, a repeated symbol, or a
+            size other than `vocabulary_size`.
     """
     if not os.path.lexists(path):
         raise ValueError(f"`vocabulary_file`={path!r} does not exist.")
@@ -306,22 +308,18 @@ def read_vocabulary_file(path, vocabulary_size=None):
     symbols = [s[:-1] if s.endswith("\r") else s for s in text.split("\n")]
     if text == "":
         symbols = []
-    for line, symbol in enumerate(symbols, start=1):
-        if symbol == "":
+    # As the official `Vocab._build_from_file` reads a vocabulary file: the
+    # first whitespace-separated field of each line, so a count may follow
+    # the symbol (LM1B's `1b_word_vocab.txt`) and spaces around it are not
+    # part of it (its tokenizers split text on whitespace: no symbol holds any).
+    fields = [s.split() for s in symbols]
+    for line, field in enumerate(fields, start=1):
+        if not field:
             raise ValueError(
                 f"`vocabulary_file` {path}: line {line} is empty; every line "
                 "must hold one symbol (the id is the line number - 1)."
             )
-        if any(c.isspace() for c in symbol):
-            # The official vocabularies split their text on whitespace, so
-            # such a symbol is never produced: a "symbol count" file, or
-            # spaces an editor left, would map the text to other ids.
-            raise ValueError(
-                f"`vocabulary_file` {path}: line {line} {symbol!r} holds "
-                "whitespace; every line must hold one symbol and nothing "
-                "else (not a count, no spaces around it), as the official "
-                "tokenizers split text on whitespace."
-            )
+    symbols = [field[0] for field in fields]
     seen = {}
     for line, symbol in enumerate(symbols, start=1):
         if symbol in seen:

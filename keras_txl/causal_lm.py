@@ -1003,8 +1003,12 @@ class TransformerXLCausalLM(CausalLM):
         """A copy with other memory_length / clamp_length / same_length...
 
         Weights do not depend on those settings (the paper evaluates with a
-        longer memory than it trains with); the copy shares no variables.
+        longer memory than it trains with); the copy shares no variables. A
+        field the weights were trained with (`keras_txl.config.TRAINED_FIELDS`:
+        widths, `pre_layer_norm`, `layer_norm_epsilon`, ...) may be repeated,
+        not changed.
         """
+        self.txl_config.check_trained_fields(changes, "this model's config")
         config = self.txl_config.replace(**changes)
         clone = TransformerXLCausalLM(
             config, preprocessor=self.preprocessor, stateful=stateful,

@@ -28,6 +28,20 @@ def _python_number(value):
     return value
 
 
+# The fields that decide the function a model's weights compute: their
+# shapes, and the settings that change the numbers but no shape. Loading a
+# model (`load_pretrained`, `load_hf_checkpoint`) or copying it
+# (`with_settings`) may repeat them, not change them; the other fields are
+# settings of evaluation or training.
+TRAINED_FIELDS = (
+    "vocabulary_size", "num_layers", "hidden_dim", "num_heads", "head_dim",
+    "intermediate_dim", "embedding_dim", "cutoffs", "div_val",
+    "tie_projections", "tie_embeddings", "project_same_dim",
+    "untie_relative_bias", "pre_layer_norm", "layer_norm_epsilon",
+    "attention_type", "same_length_convention",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerXLConfig:
     """Hyper-parameters of a Transformer-XL language model.
@@ -381,6 +395,24 @@ class TransformerXLConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"Config is not valid JSON: {e}") from None
         return cls.from_dict(data)
+
+    def check_trained_fields(self, changes: dict, source: str) -> None:
+        """A ValueError naming the first of `changes` that changes one of
+        `TRAINED_FIELDS` of this config (read from `source`)."""
+        for key in TRAINED_FIELDS:
+            if key not in changes:
+                continue
+            value, fixed = changes[key], getattr(self, key)
+            if value == fixed or (isinstance(fixed, tuple) and isinstance(
+                    value, (list, tuple)) and tuple(value) == fixed):
+                continue
+            raise ValueError(
+                f"`{key}`={value!r} contradicts {source}, which has "
+                f"{key}={fixed!r} (the weights were trained so, and hold no "
+                "sign of another value): leave it out. Evaluation settings "
+                "(memory_length, clamp_length, same_length, segment_length, "
+                "dropout, ...) can be changed."
+            )
 
     def replace(self, **changes: Any) -> "TransformerXLConfig":
         names = {f.name for f in dataclasses.fields(self)}

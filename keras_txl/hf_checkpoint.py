@@ -132,35 +132,6 @@ HF_DEFAULTS = {"mem_len": 1600, "clamp_len": 1000, "same_length": True,
                "proj_share_all_but_first": True}
 
 
-# The fields config.json and the weights fix: a keyword argument of
-# `load_hf_checkpoint` may repeat them but not change them, as for the
-# official releases (the others are evaluation and training settings).
-HF_FIXED = ("vocabulary_size", "num_layers", "hidden_dim", "num_heads",
-            "head_dim", "intermediate_dim", "embedding_dim", "cutoffs",
-            "div_val", "tie_projections", "tie_embeddings", "project_same_dim",
-            "untie_relative_bias", "pre_layer_norm", "layer_norm_epsilon",
-            "attention_type", "same_length_convention")
-
-
-def _check_changes(config, changes, source):
-    """A ValueError naming the first of `changes` that contradicts a field
-    of `HF_FIXED` in `config` (read from `source`)."""
-    for key in HF_FIXED:
-        if key not in changes:
-            continue
-        value, fixed = changes[key], getattr(config, key)
-        if value == fixed or (isinstance(fixed, tuple) and isinstance(
-                value, (list, tuple)) and tuple(value) == fixed):
-            continue
-        raise ValueError(
-            f"`{key}`={value!r} contradicts {source}, which has "
-            f"{key}={fixed!r} (the checkpoint was trained so, and its "
-            "weights hold no sign of another value): leave it out. "
-            "Evaluation settings (memory_length, clamp_length, same_length, "
-            "segment_length, dropout, ...) can be changed."
-        )
-
-
 def _with_aliases(hf, source):
     """`hf` with transformers' alias names mapped to the fields they stand
     for; an alias and its field with other values is an error."""
@@ -502,7 +473,7 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         **changes: config overrides of the evaluation and training
             settings (e.g. `memory_length=1600` for a longer evaluation
             memory, `dropout=0.0`). The fields the checkpoint fixes
-            (`HF_FIXED`: widths, layers, `pre_layer_norm`,
+            (`keras_txl.config.TRAINED_FIELDS`: widths, layers, `pre_layer_norm`,
             `layer_norm_epsilon`, `same_length_convention`, ...) may be
             repeated, not changed.
 
@@ -534,7 +505,7 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
     config = config_from_hf(hf, config_path)
     check_config(config, limits, source=config_path)
     if changes:
-        _check_changes(config, changes, config_path)
+        config.check_trained_fields(changes, config_path)
         config = config.replace(**changes)
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")

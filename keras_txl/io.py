@@ -254,8 +254,10 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
         stateful, batch_size: as for `TransformerXLCausalLM`.
         limits: None, a dict or a `keras_txl.limits.Limits`: bounds on what
             the folder may ask for (see docs/reliability.md).
-        **changes: config overrides that do not change weight shapes
-            (memory_length, clamp_length, same_length, dropout, ...).
+        **changes: config overrides of the evaluation and training settings
+            (memory_length, clamp_length, same_length, dropout, ...); a field
+            the weights were trained with (`keras_txl.config.TRAINED_FIELDS`)
+            may be repeated, not changed.
 
     Raises:
         ValueError: missing files, a truncated/corrupted weights file,
@@ -275,6 +277,7 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
         return load_hf_checkpoint(directory, stateful, batch_size, limits, **changes)
     config = load_config(directory, limits)
     if changes:
+        config.check_trained_fields(changes, os.path.join(directory, CONFIG_FILE))
         config = config.replace(**changes)
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, WEIGHTS_FILE)

@@ -249,6 +249,31 @@ def test_with_settings_keeps_weights_and_changes_memory_length():
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_a_trained_field_may_be_repeated_not_changed_on_copy_or_load(tmp_path):
+    # Same shapes, another function: pre_layer_norm=True or another epsilon
+    # over these weights computed something the model was never trained to.
+    from keras_txl.io import load_pretrained
+    from keras_txl.io import save_pretrained
+
+    model = TransformerXLCausalLM(tiny())
+    for change in (dict(pre_layer_norm=True), dict(layer_norm_epsilon=1e-12),
+                   dict(attention_type="vanilla"), dict(num_heads=4, head_dim=4)):
+        key = next(iter(change))
+        with pytest.raises(ValueError, match=rf"`{key}`=.* contradicts this model's config, "
+                                             rf"which has {key}="):
+            model.with_settings(**change)
+    save_pretrained(model, tmp_path / "m")
+    with pytest.raises(ValueError, match=r"`pre_layer_norm`=True contradicts .*config.json"):
+        load_pretrained(tmp_path / "m", pre_layer_norm=True)
+    same = load_pretrained(tmp_path / "m", pre_layer_norm=False, cutoffs=list(model.txl_config.cutoffs),
+                           memory_length=6, dropout=0.0)
+    assert same.txl_config.memory_length == 6
+    ids = segments(1)[0]
+    np.testing.assert_allclose(same.call_with_memory(ids)["log_probs"],
+                               model.with_settings(memory_length=6, dropout=0.0)
+                               .call_with_memory(ids)["log_probs"], atol=1e-6)
+
+
 def test_each_replica_keeps_its_own_memory_under_mirrored_strategy():
     strategy = mirrored_strategy()
     assert strategy.num_replicas_in_sync == 2, "conftest configures two logical CPUs"

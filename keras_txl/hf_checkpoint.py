@@ -232,7 +232,21 @@ def _config_from_hf(hf, source):
     try:
         return TransformerXLConfig(**fields)
     except ValueError as e:  # a range the config checks (dropout < 1, ...)
-        raise ValueError(f"{source}: {e}") from None
+        # The message names keras-txl's field; say which config.json key it
+        # was read from.
+        named = [f"`{field}` is {source}'s `{key}`" for field, key in _HF_KEYS.items()
+                 if f"`{field}`" in str(e)]
+        raise ValueError(f"{source}: {e}" + (f" ({'; '.join(named)}.)" if named else "")) from None
+
+
+# keras-txl's config fields read from config.json keys of another name.
+_HF_KEYS = {"vocabulary_size": "vocab_size", "num_layers": "n_layer", "hidden_dim": "d_model",
+            "num_heads": "n_head", "head_dim": "d_head", "intermediate_dim": "d_inner",
+            "embedding_dim": "d_embed", "tie_projections": "tie_projs",
+            "tie_embeddings": "tie_word_embeddings", "segment_length": "tgt_len",
+            "memory_length": "mem_len", "clamp_length": "clamp_len", "pre_layer_norm": "pre_lnorm",
+            "untie_relative_bias": "untie_r", "attention_dropout": "dropatt",
+            "projection_init_std": "proj_init_std"}
 
 
 class _StateDict:

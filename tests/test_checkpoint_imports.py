@@ -305,6 +305,17 @@ def test_hf_options_that_change_the_outputs_are_refused_by_name(field, value, sa
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.parametrize("key, value, field", [("clamp_len", -5, "clamp_length"),
+                                              ("dropatt", 1.5, "attention_dropout")])
+def test_hf_value_out_of_range_names_the_config_json_key(key, value, field, tmp_path):
+    # The config's range check names keras-txl's field, which config.json
+    # does not have.
+    config_path = _hf_folder(tmp_path / "hf", **{key: value})
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    assert f"`{field}` is {config_path}'s `{key}`" in str(info.value)
+
+
 @pytest.mark.parametrize("field, value", [
     ("pre_layer_norm", True), ("layer_norm_epsilon", 1e-12),
     ("same_length_convention", "official_tf"), ("attention_type", "vanilla"),

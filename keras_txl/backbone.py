@@ -26,6 +26,30 @@ from keras_txl.position_encoding import absolute_position_embedding
 from keras_txl.position_encoding import relative_position_embedding
 
 
+class SubclassedModelType(type):
+    """The metaclass of keras-txl's models: they stay subclassed models.
+
+    When a functional model whose class derives from a subclass of
+    `keras.Model` is built (every keras-hub model: `GPT2Backbone(...)`,
+    `Backbone.from_preset(...)` of another architecture), Keras rewrites the
+    bases of that chain so that `keras.Model` becomes `Functional`
+    (keras-team/keras#17270), and with it the bases of keras-hub's shared
+    `Backbone` and `Task`, for the rest of the process. Python then
+    recomputes the method resolution order of every subclass, ours
+    included: their constructors asked for `inputs` and `outputs` and the
+    models built before failed at their next call. The resolution order of
+    a class of this type leaves out `Functional` (and its `Function` base),
+    whatever Keras does to keras-hub's classes: its methods are keras-hub's
+    and `keras.Model`'s, as they were written against.
+    """
+
+    def mro(cls):
+        from keras.src.models.functional import Functional
+
+        functional = set(Functional.__mro__) - set(keras.Model.__mro__)
+        return [base for base in super().mro() if base not in functional]
+
+
 def _check_cpu_dtype(policy):
     """A bfloat16 (float16) policy on a CPU whose oneDNN is capped below the level
     that has those matmuls would crash TensorFlow at the first one
@@ -42,7 +66,7 @@ def _check_cpu_dtype(policy):
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
-class TransformerXLBackbone(Backbone):
+class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
     """Adaptive embedding + L decoder blocks with segment-level recurrence.
 
     A `keras_hub.models.Backbone`: `get_config()` holds the hyper-parameters

@@ -18,6 +18,7 @@ from keras_hub.samplers import Sampler
 from keras_txl import checks
 from keras_txl import folders
 from keras_txl.adaptive import AdaptiveSoftmax
+from keras_txl.backbone import SubclassedModelType
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 from keras_txl.config import TransformerXLConfig
@@ -224,7 +225,7 @@ def _saved_settings(preset):
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
-class TransformerXLCausalLM(CausalLM):
+class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
     """Transformer-XL language model with explicit or stateful memory.
 
     A `keras_hub.models.CausalLM`: `from_preset` / `save_to_preset`,

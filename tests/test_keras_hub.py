@@ -635,3 +635,47 @@ def test_a_keras_file_reloads_compiled_as_saved(tmp_path):
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert loaded.generate(["Hello", "abc def"], max_length=20) == expected
+
+
+def test_another_keras_hub_model_in_the_process_leaves_transformer_xl_working(tmp_path):
+    # Building a functional keras-hub model makes Keras rewrite the bases of
+    # keras-hub's shared Backbone and Task classes to Functional
+    # (keras-team/keras#17270): every Transformer-XL model, built before or
+    # after, then failed ("missing 'inputs' and 'outputs'", "no attribute
+    # '_inputs'"). A fresh process, since the rewrite lasts for the process.
+    import subprocess
+    import sys
+
+    code = f"""
+import numpy as np, keras, keras_hub, keras_txl
+from keras_txl import TransformerXLCausalLM, TransformerXLBackbone
+from keras_txl.tokenizers import ByteTokenizer
+from keras.src.models.functional import Functional
+config = dict(vocabulary_size=256, num_layers=1, hidden_dim=8, num_heads=2,
+              intermediate_dim=16, segment_length=4, memory_length=4, dropout=0.0)
+model = TransformerXLCausalLM(config)
+ids = np.arange(8, dtype="int32").reshape(2, 4)
+before = model.call_with_memory(ids)["log_probs"].numpy()
+folder = {str(tmp_path / "txl")!r}
+keras_txl.save_preset(model, folder, tokenizer=ByteTokenizer())
+gpt2 = keras_hub.models.GPT2Backbone(vocabulary_size=10, num_layers=1, num_heads=2,
+    hidden_dim=8, intermediate_dim=16, max_sequence_length=8)
+keras_hub.models.GPT2CausalLM(gpt2)
+gpt2.save_to_preset({str(tmp_path / "gpt2")!r})
+keras_hub.models.Backbone.from_preset({str(tmp_path / "gpt2")!r})
+assert not isinstance(model, Functional) and not isinstance(model.backbone, Functional)
+np.testing.assert_array_equal(model.call_with_memory(ids)["log_probs"].numpy(), before)
+np.testing.assert_array_equal(model.predict(ids, verbose=0), before)
+for load in (TransformerXLCausalLM.from_preset, keras_hub.models.CausalLM.from_preset):
+    loaded = load(folder)
+    np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"].numpy(), before)
+TransformerXLBackbone(config)
+assert len(model.layers) == 2 and model.count_params() == loaded.count_params()
+assert type(gpt2).__mro__[:3] == (keras_hub.models.GPT2Backbone, keras_hub.models.Backbone,
+                                  Functional)
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "ok"

@@ -1044,8 +1044,15 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
 
     # --- keras-hub: presets -------------------------------------------------
     def save_to_preset(self, preset_dir, max_shard_size=10):
-        """keras-hub's `save_to_preset`, with a mixed-precision model saved
-        as its float32 weights.
+        """keras-hub's `save_to_preset`, written atomically, with a
+        `manifest.json`, and a mixed-precision model saved as its float32
+        weights.
+
+        The preset is written beside `preset_dir` under a temporary name and
+        renamed into place (`keras_txl.io.write_preset`): a killed save
+        leaves the previous preset, never half of one. `preset_dir` must be
+        new, an empty folder or a keras-hub preset (replaced; its README.md
+        is kept): a folder holding other files is refused, not deleted.
 
         keras-hub's loader reads a plain float dtype in the preset's config
         as "the weights' dtype" and builds the model in the loading
@@ -1068,10 +1075,14 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             if self.stateful:  # the memory too, as the model's own save would
                 copy.memory.assign(ops.cast(self.memory, copy.memory.dtype))
             return copy.save_to_preset(preset_dir, max_shard_size=max_shard_size)
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
-        # Last: the sizes and sha256s a loader checks (`folders.verify_manifest`),
-        # replacing a manifest a previous save left in the folder.
-        folders.write_manifest(os.fspath(preset_dir))
+        from keras_txl.io import write_preset
+
+        def write(staging):
+            CausalLM.save_to_preset(self, staging, max_shard_size=max_shard_size)
+            # Last: the sizes and sha256s a loader checks (`folders.verify_manifest`).
+            folders.write_manifest(staging)
+
+        write_preset(preset_dir, write)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):

@@ -176,13 +176,31 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
         check_preprocessor(preprocessor, model.txl_config.vocabulary_size)
     task = model.with_settings(stateful=False)
     task.preprocessor = preprocessor
+    task.save_to_preset(directory)  # staged, with its manifest.json
+    return directory
+
+
+def write_preset(directory, write):
+    """Writes a preset folder with `write(folder)` beside `directory`, under a
+    temporary name, then renames it into place (`TransformerXLCausalLM.
+    save_to_preset`, hence `save_preset`): a killed writer leaves the
+    previous preset (or nothing), never half of one.
+
+    `directory` must be new, an empty folder or a keras-hub preset, which is
+    replaced; its model card (`README.md`) is kept unless `write` wrote one.
+    """
+    directory = os.path.abspath(os.fspath(directory))
+    _check_replaceable(directory)
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     remove_stale_temporaries(parent)
     staging = tempfile.mkdtemp(dir=parent, prefix=temporary_prefix("preset"))
     try:
         os.chmod(staging, default_mode(directory=True))
-        task.save_to_preset(staging)  # with its manifest.json
+        write(staging)
+        card = os.path.join(directory, _MODEL_CARD)
+        if os.path.isfile(card) and not os.path.lexists(os.path.join(staging, _MODEL_CARD)):
+            shutil.copy2(card, os.path.join(staging, _MODEL_CARD))
         _replace_directory(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -190,6 +208,8 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     return directory
 
 
+# keras-hub's model card: not read by a loader, the user's, kept by a save.
+_MODEL_CARD = "README.md"
 # What keras-hub writes into a preset folder (keras_hub.src.utils.preset_utils:
 # its config, task, preprocessor, tokenizer and metadata JSON files, weights,
 # sharded weights and their index, assets, model card).

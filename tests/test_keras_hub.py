@@ -554,6 +554,58 @@ def test_save_preset_replaces_only_a_preset(tmp_path):
     assert ((tmp_path / "weights" / "model.safetensors").stat().st_mode & 0o777) == 0o666 & ~mask
 
 
+def test_a_save_to_preset_killed_midway_leaves_the_previous_preset(tmp_path, monkeypatch):
+    # keras-hub's save_to_preset writes into the folder file by file: killed
+    # after the weights, a preset without a manifest (keras-hub's own, or an
+    # older keras-txl's) loaded the new weights with the old tokenizer files.
+    import json
+
+    from keras_hub.src.utils import preset_utils
+
+    old = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
+    ids = random_ids((1, 6), 256)
+    expected = old.call_with_memory(ids)["log_probs"]
+    folder = tmp_path / "preset"
+    old.save_to_preset(str(folder))
+    (folder / "manifest.json").unlink()
+    keras.utils.set_random_seed(1)
+    new = TransformerXLCausalLM(tiny_config(vocabulary_size=256, init_std=0.5),
+                                preprocessor=byte_preprocessor(sequence_length=5))
+
+    def killed(self, *args, **kwargs):
+        raise KeyboardInterrupt("killed while writing")
+
+    for name in ("save_preprocessor", "save_backbone", "save_task"):
+        with monkeypatch.context() as patch:
+            patch.setattr(preset_utils.KerasPresetSaver, name, killed)
+            for target in (folder, tmp_path / "new"):
+                with pytest.raises(KeyboardInterrupt):
+                    new.save_to_preset(str(target))
+        loaded = TransformerXLCausalLM.from_preset(str(folder))
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"], expected)
+        saved = json.loads((folder / "preprocessor.json").read_text())
+        assert saved["config"]["sequence_length"] == 8  # the old one, whole
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["preset"]
+    new.save_to_preset(str(folder))  # and a complete save replaces it
+    np.testing.assert_array_equal(
+        TransformerXLCausalLM.from_preset(str(folder)).call_with_memory(ids)["log_probs"],
+        new.call_with_memory(ids)["log_probs"])
+    assert TransformerXLCausalLM.from_preset(str(folder)).preprocessor.sequence_length == 5
+
+
+def test_replacing_a_preset_keeps_its_model_card(tmp_path):
+    # README.md (keras-hub's model card) is admitted in a preset folder, and
+    # was deleted with the old preset when a save replaced it.
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
+    folder = tmp_path / "preset"
+    keras_txl.save_preset(model, str(folder))
+    (folder / "README.md").write_text("# My model")
+    keras_txl.save_preset(model, str(folder))
+    model.save_to_preset(str(folder))
+    assert (folder / "README.md").read_text() == "# My model"
+    TransformerXLCausalLM.from_preset(str(folder))  # not in the manifest, not checked
+
+
 def test_a_preset_task_config_must_match_its_config(tmp_path):
     # keras-hub builds the model from task.json's copy of the backbone config,
     # not from config.json (the one checked against the limits).

@@ -261,7 +261,6 @@ def check_preset_weights(directory):
     Keras casts what it loads to the variable's dtype, which turns an int
     or bool tensor (a damaged or foreign file) into weights in silence."""
     import h5py
-    import numpy as np
 
     from keras_txl.checks import WEIGHT_DTYPES
 
@@ -274,8 +273,8 @@ def check_preset_weights(directory):
         def visit(key, item, bad=bad):
             # (an optimizer's step counter is an integer by design)
             if (isinstance(item, h5py.Dataset) and not key.startswith("optimizer/")
-                    and np.dtype(item.dtype).name not in WEIGHT_DTYPES):
-                bad.append(f"{key} ({np.dtype(item.dtype).name})")
+                    and _stored_dtype(item) not in WEIGHT_DTYPES):
+                bad.append(f"{key} ({_stored_dtype(item)})")
 
         try:
             with h5py.File(path, "r") as handle:
@@ -291,6 +290,18 @@ def check_preset_weights(directory):
                 f"{path}: {', '.join(bad[:3])}: a weight must be one of "
                 f"{', '.join(WEIGHT_DTYPES)} (a damaged or foreign file?)."
             )
+
+
+def _stored_dtype(dataset):
+    """The dtype name of an HDF5 dataset Keras wrote: HDF5 has no bfloat16,
+    so Keras stores one as 2-byte opaque data with the attribute
+    dtype="bfloat16" (read back as bfloat16 by its loader)."""
+    import numpy as np
+
+    dtype = np.dtype(dataset.dtype)
+    if dtype.kind == "V" and dtype.itemsize == 2 and dataset.attrs.get("dtype") == "bfloat16":
+        return "bfloat16"
+    return dtype.name
 
 
 def saved_mixed_policy(directory):

@@ -501,6 +501,38 @@ def test_a_mixed_precision_model_saves_a_preset_that_loads(tmp_path, policy):
     assert TransformerXLCausalLM.from_preset(folder).dtype_policy.name == "float32"
 
 
+def test_a_bfloat16_model_saves_a_preset_that_loads(tmp_path):
+    # keras-hub loads a preset in bfloat16 (`dtype="bfloat16"`); Keras stores
+    # bfloat16 weights as 2-byte opaque HDF5 data marked dtype="bfloat16",
+    # which the weights check read as "void16" and refused.
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
+    model.save_to_preset(str(tmp_path / "f32"))
+    half = TransformerXLCausalLM.from_preset(str(tmp_path / "f32"), dtype="bfloat16")
+    assert half.dtype_policy.name == "bfloat16"
+    folder = str(tmp_path / "bf16")
+    half.save_to_preset(folder)
+    rounded = [np.asarray(w, "float32") for w in half.get_weights()]
+    for loaded in (TransformerXLCausalLM.from_preset(folder), keras_txl.load_pretrained(folder)):
+        for a, b in zip(loaded.get_weights(), rounded):
+            np.testing.assert_array_equal(np.asarray(a, "float32"), b)
+    again = TransformerXLCausalLM.from_preset(folder, dtype="bfloat16")
+    ids = random_ids((1, 6), 256)
+    np.testing.assert_array_equal(again.call_with_memory(ids)["log_probs"],
+                                  half.call_with_memory(ids)["log_probs"])
+    # An integer tensor is still refused.
+    import h5py
+
+    with h5py.File(tmp_path / "bf16" / "model.weights.h5", "r+") as f:
+        name = next(k for k in _datasets(f) if f[k].attrs.get("dtype") == "bfloat16")
+        data = f[name][()]
+        del f[name]
+        f[name] = np.zeros(data.shape, "int16")
+        f[name].attrs["dtype"] = "bfloat16"
+    (tmp_path / "bf16" / "manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"\(int16\): a weight must be one of"):
+        TransformerXLCausalLM.from_preset(folder)
+
+
 def test_a_stateful_mixed_precision_model_saves_a_preset_keras_hub_loads(tmp_path):
     # The float32 rewrite skipped stateful models: their preset named the
     # mixed policy and keras-hub's loader refused it ("Invalid dtype").

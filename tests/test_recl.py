@@ -234,3 +234,42 @@ def test_txl_recl_command(tmp_path, capsys):
     code = main(["recl", "--workdirs", workdirs[0], workdirs[0]])
     assert code == 2
     assert "NAME=PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "-1"], "--batch-size must be a positive integer, received -1"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer, received 0"),
+    (["--threshold", "nan"], "--threshold must be a relative gain in [0, 1)"),
+    (["--threshold", "-0.5"], "--threshold must be a relative gain in [0, 1)"),
+    (["--segment-length", "0"], "--segment-length must be a positive integer"),
+    (["--max-window", "-4"], "--max-window must be a positive integer"),
+    (["--memory-length", "-2"], "--memory-length must be an integer >= 0"),
+    (["--contexts", "0", "8"], "--contexts must be context lengths >= 1"),
+    (["--contexts", "8", "8"], "--contexts must be at least two different"),
+    (["--r", "0"], "--r must be fractions in (0, 1]"),
+    (["--r", "0.5", "nan"], "--r must be fractions in (0, 1]"),
+])
+def test_txl_recl_names_a_bad_flag_before_reading_anything(tmp_path, capsys, flags,
+                                                          message):
+    # A --batch-size below 1 scored no window and gave RECL from np.empty's
+    # bytes; NaN thresholds capped every model; --segment-length 0 meant the
+    # default; a bad --r or --contexts was found after minutes of scoring.
+    from keras_txl.cli import main
+
+    missing = str(tmp_path / "never_read")
+    assert main(["recl", "--workdirs", missing, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "never_read" not in err
+
+
+def test_context_losses_refuses_a_batch_that_scores_nothing():
+    model = tiny(memory_length=3)
+    targets = np.array([30, 41])
+    for batch_size in (0, -1):
+        with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+            context_losses(model, TOKENS, targets, 8, batch_size=batch_size)
+    with pytest.raises(ValueError, match="`segment_length` must be a positive integer"):
+        context_losses(model, TOKENS, targets, 8, segment_length=0)
+    with pytest.raises(ValueError, match="`threshold` must be a finite number"):
+        relative_effective_context_length({"m": curve(2.0, 1.0)}, [8, 16],
+                                          threshold=float("nan"))

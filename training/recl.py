@@ -37,6 +37,7 @@ import weakref
 
 import numpy as np
 
+from keras_txl import checks
 from keras_txl.io import tokenizer_directory
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ def relative_effective_context_length(
     >>> relative_effective_context_length({"a": loss}, [8, 16, 32])["a"]["recl"]
     16
     """
+    threshold = checks.finite_number("threshold", threshold, minimum=0)
     gains = relative_gains(losses, contexts, r, hard_set)
     contexts = [int(c) for c in contexts]
     out = {}
@@ -237,6 +239,10 @@ def context_losses(model, tokens, targets, context, segment_length=None,
     """
     import tensorflow as tf
 
+    # A batch of 0 or less would score nothing and return np.empty's bytes.
+    batch_size = checks.positive_int("batch_size", batch_size)
+    segment_length = checks.positive_int("segment_length", segment_length,
+                                         allow_none=True)
     tokens = np.asarray(tokens)
     targets = np.asarray(targets, dtype=np.int64)
     if tokens.ndim != 1 or targets.ndim != 1:
@@ -330,6 +336,7 @@ def loss_table(model, tokens, targets, contexts, segment_length=None,
     memory `max_window` is ignored and the window is read in segments of
     `segment_length`.
     """
+    max_window = checks.positive_int("max_window", max_window, allow_none=True)
     if model.txl_config.memory_length == 0 and max_window:
         segment_length = max_window
     return np.stack([
@@ -483,10 +490,42 @@ def _bits_name(workdir):
     return load_tokenizer(folder).bits_metric
 
 
+def check_recl_arguments(args):
+    """`txl recl`'s numbers, named by flag before any model or text is read
+    (the losses take minutes; a bad --r found after them wastes that, and a
+    --batch-size below 1 once gave RECL from uninitialized losses)."""
+    def flag_error(flag, expected, value):
+        return ValueError(f"{flag} must be {expected}, received {value}.")
+
+    contexts = sorted(set(args.contexts))
+    if any(c < 1 for c in contexts):
+        raise flag_error("--contexts", "context lengths >= 1",
+                         " ".join(map(str, args.contexts)))
+    if len(contexts) < 2:
+        raise flag_error("--contexts", "at least two different context lengths "
+                         "(RECL steps from one to the next)",
+                         " ".join(map(str, args.contexts)))
+    bad = [r for r in args.r if not 0 < r <= 1]  # NaN fails too
+    if bad:
+        raise flag_error("--r", "fractions in (0, 1]", " ".join(map(str, args.r)))
+    if not (math.isfinite(args.threshold) and 0 <= args.threshold < 1):
+        raise flag_error("--threshold", "a relative gain in [0, 1) (0.01 in the "
+                         "paper)", args.threshold)
+    for flag, value in (("--batch-size", args.batch_size),
+                        ("--segment-length", args.segment_length),
+                        ("--max-window", args.max_window)):
+        if value is not None and value < 1:
+            raise flag_error(flag, "a positive integer", value)
+    if args.memory_length is not None and args.memory_length < 0:
+        raise flag_error("--memory-length", "an integer >= 0", args.memory_length)
+    return contexts
+
+
 def recl_main(args):
     """`txl recl`: RECL of a group of trained workdirs on one text."""
     from keras_txl.io import load_pretrained
 
+    contexts = check_recl_arguments(args)
     specs = [_parse_name(s) for s in args.workdirs]
     names = [n for n, _ in specs]
     if len(set(names)) != len(names):
@@ -494,7 +533,6 @@ def recl_main(args):
             f"Two workdirs have the same name {names}; name them with "
             "NAME=PATH."
         )
-    contexts = sorted(set(args.contexts))
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.tokenizers import tokenizer_fingerprint
     from keras_txl.training.run import tfds_options

@@ -14,7 +14,8 @@
     split the standard way (see `standard_split_sizes`);
 - the official LM1B folder (`training-monolingual.tokenized.shuffled/`,
   `heldout-monolingual.tokenized.shuffled/`): train on every `news.en-*`
-  file in sorted order, valid and test on held-out shard 0;
+  file in sorted order, valid and test on held-out shard 0; or the
+  `one-billion-words/` folder of the reference `getdata.sh` holding it;
 - a single text file, split like a raw enwik8/text8 file;
 - TFDS, as `"tfds:NAME"` or `"tfds:NAME:CONFIG"` (e.g. `"tfds:lm1b"`,
   `"tfds:wiki40b:en"`), read in stored order;
@@ -1351,12 +1352,23 @@ def _raw_source(path: pathlib.Path, layout: str, **common) -> CorpusSource:
         **common)
 
 
+_LM1B_FOLDER = "1-billion-word-language-modeling-benchmark-r13output"
+_LM1B_VOCABULARY = "1b_word_vocab.txt"
+
+
 def _lm1b_source(folder: pathlib.Path, **common):
     """The official LM1B layout (`1-billion-word-language-modeling-benchmark-
     r13output`): train on every `news.en-*` file in sorted order; valid and
-    test are held-out shard 0, as the reference `data_utils.py` does."""
-    train_dir = folder / "training-monolingual.tokenized.shuffled"
-    heldout = (folder / "heldout-monolingual.tokenized.shuffled"
+    test are held-out shard 0, as the reference `data_utils.py` does. Also
+    the folder the reference `getdata.sh` makes, `one-billion-words/`: that
+    folder extracted in it, with `1b_word_vocab.txt` beside it (and copies
+    of held-out shard 0 as `valid.txt`/`test.txt`, not read)."""
+    root = folder
+    if (not (folder / "training-monolingual.tokenized.shuffled").is_dir()
+            and (folder / _LM1B_FOLDER).is_dir()):
+        root = folder / _LM1B_FOLDER
+    train_dir = root / "training-monolingual.tokenized.shuffled"
+    heldout = (root / "heldout-monolingual.tokenized.shuffled"
                / "news.en.heldout-00000-of-00050")
     if not train_dir.is_dir() or not heldout.is_file():
         return None
@@ -1366,9 +1378,17 @@ def _lm1b_source(folder: pathlib.Path, **common):
     parts = {"train": [_FilePart(p) for p in train],
              "valid": [_FilePart(str(heldout))], "test": [_FilePart(str(heldout))]}
     options = {"double_eos": True}
-    vocab = folder / "1b_word_vocab.txt"
-    if vocab.is_file():
+    # getdata.sh downloads the vocabulary beside the extracted folder.
+    places = (root, root.parent)
+    vocab = next((place / _LM1B_VOCABULARY for place in places
+                  if (place / _LM1B_VOCABULARY).is_file()), None)
+    if vocab is not None:
         options["vocabulary_file"] = str(vocab)
+    else:
+        logger.warning(
+            "%s: no %s in %s: the vocabulary is counted on the training files, "
+            "not the paper's fixed one (pass --vocabulary-file to use it).",
+            folder, _LM1B_VOCABULARY, " or ".join(str(place) for place in places))
     return CorpusSource(name=folder.name, layout="lm1b", source=str(folder),
                         parts=parts, tokenizer_kind="word",
                         tokenizer_options=options, **common)

@@ -524,3 +524,25 @@ def test_lm1b_as_the_reference_getdata_script_lays_it_out(tmp_path, caplog):
         corpus = corpora.load_corpus(folder)
     assert corpus.tokenizer_options == {"double_eos": True}
     assert "no 1b_word_vocab.txt" in caplog.text and "--vocabulary-file" in caplog.text
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_a_damaged_zip_is_an_error_naming_it(tmp_path, capsys, compression):
+    # A flipped byte in text8.zip raised zipfile's "Bad CRC-32" (stored) or
+    # zlib.error (deflated) from inside a read: a traceback from txl prepare.
+    from keras_txl.cli import main
+
+    text = b"".join(b"%d anarchism originated as a term of abuse " % i for i in range(400))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as archive:
+        archive.writestr("text8", text)
+    data = bytearray(buffer.getvalue())
+    data[len(data) // 3] ^= 0x55  # inside the member's data
+    folder = tmp_path / "text8"
+    folder.mkdir()
+    (folder / "text8.zip").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"text8\.zip is damaged: its member 'text8'"):
+        corpora.load_corpus(folder)
+    assert main(["prepare", "--data", str(folder), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "text8.zip is damaged" in err and "Traceback" not in err

@@ -50,6 +50,7 @@ import sys
 import sysconfig
 import warnings
 import zipfile
+import zlib
 from typing import Iterator
 from typing import Mapping
 
@@ -1301,8 +1302,14 @@ class _open_binary:
 
     def __enter__(self):
         if self.path.endswith(".zip"):
-            self._archive = zipfile.ZipFile(self.path)
-            self._handle = self._archive.open(pathlib.Path(self.path).stem)
+            member = pathlib.Path(self.path).stem
+            self._handle = _ZipMember(self.path, member)
+            self._archive = self._handle.guard(zipfile.ZipFile, self.path)
+            try:
+                self._handle.handle = self._handle.guard(self._archive.open, member)
+            except BaseException:
+                self._archive.close()
+                raise
         else:
             self._handle = open(self.path, "rb")
         return self._handle
@@ -1312,6 +1319,35 @@ class _open_binary:
         if self._archive is not None:
             self._archive.close()
         return False
+
+
+class _ZipMember:
+    """A zip member's reader whose damage (a bad CRC, a broken deflate
+    stream, a cut file) is a ValueError naming the archive, not zlib's or
+    zipfile's own error from deep inside a read."""
+
+    def __init__(self, path, member):
+        self.path, self.member, self.handle = path, member, None
+
+    def guard(self, call, *args):
+        try:
+            return call(*args)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+            raise ValueError(
+                f"{self.path} is damaged: its member {self.member!r} cannot be read "
+                f"({type(error).__name__}: {error}). Download it again (or unzip "
+                "a good copy and pass the file)."
+            ) from None
+
+    def read(self, size=-1):
+        return self.guard(self.handle.read, size)
+
+    def seek(self, offset, whence=0):
+        return self.guard(self.handle.seek, offset, whence)
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.close()
 
 
 def _zip_member_size(path: pathlib.Path) -> int:

@@ -914,6 +914,12 @@ def _attention(args):
     tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
     with open(args.text, encoding="utf-8") as f:
         ids = tokenizer.encode(f.read())
+    if len(ids) < 2:
+        raise ValueError(
+            f"--text {args.text!r} encodes to {len(ids)} token(s) with the model's "
+            f"{tokenizer.kind} tokenizer; the pictures need at least 2 (a segment "
+            "and the loss of its next token): give a longer text.")
+    _warn_unknown_text(ids, tokenizer, args.text)
     cfg = model.txl_config
 
     def choose(text, count, name):
@@ -937,6 +943,25 @@ def _attention(args):
     for path in paths:
         print(path)
     return 0
+
+
+def _warn_unknown_text(ids, tokenizer, path):
+    """Warns, as `txl eval --data` does, when many of the ids of `--text`
+    are the tokenizer's unknown token: the pictures would show the model
+    reading <unk>, not the text."""
+    import numpy as np
+
+    from keras_txl.training.run import UNKNOWN_WARNING_SHARE
+
+    if tokenizer.unk_id is None:
+        return
+    unknown = int(np.count_nonzero(np.asarray(ids) == tokenizer.unk_id))
+    if unknown / len(ids) >= UNKNOWN_WARNING_SHARE:
+        logger.warning(
+            "%.1f%% of the %d tokens of --text %s are %s (unknown to the %s "
+            "tokenizer): the pictures show the model reading that token, not this "
+            "text.", 100 * unknown / len(ids), len(ids), path,
+            tokenizer.decode([tokenizer.unk_id]), tokenizer.kind)
 
 
 def _demo(args):

@@ -401,8 +401,11 @@ def attention_report(model, token_ids, out_dir, layers=(0,), heads=(0,),
                 f"`{name}` must be non-empty and in [0, {count}), received "
                 f"{list(values)}."
             )
-    os.makedirs(out_dir, exist_ok=True)
+    # Every number first: a text or segment that cannot be pictured is an
+    # error before any file is written.
     details = segment_attention(model, token_ids, segment)
+    losses = loss_by_position(model, token_ids, max_segments)
+    os.makedirs(out_dir, exist_ok=True)
     paths = []
     for layer in layers:
         for head in heads:
@@ -414,7 +417,6 @@ def attention_report(model, token_ids, out_dir, layers=(0,), heads=(0,),
         paths.append(plot_layer_by_distance(
             details, layer, os.path.join(out_dir, f"distance_layer{layer}.png")
         ))
-    losses = loss_by_position(model, token_ids, max_segments)
     paths.append(plot_loss_by_position(
         losses, os.path.join(out_dir, "loss_by_position.png"),
         memory_length=cfg.memory_length,

@@ -129,3 +129,56 @@ def test_pictures_of_a_vanilla_model(tmp_path):
     with pytest.raises(ValueError, match="layers"):
         insight.attention_report(model, np.arange(30) % 11, str(tmp_path),
                                  layers=[2])
+
+
+def _char_run(tmp_path):
+    from keras_txl.io import save_pretrained
+    from keras_txl.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.fit([TEXT])
+    config = tiny(vocabulary_size=tokenizer.vocabulary_size())
+    save_pretrained(TransformerXLCausalLM(config), str(tmp_path / "run" / "model"),
+                    tokenizer=tokenizer)
+    return str(tmp_path / "run")
+
+
+def test_txl_attention_refuses_a_text_too_short_to_picture_before_writing(
+        tmp_path, capsys):
+    # An empty text was "`token_ids` is empty" (no flag named); a one-token text
+    # wrote the attention PNGs, then failed on the loss: a half-written --out.
+    run = _char_run(tmp_path)
+    for name, text in (("empty", ""), ("one", "t")):
+        path = tmp_path / f"{name}.txt"
+        path.write_text(text)
+        out = tmp_path / f"out_{name}"
+        assert main(["attention", "--workdir", run, "--text", str(path),
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--text {str(path)!r} encodes to {len(text)} token(s)" in err
+        assert not out.exists()
+    # The API writes nothing either (a bad segment, a text of one token).
+    model = TransformerXLCausalLM(tiny(vocabulary_size=13))
+    for ids, segment in (([3], None), (np.arange(30) % 13, 9)):
+        with pytest.raises(ValueError):
+            insight.attention_report(model, ids, str(tmp_path / "api"), segment=segment)
+        assert not (tmp_path / "api").exists()
+
+
+def test_txl_attention_warns_when_the_text_is_mostly_unknown(tmp_path, capsys, caplog):
+    # eval --data warns from 1 % of <unk>; the pictures of a text the tokenizer
+    # never saw were drawn over <unk> in silence.
+    run = _char_run(tmp_path)
+    path = tmp_path / "unknown.txt"
+    path.write_text("xyz qwk " * 4 + TEXT[:40])
+    with caplog.at_level("WARNING"):
+        assert main(["attention", "--workdir", run, "--text", str(path),
+                     "--out", str(tmp_path / "out")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert f"of the 72 tokens of --text {path} are <unk>" in warnings[0]
+    caplog.clear()
+    path.write_text(TEXT)
+    with caplog.at_level("WARNING"):
+        assert main(["attention", "--workdir", run, "--text", str(path),
+                     "--out", str(tmp_path / "out")]) == 0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -288,8 +288,11 @@ def build_parser():
     _add_checkpoint_argument(p)
     _add_sampling_arguments(p, max_new_tokens=200, temperature=1.0, seed=None)
     p.add_argument("--no-cache", dest="use_cache", action="store_false",
-                   help="Keras sources: recompute the memory keys/values at "
-                   "every step (the reference path; same output, slower)")
+                   help="Keras sources: decode with the host loop, recomputing "
+                   "the memory keys/values at every step (the reference path; "
+                   "slower). Greedy output is the same; sampled output for a "
+                   "--seed differs from model.generate's (another loop draws "
+                   "other random numbers), and is the same run after run")
     p.add_argument("--segment-length", dest="segment_length", type=int,
                    default=None, help="prompt chunk length (default: the "
                    "model's segment length)")
@@ -533,7 +536,7 @@ def _add_sampling_arguments(p, max_new_tokens, temperature, seed):
     p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
                    help="nucleus sampling threshold (1: all)")
     p.add_argument("--seed", type=int, default=seed,
-                   help="same seed, same output" + (
+                   help="same seed and flags, same output" + (
                        " (none: a random one)" if seed is None else ""))
 
 

@@ -304,3 +304,25 @@ def test_word_level_run_reports_bits_per_word_and_settings(tmp_path, capsys, cap
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["the word tokenizer does not keep the prompt exactly; the model "
                         "receives 'the <unk> sat'."]
+
+
+def test_generate_no_cache_is_the_same_greedily_and_seeded_runs_repeat(char_workdir,
+                                                                      capsys):
+    # The help said --no-cache gives the "same output": true greedily only; a
+    # seeded sample comes from another loop (the host loop, not model.generate).
+    argv = ["generate", "--workdir", str(char_workdir), "--prompt", "ab c",
+            "--max-new-tokens", "12"]
+    outputs = []
+    for flags in ([], ["--no-cache"]):
+        assert main([*argv, *flags, "--temperature", "0"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    sampled = []
+    for _ in range(2):
+        assert main([*argv, "--no-cache", "--seed", "5"]) == 0
+        sampled.append(capsys.readouterr().out)
+    assert sampled[0] == sampled[1]
+    from keras_txl.cli import build_parser
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    assert "Greedy output is the same" in generate.format_help()

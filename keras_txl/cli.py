@@ -1212,6 +1212,26 @@ def _check_eval_size(args):
         )
 
 
+def _check_demo_arguments(args):
+    """`txl demo`'s numbers, named by flag before the corpus is written: a bad
+    --max-new-tokens was found after training, evaluation and export."""
+    import math
+
+    from keras_txl.causal_lm import MAX_GENERATE_LENGTH
+    from keras_txl.training.config import MAX_COUNT
+
+    for flag, value, high in (("--steps", args.steps, MAX_COUNT),
+                              ("--max-chars", args.max_chars, None),
+                              ("--max-new-tokens", args.max_new_tokens,
+                               MAX_GENERATE_LENGTH - 1)):
+        if value < 1 or (high is not None and value > high):
+            expected = f"in [1, {high}]" if high is not None else ">= 1"
+            raise ValueError(f"{flag} must be an integer {expected}, received {value}.")
+    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+        raise ValueError(
+            f"--learning-rate must be a finite number > 0, received {args.learning_rate}.")
+
+
 def _check_paths(args):
     """Paths and counts every command takes, named by flag before anything
     is loaded."""
@@ -1219,6 +1239,8 @@ def _check_paths(args):
         _check_text_file(args.vocabulary_file, "--vocabulary-file")
     if args.command in ("train", "prepare"):
         _check_workdir_folder(args)
+    if args.command == "demo":
+        _check_demo_arguments(args)
     if args.command == "attention":
         if args.max_segments < 1:
             raise ValueError(

@@ -345,3 +345,20 @@ def test_generation_without_a_memory_is_refused_and_the_way_out_works(tmp_path, 
     refused(capsys, ["generate", "--saved-model", str(tmp_path / "out" / "txl"),
                      "--prompt-ids", "1,2", "--memory-length", "8"],
             r"--memory-length applies to Keras sources")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer in [1, 1048575], received 0"),
+    (["--steps", "0"], "--steps must be an integer in [1, 2147483647], received 0"),
+    (["--max-chars", "-5"], "--max-chars must be an integer >= 1, received -5"),
+    (["--learning-rate", "nan"], "--learning-rate must be a finite number > 0, received nan"),
+    (["--learning-rate", "-0.1"], "--learning-rate must be a finite number > 0"),
+])
+def test_demo_checks_its_numbers_before_writing_the_corpus(tmp_path, capsys, flags,
+                                                           message):
+    # --max-new-tokens 0 was found after training, evaluation and export (minutes),
+    # named `max_new_tokens`; a NaN --learning-rate as "--set learning_rate".
+    workdir = tmp_path / "demo"
+    assert main(["demo", "--workdir", str(workdir), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not workdir.exists()

@@ -248,6 +248,9 @@ def test_txl_recl_command(tmp_path, capsys):
     (["--contexts", "8", "8"], "--contexts must be at least two different"),
     (["--r", "0"], "--r must be fractions in (0, 1]"),
     (["--r", "0.5", "nan"], "--r must be fractions in (0, 1]"),
+    # Found when the result was written, after every loss table.
+    (["--out", "{tmp}/no_such_folder/recl.json"], "no_such_folder does not exist"),
+    (["--out", "{tmp}"], "is a folder: pass the result file's name"),
 ])
 def test_txl_recl_names_a_bad_flag_before_reading_anything(tmp_path, capsys, flags,
                                                           message):
@@ -257,6 +260,7 @@ def test_txl_recl_names_a_bad_flag_before_reading_anything(tmp_path, capsys, fla
     from keras_txl.cli import main
 
     missing = str(tmp_path / "never_read")
+    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
     assert main(["recl", "--workdirs", missing, *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "never_read" not in err

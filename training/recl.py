@@ -28,6 +28,7 @@ RECL by being bad at short contexts. The paper steps c by a fixed Delta;
 here c walks a given list of contexts (use an evenly spaced one to match).
 """
 
+import io
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ import weakref
 import numpy as np
 
 from keras_txl import checks
+from keras_txl import safe_files
 from keras_txl.io import tokenizer_directory
 
 logger = logging.getLogger(__name__)
@@ -518,6 +520,14 @@ def check_recl_arguments(args):
             raise flag_error(flag, "a positive integer", value)
     if args.memory_length is not None and args.memory_length < 0:
         raise flag_error("--memory-length", "an integer >= 0", args.memory_length)
+    if args.out is not None:
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if os.path.isdir(args.out):
+            raise ValueError(
+                f"--out {args.out!r} is a folder: pass the result file's name, e.g. "
+                f"{os.path.join(args.out, 'recl.json')!r}.")
+        if not os.path.isdir(folder):
+            raise ValueError(f"--out {args.out!r}: its folder {folder} does not exist.")
     return contexts
 
 
@@ -604,11 +614,15 @@ def recl_main(args):
         "hard_set": args.hard_set, "models": settings, "seconds": seconds,
     }
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        np.savez(os.path.splitext(args.out)[0] + "_losses.npz",
-                 contexts=np.asarray(contexts), targets=targets,
+        # Whole or not at all (a temporary file renamed): a killed or failed
+        # write leaves the previous result, never half of one.
+        tables = io.BytesIO()
+        np.savez(tables, contexts=np.asarray(contexts), targets=targets,
                  **{n: losses[n] for n in names})
+        safe_files.atomic_write_bytes(
+            os.path.splitext(args.out)[0] + "_losses.npz", tables.getvalue())
+        safe_files.atomic_write_bytes(
+            args.out, (json.dumps(result, indent=1) + "\n").encode("utf-8"))
     print(json.dumps(result["recl"] | {"contexts": contexts,
                                        "targets": int(len(targets))}))
     ratios = [str(float(r)) for r in args.r]

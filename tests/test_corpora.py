@@ -546,3 +546,23 @@ def test_a_damaged_zip_is_an_error_naming_it(tmp_path, capsys, compression):
     assert main(["prepare", "--data", str(folder), "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert "text8.zip is damaged" in err and "Traceback" not in err
+
+
+def test_a_downloaded_wikitext_zip_or_its_parent_folder_says_what_to_pass(tmp_path):
+    # wikitext-103-v1.zip was told to "contain a file named 'wikitext-103-v1'",
+    # and the folder it was unzipped in had "no known layout", without a word
+    # about the wikitext-103/ folder inside it.
+    names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
+    inner = _write_splits(tmp_path / "data" / "wikitext-103", names,
+                          [" = A = \n the cat \n"] * 3)
+    (tmp_path / "data" / "README").write_text("downloads")
+    with pytest.raises(ValueError, match=re.escape(
+            f"Its subfolder {inner} has one: pass that folder.")):
+        corpora.load_corpus(tmp_path / "data")
+    archive = tmp_path / "wikitext-103-v1.zip"
+    with zipfile.ZipFile(archive, "w") as handle:
+        for name in names:
+            handle.write(inner / name, f"wikitext-103/{name}")
+    with pytest.raises(ValueError, match="holds a corpus folder .*unzip it and pass"):
+        corpora.load_corpus(archive)
+    assert corpora.load_corpus(inner).layout == "wikitext"

@@ -1356,6 +1356,12 @@ def _zip_member_size(path: pathlib.Path) -> int:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
             if member not in names:
+                if any(pathlib.PurePosixPath(name).name in _LAYOUT_MARKS
+                       or pathlib.PurePosixPath(name).name.startswith("wiki.")
+                       for name in names):  # e.g. wikitext-103-v1.zip
+                    raise ValueError(
+                        f"{path} holds a corpus folder ({names[:5]}), not one raw "
+                        f"file named {member!r}: unzip it and pass the folder it makes.")
                 raise ValueError(
                     f"{path} must contain a file named {member!r}; it holds {names[:5]}."
                 )
@@ -1530,10 +1536,29 @@ def open_corpus_source(
                         f"{candidate.name}."
                     )
                 return _raw_source(candidate, name, **common)
+    inside = _corpus_subfolders(path)
     raise ValueError(
         f"corpus folder {path} has no known layout. Expected train.txt, "
         "valid.txt and test.txt; or wiki.{train,valid,test}.tokens "
         "(WikiText); or a raw enwik8 / text8 file (or .zip); or the LM1B "
         "folder (training-monolingual.tokenized.shuffled/ and "
         "heldout-monolingual.tokenized.shuffled/)."
+        + (f" Its subfolder {inside[0]} has one: pass that folder." if inside else "")
     )
+
+
+# A file (or folder) that marks a corpus layout, for the hint of an error.
+_LAYOUT_MARKS = ("train.txt", "wiki.train.tokens", "wiki.train.raw", "enwik8",
+                 "enwik8.zip", "text8", "text8.zip",
+                 "training-monolingual.tokenized.shuffled")
+
+
+def _corpus_subfolders(path: pathlib.Path) -> list:
+    """The subfolders of `path` holding a corpus layout (an unzipped
+    `wikitext-103-v1.zip` makes `wikitext-103/` inside the folder given)."""
+    try:
+        subfolders = sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    return [str(p) for p in subfolders
+            if any((p / mark).exists() for mark in _LAYOUT_MARKS)]

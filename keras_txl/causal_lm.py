@@ -1049,7 +1049,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         weights.
 
         The preset is written beside `preset_dir` under a temporary name and
-        renamed into place (`keras_txl.io.write_preset`): a killed save
+        renamed into place (`keras_txl.folders.write_preset`): a killed save
         leaves the previous preset, never half of one. `preset_dir` must be
         new, an empty folder or a keras-hub preset (replaced; its README.md
         is kept): a folder holding other files is refused, not deleted.
@@ -1075,14 +1075,12 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             if self.stateful:  # the memory too, as the model's own save would
                 copy.memory.assign(ops.cast(self.memory, copy.memory.dtype))
             return copy.save_to_preset(preset_dir, max_shard_size=max_shard_size)
-        from keras_txl.io import write_preset
-
         def write(staging):
             CausalLM.save_to_preset(self, staging, max_shard_size=max_shard_size)
             # Last: the sizes and sha256s a loader checks (`folders.verify_manifest`).
             folders.write_manifest(staging)
 
-        write_preset(preset_dir, write)
+        folders.write_preset(preset_dir, write)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):

@@ -24,9 +24,7 @@ under the final name.
 
 import math
 import os
-import re
 import shutil
-import tempfile
 
 import numpy as np
 
@@ -36,6 +34,7 @@ from keras_txl.folders import CONFIG_FILE
 from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.folders import TOKENIZER_DIR
 from keras_txl.folders import WEIGHTS_FILE
+from keras_txl.folders import check_replaceable
 from keras_txl.folders import folder_format
 from keras_txl.folders import load_config
 from keras_txl.folders import sha256_file  # noqa: F401 (shards, checkpoints)
@@ -43,9 +42,6 @@ from keras_txl.folders import verify_manifest
 from keras_txl.folders import write_manifest
 from keras_txl.limits import check_config
 from keras_txl.safe_files import atomic_write_bytes
-from keras_txl.safe_files import default_mode
-from keras_txl.safe_files import remove_stale_temporaries
-from keras_txl.safe_files import temporary_prefix
 
 
 def save_pretrained(model, directory, tokenizer=None):
@@ -150,7 +146,7 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
 
     directory = os.path.abspath(os.fspath(directory))
-    _check_replaceable(directory)
+    check_replaceable(directory)
     preprocessor = model.preprocessor
     if isinstance(tokenizer, (str, os.PathLike)):
         from keras_txl.tokenizers import load_tokenizer
@@ -178,88 +174,6 @@ def save_preset(model, directory, tokenizer=None, sequence_length=None):
     task.preprocessor = preprocessor
     task.save_to_preset(directory)  # staged, with its manifest.json
     return directory
-
-
-def write_preset(directory, write):
-    """Writes a preset folder with `write(folder)` beside `directory`, under a
-    temporary name, then renames it into place (`TransformerXLCausalLM.
-    save_to_preset`, hence `save_preset`): a killed writer leaves the
-    previous preset (or nothing), never half of one.
-
-    `directory` must be new, an empty folder or a keras-hub preset, which is
-    replaced; its model card (`README.md`) is kept unless `write` wrote one.
-    """
-    directory = os.path.abspath(os.fspath(directory))
-    _check_replaceable(directory)
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    remove_stale_temporaries(parent)
-    staging = tempfile.mkdtemp(dir=parent, prefix=temporary_prefix("preset"))
-    try:
-        os.chmod(staging, default_mode(directory=True))
-        write(staging)
-        card = os.path.join(directory, _MODEL_CARD)
-        if os.path.isfile(card) and not os.path.lexists(os.path.join(staging, _MODEL_CARD)):
-            shutil.copy2(card, os.path.join(staging, _MODEL_CARD))
-        _replace_directory(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return directory
-
-
-# keras-hub's model card: not read by a loader, the user's, kept by a save.
-_MODEL_CARD = "README.md"
-# What keras-hub writes into a preset folder (keras_hub.src.utils.preset_utils:
-# its config, task, preprocessor, tokenizer and metadata JSON files, weights,
-# sharded weights and their index, assets, model card).
-_PRESET_ENTRY = re.compile(
-    r"(config|task|preprocessor|tokenizer|metadata|model\.weights)\.json"
-    r"|(model|task)\.weights\.h5|model_\d+\.weights\.h5|assets|README\.md|manifest\.json"
-)
-
-
-def _check_replaceable(directory):
-    """`save_preset` replaces `directory` only when nothing would be lost:
-    when it is missing, an empty folder or a keras-hub preset."""
-    if not os.path.lexists(directory):
-        return
-    if os.path.islink(directory) or not os.path.isdir(directory):
-        kind = "a symbolic link" if os.path.islink(directory) else "a file"
-        raise ValueError(
-            f"`directory` {directory!r} is {kind}, not a preset folder: refusing to "
-            "replace it. Pass a new folder, an empty one or an existing preset."
-        )
-    entries = os.listdir(directory)
-    if not entries:
-        return
-    try:
-        layout = folder_format(directory)
-    except ValueError:
-        layout = None
-    others = sorted(e for e in entries if not _PRESET_ENTRY.fullmatch(e))
-    if layout != "keras-hub" or others:
-        others = others or sorted(entries)
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        raise ValueError(
-            f"`directory` {directory!r} holds files that are not a keras-hub preset "
-            f"({shown}): refusing to replace it. Pass a new folder, an empty one or "
-            "an existing preset."
-        )
-
-
-def _replace_directory(new, target):
-    """Moves folder `new` to `target`, replacing what is there."""
-    old = None
-    if os.path.lexists(target):
-        old = tempfile.mkdtemp(dir=os.path.dirname(target),
-                               prefix=temporary_prefix("old_preset"))
-        os.rmdir(old)
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
 
 
 def load_pretrained(directory, stateful=False, batch_size=None, limits=None,

@@ -322,6 +322,12 @@ def test_stdlib_docs_is_deterministic(stdlib_folder, tmp_path):
     mtime = (first / "train.txt").stat().st_mtime_ns
     corpora.prepare_stdlib_docs(first, max_chars=60_000)
     assert (first / "train.txt").stat().st_mtime_ns == mtime
+    # A file cut short (a writer killed over a matching manifest) is not
+    # reused: the sizes the manifest records no longer hold.
+    whole = (first / "valid.txt").read_bytes()
+    (first / "valid.txt").write_bytes(whole[: len(whole) // 2])
+    corpora.prepare_stdlib_docs(first, max_chars=60_000)
+    assert (first / "valid.txt").read_bytes() == whole
 
 
 def test_stdlib_docs_errors(tmp_path):

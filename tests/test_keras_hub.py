@@ -638,6 +638,26 @@ def test_replacing_a_preset_keeps_its_model_card(tmp_path):
     TransformerXLCausalLM.from_preset(str(folder))  # not in the manifest, not checked
 
 
+def test_a_preset_of_another_model_is_not_replaced(tmp_path):
+    # save_preset / save_to_preset replaced any keras-hub preset: a GPT-2
+    # preset downloaded into the folder was deleted without a word.
+    import json
+
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"module": "keras_hub.src.models.gpt2.gpt2_backbone", "class_name": "GPT2Backbone",
+         "config": {}, "registered_name": "keras_hub>GPT2Backbone"}))
+    (folder / "model.weights.h5").write_bytes(b"not ours")
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=byte_preprocessor())
+    for save in (lambda: keras_txl.save_preset(model, str(folder)),
+                 lambda: model.save_to_preset(str(folder))):
+        with pytest.raises(ValueError, match=r"is a keras-hub preset of another model "
+                                             r"\('GPT2Backbone', not 'TransformerXLBackbone'\)"):
+            save()
+    assert (folder / "model.weights.h5").read_bytes() == b"not ours"
+
+
 def test_a_preset_task_config_must_match_its_config(tmp_path):
     # keras-hub builds the model from task.json's copy of the backbone config,
     # not from config.json (the one checked against the limits).

@@ -56,6 +56,8 @@ from typing import Mapping
 
 import numpy as np
 
+from keras_txl.safe_files import atomic_write_bytes
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -810,7 +812,11 @@ def prepare_stdlib_docs(
             written = json.loads(manifest_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             written = {}
-        if {key: written.get(key) for key in manifest} == manifest:
+        sizes = written.get("bytes") or {}
+        if {key: written.get(key) for key in manifest} == manifest and all(
+            sizes.get(split) == (folder / name).stat().st_size
+            for split, name in _TEXT_FILES.items()
+        ):
             logger.info("Reusing the stdlib docstring corpus in %s", folder)
             return folder
 
@@ -836,17 +842,20 @@ def prepare_stdlib_docs(
         "test": docstrings[second:],
     }
     folder.mkdir(parents=True, exist_ok=True)
-    sizes = {}
+    # The manifest goes first and comes back last, each file written whole
+    # (a killed writer leaves no manifest, so the next call writes again),
+    # and it records each file's size, checked before reuse.
+    manifest_path.unlink(missing_ok=True)
+    sizes, sizes_bytes = {}, {}
     for split, name in _TEXT_FILES.items():
         text = "".join(splits[split])
-        with open(folder / name, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        sizes[split] = len(text)
+        data = text.encode("utf-8")
+        atomic_write_bytes(folder / name, data)
+        sizes[split], sizes_bytes[split] = len(text), len(data)
     manifest["chars"] = sizes
+    manifest["bytes"] = sizes_bytes
     manifest["docstrings"] = len(docstrings)
-    manifest_path.write_text(
-        json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
-    )
+    atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
     logger.info(
         "Wrote %d stdlib docstrings (%d characters) to %s",
         len(docstrings),

@@ -184,6 +184,18 @@ def by_distance(values, mask, memory_length):
 # === Pictures ===
 
 
+def _save_figure(fig, path):
+    """Writes `fig` as a PNG whole or not at all (a killed run leaves the
+    previous picture, not a cut one)."""
+    import io
+
+    from keras_txl.safe_files import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def require_matplotlib():
     """Raises a clear ImportError when matplotlib (the `[plots]` extra) is absent."""
     try:
@@ -295,7 +307,7 @@ def plot_head(details, layer, head, path, token_labels=None):
         " + segment; grey = masked",
         fontsize=13,
     )
-    fig.savefig(path, dpi=DPI)
+    _save_figure(fig, path)
     return path
 
 
@@ -335,7 +347,7 @@ def plot_layer_by_distance(details, layer, path):
         f"of segment {details['segment']} (memory M={memory_length})",
         fontsize=12,
     )
-    fig.savefig(path, dpi=DPI)
+    _save_figure(fig, path)
     return path
 
 
@@ -368,7 +380,7 @@ def plot_loss_by_position(losses, path, memory_length=None):
     )
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=9)
-    fig.savefig(path, dpi=DPI)
+    _save_figure(fig, path)
     return path
 
 
@@ -431,7 +443,7 @@ def attention_report(model, token_ids, out_dir, layers=(0,), heads=(0,),
         "files": [os.path.basename(p) for p in paths],
     }
     summary_path = os.path.join(out_dir, "insight.json")
-    with open(summary_path, "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    from keras_txl.safe_files import atomic_write_bytes
+
+    atomic_write_bytes(summary_path, (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
     return paths + [summary_path]

@@ -2,6 +2,7 @@
 the numbers behind them are right on small hand-checked cases."""
 
 import json
+import os
 import struct
 from functools import partial
 
@@ -129,6 +130,33 @@ def test_pictures_of_a_vanilla_model(tmp_path):
     with pytest.raises(ValueError, match="layers"):
         insight.attention_report(model, np.arange(30) % 11, str(tmp_path),
                                  layers=[2])
+
+
+def test_a_picture_that_fails_midway_leaves_the_previous_one(tmp_path, monkeypatch):
+    # savefig wrote into the picture's own path: a run killed while drawing
+    # left a cut PNG in place of the previous one.
+    from matplotlib.figure import Figure
+
+    model = TransformerXLCausalLM(tiny())
+    paths = insight.attention_report(model, np.arange(30) % 11, str(tmp_path))
+    before = {p: open(p, "rb").read() for p in paths}
+    original = Figure.savefig
+
+    def cut(self, target, **kwargs):
+        original(self, target, **kwargs)
+        if hasattr(target, "truncate"):
+            target.truncate(100)
+        else:
+            with open(target, "r+b") as f:
+                f.truncate(100)
+        raise KeyboardInterrupt("killed while drawing")
+
+    monkeypatch.setattr(Figure, "savefig", cut)
+    with pytest.raises(KeyboardInterrupt):
+        insight.attention_report(model, (np.arange(30) + 1) % 11, str(tmp_path))
+    assert {p: open(p, "rb").read() for p in paths} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        os.path.basename(p) for p in paths)  # no temporary left
 
 
 def _char_run(tmp_path):

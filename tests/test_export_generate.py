@@ -278,6 +278,32 @@ def test_rows_stop_at_the_end_token_each_with_its_own_memory():
     assert served[sig.LENGTHS][1] <= 4
 
 
+def test_generate_signature_starts_a_masked_model_from_masked_slots(tmp_path):
+    # `generate` has no memory input: the loop starts from the model's own
+    # empty memory, masked slots with empty_memory="masked", as Keras does
+    # (the docs said it attended to zero slots once exported).
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm(empty_memory="masked")
+    version_dir = saved_model.export_saved_model(model, str(tmp_path / "models"))
+    generate = tf.saved_model.load(version_dir).signatures["generate"]
+    zeros = model.with_settings(empty_memory="zeros")
+    for keras_model in (model, zeros):
+        keras_model.compile(sampler="greedy")
+
+    def greedy(keras_model, text):
+        ids = ids_of(text)
+        return np.asarray(keras_model.generate([ids], max_length=len(ids) + NEW,
+                                               strip_prompt=True)[0])
+
+    differs = False
+    for text in PROMPTS[:2]:
+        out = call(generate, [text])
+        expected = greedy(model, text)
+        np.testing.assert_array_equal(out[sig.TOKEN_IDS][0], expected)
+        differs |= not np.array_equal(greedy(zeros, text), expected)
+    assert differs  # the masked slots matter for these weights
+
+
 def test_txl_generate_uses_the_generate_signature_of_a_saved_model(exported, capsys):
     from keras_txl.cli import main
 

@@ -367,3 +367,35 @@ def test_benchmark_commands_take_the_arguments_shown():
                 elif re.fullmatch(r"[a-z]+", word) and args.index(token) == 0 and word not in help_text:
                     wrong.append(f"{doc}: {script} has no stage {word}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_generation_python_blocks_run(tmp_path, monkeypatch, capsys):
+    """docs/generation.md's Python blocks, verbatim, on a tiny byte-level preset
+    where `make demo` leaves one (`runs/demo/model`)."""
+    from keras_txl.tokenizers import ByteTokenizer
+
+    host_loop, batched, cache = blocks(REPO / "docs" / "generation.md", ("python",))[:3]
+    config = keras_txl.TransformerXLConfig(
+        vocabulary_size=256, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=32,
+        segment_length=8, memory_length=8, dropout=0.0)
+    keras_txl.save_preset(keras_txl.TransformerXLCausalLM(config),
+                          str(tmp_path / "runs" / "demo" / "model"), tokenizer=ByteTokenizer())
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(host_loop, "generation.md", "exec"), scope)
+    ids = scope["ids"]
+    assert ids.dtype == np.int32 and ids.shape == (200,)
+    # on_token printed every new id as it came, together the continuation's text.
+    assert capsys.readouterr().out == scope["tokenizer"].decode(ids.tolist()) + "\n"
+    scope = {}
+    exec(compile(batched, "generation.md", "exec"), scope)
+    assert [(a.dtype, a.shape) for a in scope["new"]] == [(np.int32, (50,))] * 2
+    model = scope["model"]
+    scope = {"model": model, "prompt_ids": np.array([[1, 2, 3]], np.int32),
+             "next_ids": np.array([[4]], np.int32), "n": 3, "np": np}
+    exec(compile(cache, "generation.md", "exec"), scope)
+    assert sorted(scope["cache"]) == ["keys", "memory", "positions", "values"]
+    assert all(len(v) == config.num_layers for v in scope["cache"].values())
+    uncached = model.call_with_memory(np.array([[4]], np.int32), scope["memory"])["memory"]
+    first = model.call_with_cache(np.array([[4]], np.int32), model.build_cache(scope["memory"]))
+    np.testing.assert_allclose(first["memory"], uncached, atol=1e-5)

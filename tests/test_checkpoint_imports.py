@@ -140,6 +140,42 @@ def test_vocabulary_line_is_read_by_its_first_field_as_the_official_vocab(line, 
     assert "symbol 'a' on line 3 repeats line 2" in load_error(tmp_path, vocabulary_file=str(vocab))
 
 
+@pytest.mark.parametrize("folder, prefix", [
+    ("run [v2]", "model.ckpt-0"), ("back\\slash", "model.ckpt-0"),
+    ("plain", "model[1].ckpt-0"),
+])
+def test_a_path_tensorflow_reads_as_a_glob_pattern_is_named(folder, prefix, tmp_path):
+    # TensorFlow's reader globs `<prefix>.index`: brackets or a backslash made
+    # an intact checkpoint read as "damaged or truncated".
+    directory = tmp_path / folder
+    write_release(directory)
+    if prefix != "model.ckpt-0":
+        for path in glob.glob(str(directory / "model.ckpt-0.*")):
+            os.rename(path, path.replace("model.ckpt-0", prefix))
+    path = str(directory / prefix)
+    message = load_error(path)
+    assert f"TensorFlow's checkpoint reader cannot open {path!r}" in message
+    assert "damaged" not in message
+
+
+def test_spaces_unicode_and_self_matching_glob_characters_load(tmp_path):
+    for name in ("with space \u00e9", "star*", "q?", "br[x"):
+        write_release(tmp_path / name, slots=False)
+        assert loaded_bias(tmp_path / name).shape == (4, 6)
+
+
+def test_a_variable_stored_under_two_keys_is_refused(tmp_path, no_model):
+    # The TF1 name and the tf.train.Checkpoint key of one variable: which
+    # one holds is not for the loader to guess.
+    variables = ref.official_variables(ref.LAYOUTS[LAYOUT])
+    key = "transformer/r_w_bias/.ATTRIBUTES/VARIABLE_VALUE"
+    write_release(tmp_path, variables={**variables, key: variables["transformer/r_w_bias"]},
+                  slots=False)
+    message = load_error(tmp_path)
+    assert "variable 'transformer/r_w_bias' is stored twice, as" in message
+    assert repr(key) in message
+
+
 def test_copied_release_folder_loads_its_own_weights(tmp_path):
     original = write_release(tmp_path / "a", seed=0)
     # TF1's Saver writes absolute paths into the `checkpoint` state file.

@@ -399,3 +399,29 @@ def test_generation_python_blocks_run(tmp_path, monkeypatch, capsys):
     uncached = model.call_with_memory(np.array([[4]], np.int32), scope["memory"])["memory"]
     first = model.call_with_cache(np.array([[4]], np.int32), model.build_cache(scope["memory"]))
     np.testing.assert_allclose(first["memory"], uncached, atol=1e-5)
+
+
+def test_tests_the_docs_cite_exist():
+    """`tests/test_x.py::test_y`, `test_x.py::test_y`, a bare `test_y` and
+    `test_y_*` in the docs name tests that exist (in that file, when named):
+    reliability.md's rows are each backed by the test they cite."""
+    defined = {}
+    for path in (REPO / "tests").glob("*.py"):
+        for name in re.findall(r"^\s*(?:async )?def (test_\w+)", path.read_text(encoding="utf-8"), re.M):
+            defined.setdefault(name, set()).add(path.name)
+    wrong, seen = [], 0
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"(?:(?:tests/)?(test_\w+\.py)::)?(?<![\w/])(test_\w+)(?!\w|\.py)(\*?)", text):
+            file, name, star = m.groups()
+            seen += 1
+            files = (set().union(*(f for n, f in defined.items() if n.startswith(name))) if star
+                     else defined.get(name, set()))
+            if not files:
+                wrong.append(f"{path.name}: no test {name}{star}")
+            elif file and file not in files:
+                wrong.append(f"{path.name}: {name}{star} is not in tests/{file} ({sorted(files)})")
+        wrong += [f"{path.name}: no file tests/{f}" for f in re.findall(r"tests/(\w+\.py)", text)
+                  if not (REPO / "tests" / f).is_file()]
+    assert seen >= 50
+    assert not wrong, "\n".join(wrong)

@@ -427,3 +427,41 @@ def test_tests_the_docs_cite_exist():
                   if not (REPO / "tests" / f).is_file()]
     assert seen >= 50
     assert not wrong, "\n".join(wrong)
+
+
+def test_inline_code_names_exist():
+    """`keras_txl.a.b` in inline code resolves, `keras_txl.f(x, y)` names f's
+    parameters, `path.py` exists and `path.py::Name` is defined in that file."""
+    wrong, seen = [], 0
+    for path in DOCS:
+        text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for double, single in re.findall(r"``(.+?)``|`([^`]+)`", text.replace("\n", " ")):
+            span = double or single
+            for m in re.finditer(r"(keras_txl(?:\.\w+)+)(?:\(([^()]*)\))?", span):
+                if "__main__" in m.group(1):
+                    continue  # importing it runs the command line
+                seen += 1
+                try:
+                    target = resolve(m.group(1))
+                except (ImportError, AttributeError) as e:
+                    wrong.append(f"{path.name}: {m.group(1)}: {e}")
+                    continue
+                if m.group(2) is None or not callable(target):
+                    continue
+                parameters = inspect.signature(target).parameters
+                if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                    continue
+                names = [a.strip().split("=")[0].strip().lstrip("*") for a in m.group(2).split(",")]
+                wrong += [f"{path.name}: {m.group(0)}: no parameter {n!r} ({list(parameters)})"
+                          for n in names if re.fullmatch(r"\w+", n) and n not in parameters]
+            for file, name in re.findall(r"((?:training|export|keras_txl|tests|benchmarks|tools)"
+                                         r"/[\w/]+\.py)(?:::(\w+))?", span):
+                seen += 1
+                source = REPO / file
+                if not source.is_file():
+                    wrong.append(f"{path.name}: no file {file}")
+                elif name and not re.search(rf"^\s*(?:async def|def|class) {name}\b|^{name}\s*=",
+                                   source.read_text(encoding="utf-8"), re.M):
+                    wrong.append(f"{path.name}: {file} defines no {name}")
+    assert seen >= 50
+    assert not wrong, "\n".join(wrong)

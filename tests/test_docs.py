@@ -465,3 +465,25 @@ def test_inline_code_names_exist():
                     wrong.append(f"{path.name}: {file} defines no {name}")
     assert seen >= 50
     assert not wrong, "\n".join(wrong)
+
+
+def test_generation_shell_commands_run(tmp_path, monkeypatch, capsys):
+    """docs/generation.md's `txl generate` and `txl attention`, as written, on
+    what `make demo` leaves in runs/demo: the byte-level `tiny` preset."""
+    from keras_txl.tokenizers import ByteTokenizer
+
+    runs = [txl_argv(t) for doc, _, t in COMMANDS
+            if doc == "generation.md" and txl_argv(t) and "runs/demo" in t]
+    assert [argv[0] for argv in runs] == ["generate", "attention"]
+    config = keras_txl.TransformerXLConfig.from_preset("tiny")
+    keras_txl.save_preset(keras_txl.TransformerXLCausalLM(config),
+                          str(tmp_path / "runs" / "demo" / "model"), tokenizer=ByteTokenizer())
+    (tmp_path / "some.txt").write_text("Return the value of the thing. " * 10, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(runs[0]) == 0
+    assert capsys.readouterr().out.startswith("Return the ")
+    assert main(runs[1]) == 0
+    written = json.loads((tmp_path / "pictures" / "insight.json").read_text())["files"]
+    layers = runs[1][runs[1].index("--layers") + 1].split(",")
+    heads = runs[1][runs[1].index("--heads") + 1].split(",")
+    assert {f"attention_layer{l}_head{h}.png" for l in layers for h in heads} <= set(written)

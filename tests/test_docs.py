@@ -487,3 +487,21 @@ def test_generation_shell_commands_run(tmp_path, monkeypatch, capsys):
     layers = runs[1][runs[1].index("--layers") + 1].split(",")
     heads = runs[1][runs[1].index("--heads") + 1].split(",")
     assert {f"attention_layer{l}_head{h}.png" for l in layers for h in heads} <= set(written)
+
+
+def test_data_python_block_runs(tmp_path, monkeypatch):
+    """docs/data.md's first block, verbatim (the stdlib corpus, a word tokenizer,
+    ordered batches); its loop body `...` is given one batch to look at."""
+    code = blocks(REPO / "docs" / "data.md", ("python",))[0]
+    code = code.replace("    ...", "    shapes = (inputs.dtype, inputs.shape, targets.shape)\n    break")
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(code, "data.md", "exec"), scope)
+    assert scope["train_ids"].dtype == np.int32 and scope["train_ids"].ndim == 1
+    assert [str(x) for x in scope["shapes"]] == ["<dtype: 'int32'>", "(16, 64)", "(16, 64)"]
+    from keras_txl.tokenizers import load_tokenizer
+
+    loaded = load_tokenizer(tmp_path / "runs" / "demo" / "tokenizer")
+    assert loaded.vocabulary_size() == 8000
+    np.testing.assert_array_equal(loaded.encode(scope["corpus"].valid), scope["tokenizer"].encode(
+        scope["corpus"].valid))

@@ -228,22 +228,6 @@ def check_arguments(args):
             f"--out {args.out!r} is a file: it must be a folder (new or existing) "
             "for the exports.")
     _check_writable(args.out)
-    # What would be replaced, refused before anything is loaded or written
-    # (with --format all, a half-done export is worse than none).
-    if not args.overwrite:
-        targets = []
-        if args.format in ("saved_model", "all"):
-            targets.append(os.path.join(args.out, args.name, str(args.version)))
-        if args.format in ("tflite", "all"):
-            targets.append(os.path.join(
-                args.out, tflite_file_name(args.name, args.quantize, args.stateful)))
-        existing = [t for t in targets if os.path.lexists(t)]
-        if existing:
-            raise ValueError(
-                f"{' and '.join(existing)} already "
-                f"{'exists' if len(existing) == 1 else 'exist'}: pass --overwrite to "
-                "replace, or choose another --version (TF Serving serves the "
-                "highest), --name or --out.")
     # Shapes meant for one format and given with the other are refused, not
     # dropped: the user expected them to fix something.
     if args.format == "saved_model":
@@ -275,6 +259,24 @@ def check_arguments(args):
                 f"{'applies' if len(given) == 1 else 'apply'} to the SavedModel, and "
                 "--format tflite writes none; the TFLite shapes are "
                 "--batch-size and --segment-length.")
+    # What would be replaced, refused before anything is loaded or written
+    # (with --format all, a half-done export is worse than none).
+    if not args.overwrite:
+        targets = []
+        if args.format in ("saved_model", "all"):
+            targets.append(os.path.join(args.out, args.name, str(args.version)))
+        if args.format in ("tflite", "all"):
+            targets.append(os.path.join(
+                args.out, tflite_file_name(args.name, args.quantize, args.stateful)))
+        existing = [t for t in targets if os.path.lexists(t)]
+        if existing:
+            # A version is the SavedModel's: the TFLite file is named without it.
+            version = ("--version (TF Serving serves the highest), "
+                       if args.format != "tflite" and existing[0] == targets[0] else "")
+            raise ValueError(
+                f"{' and '.join(existing)} already "
+                f"{'exists' if len(existing) == 1 else 'exist'}: pass --overwrite to "
+                f"replace, or choose another {version}--name or --out.")
 
 
 def _check_writable(out):

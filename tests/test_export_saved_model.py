@@ -402,9 +402,20 @@ def test_cli_reports_missing_model_and_existing_version(exported, tmp_path):
                 "--format", "all", "--stateful")
     assert os.listdir(tmp_path / "tfl") == ["txl-stateful.tflite"]
     assert (tmp_path / "tfl" / "txl-stateful.tflite").read_bytes() == b"deployed"
-    with pytest.raises(ValueError, match=r"txl/1 already exists: pass --overwrite"):
+    with pytest.raises(ValueError, match=r"txl/1 already exists: pass --overwrite to "
+                       r"replace, or choose another --version \(TF Serving"):
         run_cli("--workdir", exported.tmp / "run", "--out", exported.tmp / "out",
                 "--format", "all")
+    # A TFLite file has no version to choose; a flag for the other format is
+    # named first (it is what the user must change).
+    with pytest.raises(ValueError) as info:
+        run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "tfl",
+                "--format", "tflite", "--stateful")
+    assert str(info.value).endswith("already exists: pass --overwrite to replace, or "
+                                    "choose another --name or --out.")
+    with pytest.raises(ValueError, match=r"--batch-size fixes the TFLite model's shapes"):
+        run_cli("--workdir", exported.tmp / "run", "--out", exported.tmp / "out",
+                "--format", "saved_model", "--batch-size", 2)
 
 
 def test_stateful_model_is_exported_through_a_pure_copy(exported):

@@ -198,6 +198,9 @@ def test_warmup_records_replay(deployed):
     path = f"{deployed.version_dir}/assets.extra/{serving.WARMUP_FILE}"
     requests = serving.read_warmup_file(path)
     assert [r.model_spec.signature_name for r in requests] == list(sig.SAVED_MODEL_SIGNATURES)
+    with pytest.raises(ValueError, match=r"is not a warm-up file: the version folder's is "
+                                         r".*assets.extra/tf_serving_warmup_requests"):
+        serving.read_warmup_file(deployed.version_dir)  # was TF's FailedPreconditionError
     assert {r.model_spec.name for r in requests} == {"txl"}
     replayed = serving_doubles.replay_warmup(deployed.version_dir, deployed.server.predictor)
     assert [name for name, _ in replayed] == list(sig.SAVED_MODEL_SIGNATURES)

@@ -78,13 +78,13 @@ def load_config(directory, limits=None):
         )
     data = read_json(path, limits)
     if isinstance(data, dict) and "class_name" in data and "config" in data:
-        data = _preset_fields(data, path)
+        data = preset_fields(data, path)
     config = TransformerXLConfig.from_dict(data)
     check_config(config, limits, source=path)
     return config
 
 
-def _preset_fields(data, path):
+def preset_fields(data, path):
     """The TransformerXLConfig fields of a keras-hub backbone config."""
     if data.get("class_name") != "TransformerXLBackbone" or not isinstance(
         data.get("config"), dict
@@ -335,7 +335,7 @@ def _check_task(path, config, limits):
             '{"config": {"backbone": {...}}} was expected): a damaged preset?'
         )
     try:
-        task_config = TransformerXLConfig.from_dict(_preset_fields(backbone, path))
+        task_config = TransformerXLConfig.from_dict(preset_fields(backbone, path))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: its backbone config is not valid: {error}") from None
     if task_config != config:

@@ -147,3 +147,17 @@ def test_jit_compile_is_true_false_or_auto_everywhere_it_is_set(tmp_path):
     assert not tf.config.list_logical_devices("GPU")
     assert resolve_jit_compile("auto", cpu) is False
     assert resolve_jit_compile(True, cpu) is True and resolve_jit_compile(False, cpu) is False
+
+
+def test_a_preset_config_json_is_read_as_its_model_config(tmp_path):
+    # WORKDIR/model/config.json (keras-hub's backbone config) was refused as
+    # "unknown model config keys class_name, config, ...".
+    import keras_txl
+
+    config = TransformerXLConfig(vocabulary_size=256, **MODEL)
+    keras_txl.save_preset(keras_txl.TransformerXLCausalLM(config), str(tmp_path / "model"))
+    model = resolve_configs(config_path=str(tmp_path / "model" / "config.json"))[0]
+    assert TransformerXLConfig.from_dict(model) == config
+    other = write(tmp_path, {"class_name": "GPT2Backbone", "config": {}}, "gpt2.json")
+    with pytest.raises(ValueError, match=r"describes a 'GPT2Backbone', not a TransformerXLBackbone"):
+        resolve_configs(config_path=other)

@@ -82,7 +82,8 @@ def read_config_file(path):
     """`--config FILE` as `(model, train, eval)` dicts.
 
     The file is a JSON object: a model config (the keys of
-    `TransformerXLConfig`, as `WORKDIR/config.json`), or sections
+    `TransformerXLConfig`, as `WORKDIR/config.json`; or a keras-hub preset's
+    `config.json`, as `WORKDIR/model/config.json`), or sections
     `{"model": {...}, "train": {...}, "eval": {...}}` ("model" required;
     "train": `TrainConfig` keys; "eval": the keys of `EVAL_DEFAULTS`).
     An unknown section or key, and every problem reading the file, is a
@@ -121,6 +122,12 @@ def read_config_file(path):
             type(data), "number")
         raise ValueError(f"{where} holds a JSON {kind}; expected an object: {shape}.")
     model_keys = [f.name for f in dataclasses.fields(TransformerXLConfig)]
+    if "class_name" in data and "config" in data:
+        # A keras-hub preset's config.json (WORKDIR/model/config.json): its
+        # backbone's fields, as a model folder is read.
+        from keras_txl.folders import preset_fields
+
+        data = preset_fields(data, where)
     if not set(data) & set(CONFIG_SECTIONS):
         _unknown_keys(f'{where} (read as a model config: it has no "model" section)',
                       "model config key(s)", data, model_keys)

@@ -1729,7 +1729,7 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
         character_coverage: float = 1.0,
         byte_fallback: bool = False,
         max_sentence_length: int = 1 << 16,
-        num_threads: int | None = None,
+        num_threads: int = 16,
     ):
         """Trains a SentencePiece model offline on the lines of `texts`.
 
@@ -1748,7 +1748,11 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
                 pieces, so that every text round-trips (adds 256 pieces).
             max_sentence_length: int. Longer lines (in bytes) are skipped
                 during training.
-            num_threads: int or None. Training threads; default all CPUs.
+            num_threads: int. Training threads. The model depends on it
+                (SentencePiece's trainer sums over each thread's share of
+                the lines), so the default is a fixed 16 (SentencePiece's
+                own), not the machine's CPU count: the same text gives the
+                same model, ids and fingerprint on every machine.
 
         Returns:
             A `SentencePieceTokenizer`.
@@ -1756,6 +1760,7 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
         import sentencepiece
 
         checks.positive_int("vocabulary_size", vocabulary_size)
+        checks.positive_int("num_threads", num_threads)
         if vocabulary_size < 3:
             # SentencePiece fails in a C++ assertion below its two special
             # pieces and one of text.
@@ -1798,7 +1803,7 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
                 eos_piece=EOS_TOKEN,
                 unk_piece=UNK_TOKEN,
                 max_sentence_length=int(max_sentence_length),
-                num_threads=int(num_threads or os.cpu_count() or 1),
+                num_threads=int(num_threads),
                 minloglevel=2,
             )
         except RuntimeError as error:

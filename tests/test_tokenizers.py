@@ -840,3 +840,24 @@ def test_the_fingerprint_is_the_same_across_folder_layouts_and_names_its_argumen
     assert tokenizer_fingerprint(WordTokenizer(["<eos>", "<unk>", "b", "a"])) != same
     with pytest.raises(ValueError, match="`tokenizer` must be a keras-txl"):
         tokenizer_fingerprint("not a tokenizer")
+
+
+def test_sentencepiece_gives_the_same_model_whatever_the_cpu_count(monkeypatch):
+    # SentencePiece's model depends on its num_threads (each thread sums
+    # its share of the lines): a default of os.cpu_count() made the same
+    # corpus give other pieces, ids and fingerprint on another machine.
+    import random
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)] + ["é", "👍", "a\u0301"]
+    text = "\n".join(
+        " ".join(rng.choice(words) for _ in range(12)) for _ in range(400)
+    )
+    models = []
+    for cpus in (1, 8):
+        monkeypatch.setattr("os.cpu_count", lambda cpus=cpus: cpus)
+        models.append(tokenizers.build_tokenizer(
+            "sentencepiece", text, vocabulary_size=200).model_proto)
+    assert models[0] == models[1]
+    with pytest.raises(ValueError, match="`num_threads` must be a positive integer"):
+        tokenizers.build_tokenizer("sentencepiece", text, num_threads=0)

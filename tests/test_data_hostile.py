@@ -403,6 +403,22 @@ def test_a_byte_order_mark_is_not_text(tmp_path, capsys):
     assert "the valid split of --data" in capsys.readouterr().err
 
 
+def test_a_byte_order_mark_in_a_vocabulary_file_is_not_a_token(tmp_path):
+    # Notepad's UTF-8 file starts with U+FEFF: it became part of the first
+    # token, so "the" read as <unk> everywhere (or <eos> was "missing").
+    from keras_txl.training.vocab import build_streaming_tokenizer
+    from keras_txl.training.vocab import read_vocabulary_file
+
+    for kind, lines in (("word", ["the", "<eos>", "<unk>", "cat"]),
+                        ("char", ["a", "<unk>", " ", "\\n"])):
+        path = tmp_path / f"{kind}.txt"
+        path.write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode())
+        tokens = read_vocabulary_file(path, kind)
+        assert tokens == [("\n" if t == "\\n" else t) for t in lines]
+    tokenizer = build_streaming_tokenizer("word", [], vocabulary_file=str(tmp_path / "word.txt"))
+    assert tokenizer.encode("the cat\n").tolist() == [0, 3, 1]
+
+
 def test_tfds_text_feature_and_splits_from_the_command_line(tmp_path, capsys):
     # A TFDS dataset with no validation split, or two text features, could
     # not be used from `txl` at all: the errors asked for Python arguments.

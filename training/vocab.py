@@ -80,13 +80,19 @@ def read_vocabulary_file(path, kind="word"):
     character is that character, the space included, and the two
     characters `\\n` are the newline (as `export_vocabulary` writes it);
     a longer line is read by its first field, an empty line skipped. A
-    "\\r" before a line's newline is the line ending, not part of it.
+    "\\r" before a line's newline is the line ending, not part of it, and
+    a byte order mark at the start of the file is not part of the first
+    token.
     """
     tokens = []
     try:
         with open(path, encoding="utf-8", newline="\n") as handle:
-            for line in handle:
+            for number, line in enumerate(handle):
                 raw = line[:-1] if line.endswith("\n") else line
+                if number == 0 and raw.startswith("\ufeff"):
+                    # A byte order mark (an editor's, on Windows) is not
+                    # part of the first token.
+                    raw = raw[1:]
                 if raw.endswith("\r") and len(raw) > 1:
                     raw = raw[:-1]
                 if kind == "char" and (len(raw) == 1 or raw == "\\n"):

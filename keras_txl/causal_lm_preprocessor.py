@@ -34,8 +34,12 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
     Args:
         tokenizer: a `keras_txl.tokenizers.TransformerXLTokenizer`.
         sequence_length: int. Segment length T of training samples.
-        add_start_token: bool. Default False (Transformer-XL has none).
-        add_end_token: bool. Default False.
+        add_start_token: bool. Default False (Transformer-XL has none):
+            True is a ValueError for a tokenizer without a start token
+            (every keras-txl kind), which would add nothing in silence.
+        add_end_token: bool. Default False. True appends the tokenizer's
+            `end_token_id` (`<eos>`); a ValueError for a kind without one
+            (`byte`, `char`, `official_symbols`).
 
     Example:
     ```python
@@ -60,6 +64,38 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
             add_start_token=add_start_token, add_end_token=add_end_token,
             **kwargs,
         )
+        self._check_special_tokens(ready=False)
+
+    def _check_special_tokens(self, ready=True):
+        """A ValueError for `add_start_token` / `add_end_token` when the
+        tokenizer has no such token (keras-hub's packer would add nothing).
+        `ready=False`: a tokenizer whose vocabulary is not loaded yet (a
+        preset's, before `load_preset_assets`) is checked in `build`."""
+        for flag, attribute in (("add_start_token", "start_token_id"),
+                                ("add_end_token", "end_token_id")):
+            if not getattr(self, flag):
+                continue
+            try:
+                token_id = getattr(self.tokenizer, attribute, None)
+            except ValueError:
+                if ready:
+                    raise
+                continue
+            if token_id is None:
+                kind = getattr(self.tokenizer, "kind", type(self.tokenizer).__name__)
+                raise ValueError(
+                    f"`{flag}=True`, but the {kind!r} tokenizer has no such "
+                    f"token ({attribute} is None), so nothing would be "
+                    f"added. Pass {flag}=False"
+                    + (" (Transformer-XL has no start token: its context is "
+                       "the memory)." if flag == "add_start_token" else
+                       " or use a kind with <eos> (word, sentencepiece, "
+                       "wordpiece).")
+                )
+
+    def build(self, input_shape):
+        self._check_special_tokens()
+        super().build(input_shape)
 
     def ordered_segments(self, texts, batch_size, sequence_length=None,
                          drop_remainder=True):

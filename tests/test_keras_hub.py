@@ -783,3 +783,28 @@ print("ok")
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-1] == "ok"
+
+
+def test_a_start_or_end_token_the_tokenizer_lacks_is_refused_not_skipped(tmp_path):
+    # keras-hub's packer adds nothing for a token id of None: add_start_token
+    # (no kind has a start token) and add_end_token on a kind without <eos>
+    # were accepted and silently did nothing.
+    from keras_txl.tokenizers import ByteTokenizer
+    from keras_txl.tokenizers import WordTokenizer
+
+    for tokenizer, flag in ((ByteTokenizer(), "add_start_token"),
+                            (ByteTokenizer(), "add_end_token"),
+                            (WordTokenizer(["<eos>", "<unk>", "a"]), "add_start_token")):
+        with pytest.raises(ValueError, match=f"`{flag}=True`, but the '\\w+' tokenizer"):
+            TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=4, **{flag: True})
+    word = WordTokenizer(["<eos>", "<unk>", "a"])
+    preprocessor = TransformerXLCausalLMPreprocessor(word, sequence_length=4, add_end_token=True)
+    x, y, weight = preprocessor(["a a"])
+    assert x["token_ids"].numpy().tolist() == [[2, 2, 0, 0]]
+    assert x["padding_mask"].numpy().tolist() == [[True, True, True, False]]
+    # A config whose tokenizer has no vocabulary yet (a preset's, before its
+    # assets load) still deserializes; the check runs when it is built.
+    clone = TransformerXLCausalLMPreprocessor.from_config(preprocessor.get_config())
+    word.save_assets(str(tmp_path))
+    clone.tokenizer.load_assets(str(tmp_path))
+    assert clone(["a a"])[0]["token_ids"].numpy().tolist() == [[2, 2, 0, 0]]

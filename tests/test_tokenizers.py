@@ -861,3 +861,16 @@ def test_sentencepiece_gives_the_same_model_whatever_the_cpu_count(monkeypatch):
     assert models[0] == models[1]
     with pytest.raises(ValueError, match="`num_threads` must be a positive integer"):
         tokenizers.build_tokenizer("sentencepiece", text, num_threads=0)
+
+
+def test_special_tokens_typed_in_the_text(fitted):
+    # docs/data.md: only the word kind reads "<eos>"/"<unk>" from text (as
+    # the reference vocabulary.py); a literal <eos> is then a line break.
+    text = "the <eos> <unk> dog"
+    word = fitted["word"]
+    ids = word.encode(text).tolist()
+    assert ids[1:3] == [word.eos_id, word.unk_id]
+    assert word.decode(ids) == "the\n<unk> dog"
+    for kind in ("sentencepiece", "wordpiece"):
+        tokenizer = fitted[kind]
+        assert tokenizer.eos_id not in tokenizer.encode(text).tolist()

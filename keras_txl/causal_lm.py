@@ -1626,6 +1626,16 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                     data, kwargs.get("validation_batch_size"), "evaluates"))
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        # keras-hub maps the preprocessor over every batch `fit`, `evaluate`
+        # and `predict` read, and its tokenizer refuses token ids: a model
+        # with a preprocessor (every preset's) could not read ids, ordered
+        # segments included. Only strings are preprocessed; ids (a tensor,
+        # an array, keras-hub's dict) go to the model as they are.
+        if not any(_holds_strings(leaf) for leaf in tf.nest.flatten(x)):
+            return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        return super().preprocess_samples(x, y, sample_weight)
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3 builds a model made under a tf.distribute strategy from
         # the MEAN of the replicas' first batches (`strategy.reduce`), which

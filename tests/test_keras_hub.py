@@ -240,6 +240,37 @@ def test_a_stateful_model_predicts_strings_as_ordered_segments():
     np.testing.assert_array_equal(model.predict(data, verbose=0), predicted)
 
 
+def test_a_model_with_a_preprocessor_reads_token_ids_as_without_one():
+    # keras-hub maps the preprocessor over everything fit/evaluate/predict
+    # read, and the tokenizer refused ids with a traceback: a preset's model
+    # could not train on ids, nor on the ordered segments the library's
+    # messages point to. Ids now go to the model as they are.
+    texts = tf.data.Dataset.from_tensor_slices(
+        ["hello world, this is one long text that continues",
+         "and here is the second long stream of text ok"])
+    config = tiny_config(vocabulary_size=256, segment_length=8, memory_length=8)
+    results = []
+    for preprocessor in (byte_preprocessor(), None):
+        keras.utils.set_random_seed(3)
+        model = TransformerXLCausalLM(config, preprocessor=preprocessor,
+                                      stateful=True, batch_size=2)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), weighted_metrics=None)
+        segments = byte_preprocessor().ordered_segments(texts, 2)
+        model.reset_memory()
+        loss = model.fit(segments, epochs=1, verbose=0, shuffle=False).history["loss"]
+        model.reset_memory()
+        evaluated = model.evaluate(segments, verbose=0, return_dict=True)["loss"]
+        model.reset_memory()
+        predicted = model.predict(segments.map(lambda x, y: x), verbose=0)
+        inputs, targets = next(iter(segments))
+        model.reset_memory()
+        arrays = model.evaluate(inputs.numpy(), targets.numpy(), batch_size=2,
+                                verbose=0, return_dict=True)["loss"]
+        results.append((loss, evaluated, predicted, arrays))
+    for got, expected in zip(*results):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_a_stateful_model_refuses_padding_into_its_memory():
     # keras-hub's preprocessor pads each string; in a stateful model the
     # padding became the memory the next batch read (log-probs 6 nats off).

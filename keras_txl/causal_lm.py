@@ -21,6 +21,7 @@ from keras_txl.adaptive import AdaptiveSoftmax
 from keras_txl.backbone import SubclassedModelType
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+from keras_txl.causal_lm_preprocessor import shuffle_in
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoding import clamp_top_k
 from keras_txl.decoding import decode_loop
@@ -853,7 +854,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             return None if shape.rank in (None, 0) else shape[0]
         return shape[0] if len(shape) else None
 
-    def _check_stateful_data(self, x, batch_size, verb):
+    def _check_stateful_data(self, x, batch_size, verb, name="x"):
         """Refuses, before Keras builds its data adapter, data that would
         give a stateful model a batch other than its global batch
         (`batch_size` rows per replica under a `tf.distribute` strategy);
@@ -881,6 +882,15 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 f"{self.batch_size} {verb} in batches of exactly {expected} "
                 f"rows{per_replica}")
         if isinstance(x, tf.data.Dataset):
+            if shuffle_in(x):
+                # Each row's memory would run on into an unrelated segment.
+                raise ValueError(
+                    f"`{name}` is a shuffled tf.data.Dataset (a `shuffle()` in its "
+                    "pipeline), but a stateful TransformerXLCausalLM carries each "
+                    "row's memory into the next batch: pass the batches in order "
+                    "(`keras_txl.training.data.lm_dataset`, "
+                    "`preprocessor.ordered_segments`)."
+                )
             spec = x.element_spec
             if isinstance(spec, tuple) and spec:
                 spec = spec[0]
@@ -1620,7 +1630,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         if self.stateful and validation is not None:
             data = validation[0] if isinstance(validation, tuple) else validation
             self._check_stateful_data(data, kwargs.get("validation_batch_size"),
-                                      "evaluates")
+                                      "evaluates", "validation_data")
             if not isinstance(data, tf.data.Dataset):
                 kwargs.setdefault("validation_batch_size", self._check_stateful_data(
                     data, kwargs.get("validation_batch_size"), "evaluates"))

@@ -20,6 +20,33 @@ from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.checks import positive_int
 
 
+def shuffle_in(dataset):
+    """How a `tf.data` pipeline shuffles: "reshuffles" (a `shuffle` that
+    draws another order at every pass, the default, which
+    `Dataset.list_files` also uses), "shuffles" (a fixed order, with
+    `reshuffle_each_iteration=False`) or None, found by walking its input
+    datasets (those made inside a mapped function are not seen)."""
+    found, pending, seen = None, [dataset], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if hasattr(node, "_reshuffle_each_iteration"):  # shuffle_op._ShuffleDataset
+            if node._reshuffle_each_iteration in (None, True):
+                return "reshuffles"
+            found = "shuffles"
+        try:
+            pending.extend(node._inputs())
+        except (AttributeError, NotImplementedError, TypeError):
+            pass
+        # A file reader (TextLineDataset, ...) over a dataset of file names
+        # lists no inputs; its reader dataset reads them.
+        if isinstance(getattr(node, "_impl", None), tf.data.Dataset):
+            pending.append(node._impl)
+    return found
+
+
 @keras.saving.register_keras_serializable(package="keras_txl")
 class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
     """Tokenizes and packs text for `TransformerXLCausalLM`.
@@ -113,7 +140,8 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
         to cut it), never held in memory.
 
         Args:
-            texts: `tf.data.Dataset` of scalar strings, in order.
+            texts: `tf.data.Dataset` of scalar strings, in order; one that
+                reshuffles at every pass is refused (`shuffle_in`).
             batch_size: int. Number of streams B.
             sequence_length: int. Segment length T (this preprocessor's
                 when None).
@@ -131,6 +159,17 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
             raise ValueError(
                 "`texts` must be a tf.data.Dataset of scalar strings, "
                 f"received {getattr(texts, 'element_spec', type(texts).__name__)}."
+            )
+        if shuffle_in(texts) == "reshuffles":
+            # Each stream reads the texts again: every row would cut
+            # another order (texts repeated in several rows, others lost).
+            raise ValueError(
+                "`texts` are shuffled anew at every pass (a `shuffle()` with "
+                "reshuffle_each_iteration=True, the default, or "
+                "`Dataset.list_files` without shuffle=False): ordered segments "
+                "read the texts once per stream, so the streams would cut "
+                "different orders. Pass the texts in order, or shuffle them with "
+                "reshuffle_each_iteration=False."
             )
         tokenizer = self.tokenizer
         tokens = texts.map(

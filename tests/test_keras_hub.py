@@ -271,6 +271,48 @@ def test_a_model_with_a_preprocessor_reads_token_ids_as_without_one():
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_shuffled_data_is_refused_where_the_memory_carries_rows(tmp_path):
+    # ordered_segments reads the texts once per stream: a shuffle drawing a
+    # new order at every pass gave each row another order (texts repeated
+    # in several rows, others lost); shuffled id batches ran each row's
+    # memory on into unrelated segments. Both passed in silence.
+    texts = [chr(ord("a") + i) * 5 for i in range(20)]
+    preprocessor = byte_preprocessor(sequence_length=4)
+    data = tf.data.Dataset.from_tensor_slices(texts)
+    with pytest.raises(ValueError, match="`texts` are shuffled anew at every pass"):
+        preprocessor.ordered_segments(data.shuffle(20), 4)
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("some text in a file\n" * 4)
+    lines = tf.data.TextLineDataset(tf.data.Dataset.list_files(str(tmp_path / "*.txt")))
+    model = TransformerXLCausalLM(
+        tiny_config(vocabulary_size=256, segment_length=4, memory_length=4),
+        preprocessor=preprocessor, stateful=True, batch_size=2)
+    model.compile(optimizer="sgd", weighted_metrics=None)
+    with pytest.raises(ValueError, match="`texts` are shuffled anew"):
+        model.fit(lines, verbose=0)  # list_files shuffles by default
+    # A fixed order (reshuffle_each_iteration=False) is one order: every
+    # text lands in exactly one stream.
+    fixed = preprocessor.ordered_segments(
+        data.shuffle(20, seed=1, reshuffle_each_iteration=False), 4,
+        drop_remainder=False)
+    batches = list(fixed.as_numpy_iterator())
+    rows = np.concatenate([x for x, _ in batches] + [batches[-1][1][:, -1:]], axis=1)
+    streams = "".join(bytes(row.astype("uint8")).decode() for row in rows)
+    assert sorted(streams) == sorted("".join(texts))  # 100 tokens, 4 x 25
+    # Id batches of a stateful model: any shuffle, named by argument.
+    ids = lm_dataset(np.arange(200) % 256, 2, 4)
+    before = model.memory.numpy().copy()
+    for call, kwargs, name in (
+        (model.fit, {"x": ids.shuffle(8)}, "`x`"),
+        (model.fit, {"x": ids, "validation_data": ids.shuffle(8)}, "`validation_data`"),
+        (model.evaluate, {"x": ids.shuffle(8, reshuffle_each_iteration=False)}, "`x`"),
+        (model.predict, {"x": ids.map(lambda x, y: x).shuffle(8)}, "`x`"),
+    ):
+        with pytest.raises(ValueError, match=f"{name} is a shuffled tf.data.Dataset"):
+            call(verbose=0, **kwargs)
+    np.testing.assert_array_equal(model.memory.numpy(), before)
+
+
 def test_a_stateful_model_refuses_padding_into_its_memory():
     # keras-hub's preprocessor pads each string; in a stateful model the
     # padding became the memory the next batch read (log-probs 6 nats off).

@@ -89,6 +89,17 @@ def _is_string_spec(spec):
     return isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string
 
 
+def _no_targets_with_texts(y, what):
+    """Ordered segments of a dataset of strings are their own targets: a
+    `y` given with them would be dropped."""
+    if y is not None:
+        raise ValueError(
+            f"`y` must be None when {what} reads a tf.data.Dataset of strings "
+            "(its ordered segments hold the targets, the next tokens), received "
+            f"{type(y).__name__}."
+        )
+
+
 def check_preprocessor(preprocessor, vocabulary_size, loaded=False):
     """A preprocessor whose tokenizer fits a model of `vocabulary_size`.
 
@@ -936,7 +947,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             segments = self._ordered_segments(x, "predict()").map(
                 lambda inputs, targets: inputs)
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
-            return keras.Model.predict(self, segments, *args, **kwargs)
+            return keras.Model.predict(self, segments, None, *args, **kwargs)
         batch_size = self._check_stateful_data(x, batch_size, "predicts")
         return super().predict(x, batch_size, *args, **kwargs)
 
@@ -946,9 +957,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         a zeroed memory (zeroed again after)."""
         if self.stateful and isinstance(x, tf.data.Dataset) and _is_string_spec(
                 x.element_spec):
+            _no_targets_with_texts(y, "evaluate()")
             x = self._ordered_segments(x, "evaluate()")
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
-            return keras.Model.evaluate(self, x, *args, **kwargs)
+            return keras.Model.evaluate(self, x, None, None, *args, **kwargs)
         batch_size = self._check_stateful_data(x, batch_size, "evaluates")
         return super().evaluate(x, y, batch_size, *args, **kwargs)
 
@@ -1602,6 +1614,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                     "TransformerXLCausalLMPreprocessor with the model's "
                     "tokenizer); this model has none."
                 )
+            _no_targets_with_texts(y, "fit()")
             if kwargs.get("shuffle"):
                 raise ValueError(
                     "`shuffle` must be False for ordered segments: the "

@@ -213,6 +213,27 @@ def test_a_stateful_model_validates_and_evaluates_strings_as_ordered_segments():
         model.fit(data, validation_data=(np.zeros((2, 8), "int32"),) * 2, verbose=0)
 
 
+def test_a_stateful_model_reading_strings_refuses_y_and_keeps_positional_arguments():
+    # fit/evaluate on a dataset of strings dropped `y` in silence, and
+    # evaluate/predict handed their positional arguments to Keras one slot
+    # early (verbose became y or batch_size).
+    data = tf.data.Dataset.from_tensor_slices(
+        ["hello world, this is one long text that continues",
+         "and here is the second long stream of text ok"])
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256, segment_length=8,
+                                              memory_length=8),
+                                  preprocessor=byte_preprocessor(), stateful=True,
+                                  batch_size=2)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), weighted_metrics=None)
+    for call in (model.fit, model.evaluate):
+        with pytest.raises(ValueError, match="`y` must be None when .* strings"):
+            call(data, np.zeros((2, 8), "int32"), verbose=0)
+    expected = model.evaluate(data, verbose=0)
+    np.testing.assert_allclose(model.evaluate(data, None, None, 0), expected, rtol=1e-6)
+    np.testing.assert_array_equal(model.predict(data, None, 0),
+                                  model.predict(data, verbose=0))
+
+
 def test_a_stateful_model_predicts_strings_as_ordered_segments():
     # predict() on a dataset of strings padded each string into its own row
     # (refused by the padding assert, or unrelated rows run on through the

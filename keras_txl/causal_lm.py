@@ -1615,6 +1615,20 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                     "tokenizer); this model has none."
                 )
             _no_targets_with_texts(y, "fit()")
+            for steps in ("steps_per_epoch", "validation_steps"):
+                if self.stateful and kwargs.get(steps) is not None:
+                    # Keras keeps the data iterator across epochs when the
+                    # steps are given, while the memory restarts at each
+                    # epoch (and validation) start: epoch 2 read the middle
+                    # of every stream from a zero memory.
+                    raise ValueError(
+                        f"`{steps}` must be None when a stateful model fits a "
+                        "dataset of strings: an epoch (and a validation) is one "
+                        "pass over the ordered segments, whose memory restarts "
+                        "with it; a shorter pass would go on mid-stream from a "
+                        f"zeroed memory. Received {steps}={kwargs[steps]!r}; to "
+                        "train on part of the data, give fit() fewer texts "
+                        "(`dataset.take(n)`).")
             if kwargs.get("shuffle"):
                 raise ValueError(
                     "`shuffle` must be False for ordered segments: the "

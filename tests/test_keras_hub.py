@@ -228,6 +228,12 @@ def test_a_stateful_model_reading_strings_refuses_y_and_keeps_positional_argumen
     for call in (model.fit, model.evaluate):
         with pytest.raises(ValueError, match="`y` must be None when .* strings"):
             call(data, np.zeros((2, 8), "int32"), verbose=0)
+    # Keras keeps the iterator across epochs when steps are given, while the
+    # memory restarts each epoch: epoch 2 read mid-stream from a zero memory.
+    for steps in ("steps_per_epoch", "validation_steps"):
+        with pytest.raises(ValueError, match=rf"`{steps}` must be None when a stateful "
+                                             rf"model fits a dataset of strings"):
+            model.fit(data, validation_data=data, verbose=0, **{steps: 1})
     expected = model.evaluate(data, verbose=0)
     np.testing.assert_allclose(model.evaluate(data, None, None, 0), expected, rtol=1e-6)
     np.testing.assert_array_equal(model.predict(data, None, 0),

@@ -135,12 +135,12 @@ def write_warmup_file(path: str, requests) -> str:
 
 def read_warmup_file(path: str) -> list:
     """The `PredictRequest`s of a warm-up file, in order."""
+    prediction_log_pb2 = serving_apis("prediction_log_pb2")
     if not os.path.isfile(path):
         # TensorFlow's reader raised FailedPreconditionError from deep inside.
         where = os.path.join(path, "assets.extra", WARMUP_FILE)
         hint = f": the version folder's is {where}" if os.path.isfile(where) else ""
         raise ValueError(f"`path` {path!r} is not a warm-up file{hint}.")
-    prediction_log_pb2 = serving_apis("prediction_log_pb2")
 
     requests = []
     for record in tf.data.TFRecordDataset(path):

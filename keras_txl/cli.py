@@ -922,7 +922,15 @@ def _attention(args):
             f"--text {args.text!r} encodes to {len(ids)} token(s) with the model's "
             f"{tokenizer.kind} tokenizer; the pictures need at least 2 (a segment "
             "and the loss of its next token): give a longer text.")
-    _warn_unknown_text(ids, tokenizer, args.text)
+    if tokenizer.unk_id is not None:
+        import numpy as np
+
+        from keras_txl.training.run import warn_unknown_tokens
+
+        warn_unknown_tokens(int(np.count_nonzero(np.asarray(ids) == tokenizer.unk_id)),
+                            len(ids), args.text, tokenizer, flag="--text",
+                            consequence="the pictures show the model reading that token, "
+                            "not this text")
     cfg = model.txl_config
 
     def choose(text, count, name):
@@ -946,25 +954,6 @@ def _attention(args):
     for path in paths:
         print(path)
     return 0
-
-
-def _warn_unknown_text(ids, tokenizer, path):
-    """Warns, as `txl eval --data` does, when many of the ids of `--text`
-    are the tokenizer's unknown token: the pictures would show the model
-    reading <unk>, not the text."""
-    import numpy as np
-
-    from keras_txl.training.run import UNKNOWN_WARNING_SHARE
-
-    if tokenizer.unk_id is None:
-        return
-    unknown = int(np.count_nonzero(np.asarray(ids) == tokenizer.unk_id))
-    if unknown / len(ids) >= UNKNOWN_WARNING_SHARE:
-        logger.warning(
-            "%.1f%% of the %d tokens of --text %s are %s (unknown to the %s "
-            "tokenizer): the pictures show the model reading that token, not this "
-            "text.", 100 * unknown / len(ids), len(ids), path,
-            tokenizer.decode([tokenizer.unk_id]), tokenizer.kind)
 
 
 def _demo(args):

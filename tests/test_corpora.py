@@ -8,6 +8,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from testing import write_lm1b_release
 
 from keras_txl import tokenizers
 from keras_txl.training import corpora
@@ -493,26 +494,13 @@ def test_a_long_line_without_spaces_is_cut_at_character_boundaries(tmp_path):
         np.concatenate([char.encode(p) for p in pieces]), char.encode(line))
 
 
-def _lm1b_release(root):
-    """The extracted 1-billion-word-language-modeling-benchmark-r13output."""
-    train = root / "training-monolingual.tokenized.shuffled"
-    heldout = root / "heldout-monolingual.tokenized.shuffled"
-    train.mkdir(parents=True)
-    heldout.mkdir()
-    (train / "news.en-00002-of-00100").write_text("b c .\n")
-    (train / "news.en-00001-of-00100").write_text("a b .\n")
-    (heldout / "news.en.heldout-00000-of-00050").write_text("a z .\n")
-    (heldout / "news.en.heldout-00001-of-00050").write_text("c c .\n")
-    return root
-
-
 def test_lm1b_as_the_reference_getdata_script_lays_it_out(tmp_path, caplog):
     # getdata.sh: one-billion-words/ holds the extracted release, valid.txt and
     # test.txt (copies of held-out shard 0) and 1b_word_vocab.txt. That folder
     # was refused ("missing train.txt"), and the release folder inside it lost
     # the vocabulary file beside it: the vocabulary was counted instead, in silence.
     folder = tmp_path / "one-billion-words"
-    release = _lm1b_release(folder / "1-billion-word-language-modeling-benchmark-r13output")
+    release = write_lm1b_release(folder / "1-billion-word-language-modeling-benchmark-r13output")
     for name in ("valid.txt", "test.txt"):
         (folder / name).write_text("a z .\n")
     vocabulary = folder / "1b_word_vocab.txt"

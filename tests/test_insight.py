@@ -203,7 +203,8 @@ def test_txl_attention_warns_when_the_text_is_mostly_unknown(tmp_path, capsys, c
                      "--out", str(tmp_path / "out")]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1
-    assert f"of the 72 tokens of --text {path} are <unk>" in warnings[0]
+    assert f"of the 72 scored tokens of --text {path} are <unk>" in warnings[0]
+    assert "the pictures show the model reading that token" in warnings[0]
     caplog.clear()
     path.write_text(TEXT)
     with caplog.at_level("WARNING"):

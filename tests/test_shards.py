@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from testing import REPO
 from testing import free_ports
+from testing import write_lm1b_release
 
 from keras_txl.cli import main
 from keras_txl.tokenizers import build_tokenizer
@@ -488,15 +489,9 @@ def test_a_changed_shard_byte_is_detected(tmp_path, capsys):
 
 
 def test_the_lm1b_folder_follows_the_reference_protocol(tmp_path, capsys):
-    root = tmp_path / "1-billion-word-language-modeling-benchmark-r13output"
-    train = root / "training-monolingual.tokenized.shuffled"
-    heldout = root / "heldout-monolingual.tokenized.shuffled"
-    train.mkdir(parents=True)
-    heldout.mkdir()
-    (train / "news.en-00002-of-00100").write_text("b c .\n")
-    (train / "news.en-00001-of-00100").write_text("a b .\nc a .\n")
-    (heldout / "news.en.heldout-00000-of-00050").write_text("a z .\n")
-    (heldout / "news.en.heldout-00001-of-00050").write_text("c c c c .\n")
+    root = write_lm1b_release(tmp_path / "1-billion-word-language-modeling-benchmark-r13output",
+                              train=("a b .\nc a .\n", "b c .\n"),
+                              heldout=("a z .\n", "c c c c .\n"))
     (root / "1b_word_vocab.txt").write_text("<S>\t0\n<UNK>\t0\n.\t9\na\t5\nb\t4\nc\t3\n")
     workdir = tmp_path / "w"
     assert main(["prepare", "--data", str(root), "--workdir", str(workdir)]) == 0

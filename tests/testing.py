@@ -122,6 +122,23 @@ def write_word_corpus(folder, train_words=3000, eval_words=40, seed=0):
     return folder
 
 
+def write_lm1b_release(root, train=("a b .\n", "b c .\n"), heldout=("a z .\n", "c c .\n")):
+    """A tiny extracted `1-billion-word-language-modeling-benchmark-r13output`
+    at `root`: `train[i]` is training shard i + 1 (`news.en-0000{i+1}-of-00100`,
+    written in reverse order, so a reader must sort them), `heldout[i]`
+    held-out shard i."""
+    root = pathlib.Path(root)
+    train_dir = root / "training-monolingual.tokenized.shuffled"
+    heldout_dir = root / "heldout-monolingual.tokenized.shuffled"
+    train_dir.mkdir(parents=True)
+    heldout_dir.mkdir()
+    for i, text in reversed(list(enumerate(train, start=1))):
+        (train_dir / f"news.en-{i:05d}-of-00100").write_text(text)
+    for i, text in enumerate(heldout):
+        (heldout_dir / f"news.en.heldout-{i:05d}-of-00050").write_text(text)
+    return root
+
+
 def write_char_run(folder):
     """A training-run folder `folder/run` whose model (tiny, T = M = 4) has a
     char tokenizer fitted on "abc cab bca" (a, b, c, space, newline);

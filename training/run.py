@@ -1116,17 +1116,18 @@ def eval_main(args):
 UNKNOWN_WARNING_SHARE = 0.01
 
 
-def warn_unknown_tokens(unknown, tokens, data, tokenizer):
-    """Warns when many of the scored targets of `--data` are the tokenizer's
-    unknown token: a text the tokenizer was not fitted on (another language
-    or corpus) gives a perplexity that measures the tokenizer, not the
-    model."""
+def warn_unknown_tokens(unknown, tokens, data, tokenizer, flag="--data",
+                        consequence="the perplexity says little about the model on this text"):
+    """Warns when many of the `tokens` read from `flag` `data` are the
+    tokenizer's unknown token: a text the tokenizer was not fitted on
+    (another language or corpus) gives a perplexity (or pictures, `txl
+    attention --text`) that measures the tokenizer, not the model."""
     if tokens and unknown / tokens >= UNKNOWN_WARNING_SHARE:
         logger.warning(
-            "%.1f%% of the %d scored tokens of --data %s are %s (unknown to the "
-            "%s tokenizer): the perplexity says little about the model on this text.",
-            100 * unknown / tokens, tokens, data, tokenizer.decode([tokenizer.unk_id]),
-            tokenizer.kind)
+            "%.1f%% of the %d scored tokens of %s %s are %s (unknown to the "
+            "%s tokenizer): %s.",
+            100 * unknown / tokens, tokens, flag, data, tokenizer.decode([tokenizer.unk_id]),
+            tokenizer.kind, consequence)
 
 
 def workdir_split(workdir, split):

@@ -153,3 +153,110 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+# --- Keras's registry --------------------------------------------------------
+# Keras (`keras.models.load_model`, `keras.saving.deserialize_keras_object`) and
+# keras-hub's own loaders (`keras_hub.models.CausalLM.from_preset`) look
+# keras-txl's classes up by their registered names ("keras_txl>..."), which
+# `@keras.saving.register_keras_serializable` adds when a class's module runs.
+# Those modules are deferred (above), so `import keras_txl` alone would leave
+# the names unknown, and Keras has no hook for a name it lacks. So the modules
+# are imported as soon as Keras is: now if it already is, else right after its
+# import (or keras-hub's) completes. A process that never imports Keras (`txl
+# --help`, the serving client) still loads none of it.
+_REGISTERING_MODULE = "keras_txl.causal_lm"  # imports every registered class
+_WATCHED_IMPORTS = ("keras", "keras_hub")  # and keras-txl's own modules
+_BUSY_PACKAGES = ("keras_txl", "keras", "keras_hub", "tensorflow", "tensorflow_text",
+                  "numpy")
+
+
+def _initializing(name):
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def register_keras_classes(just_loaded=None):
+    """Registers keras-txl's Keras classes (imports `keras_txl.causal_lm`).
+
+    Does nothing before Keras is imported, or while a module that import
+    needs is itself still being imported (Keras imported from inside one of
+    keras-txl's modules, or TensorFlow's): importing it then would see a
+    half-built module. Each keras-txl module calls it again when its own
+    import completes (`_KerasImportWatcher`). Returns whether they are
+    registered.
+    """
+    if _REGISTERING_MODULE in sys.modules and not _initializing(_REGISTERING_MODULE):
+        return True
+    if "keras" not in sys.modules:
+        return False
+    busy = [name for name in list(sys.modules)
+            if name not in (just_loaded, "keras_txl")
+            and name.split(".")[0] in _BUSY_PACKAGES and _initializing(name)]
+    if busy:
+        return False
+    importlib.import_module(_REGISTERING_MODULE)
+    return True
+
+
+class _RegisterAfterImport:
+    """Wraps the loader of a watched package: runs it, then
+    `register_keras_classes`. Everything else is the real loader's."""
+
+    def __init__(self, loader, name):
+        self._loader = loader
+        self._name = name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            register_keras_classes(just_loaded=self._name)
+        except Exception as error:  # never break the user's `import keras`
+            import warnings
+
+            warnings.warn(
+                f"keras-txl could not register its classes with Keras after "
+                f"`import {self._name}` ({type(error).__name__}: {error}); "
+                "`import keras_txl.causal_lm` raises the same error.",
+                stacklevel=2,
+            )
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _KerasImportWatcher:
+    """A `sys.meta_path` finder for Keras, keras-hub and keras-txl's own
+    modules only: it finds them with the other finders and wraps their loader
+    (`_RegisterAfterImport`), so the classes are registered right after
+    whichever of them completes its import last."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _WATCHED_IMPORTS and not name.startswith("keras_txl."):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _RegisterAfterImport(spec.loader, name)
+        return spec
+
+
+def _watch_keras_imports():
+    if "keras" in sys.modules:
+        register_keras_classes()
+        return
+    # By name: a reloaded keras_txl has a new class, and one watcher is enough.
+    if not any(type(finder).__name__ == "_KerasImportWatcher" for finder in sys.meta_path):
+        sys.meta_path.insert(0, _KerasImportWatcher())
+
+
+_watch_keras_imports()

@@ -534,22 +534,52 @@ def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
         TransformerXLCausalLM.from_preset("tiny")
 
 
-def test_keras_hubs_own_from_preset_reads_the_folder_in_a_fresh_process(tmp_path):
+@pytest.mark.parametrize("imports", [
+    # `import keras_txl` alone, before and after Keras: its modules are
+    # deferred, yet Keras and keras-hub find the classes by registered name.
+    "import keras_txl, keras_hub",
+    "import keras_hub, keras_txl",
+    # keras-hub first imported from inside one of keras-txl's own modules.
+    "import keras_txl.tokenizers, keras_hub",
+])
+def test_keras_and_keras_hubs_own_loaders_find_the_classes_in_a_fresh_process(
+        tmp_path, imports):
     import subprocess
     import sys
 
-    _, folder = word_preset(tmp_path)
+    model, folder = word_preset(tmp_path)
+    model.save(str(tmp_path / "model.keras"))
     code = (
-        "import keras_hub, keras_txl.causal_lm\n"
+        f"{imports}\nimport keras\n"
         f"m = keras_hub.models.CausalLM.from_preset({str(folder)!r})\n"
         "m.compile(sampler='greedy')\n"
+        f"b = keras_hub.models.Backbone.from_preset({str(folder)!r})\n"
+        f"k = keras.models.load_model({str(tmp_path / 'model.keras')!r})\n"
         "print(type(m).__name__, type(m.preprocessor.tokenizer).__name__,"
-        " m.generate(['the cat'], max_length=6)[0].startswith('the cat'))\n"
+        " m.generate(['the cat'], max_length=6)[0].startswith('the cat'),"
+        " type(b).__name__, type(k).__name__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-3:] == ["TransformerXLCausalLM", "WordTokenizer", "True"]
+    assert result.stdout.split()[-5:] == [
+        "TransformerXLCausalLM", "WordTokenizer", "True", "TransformerXLBackbone",
+        "TransformerXLCausalLM"]
+
+
+def test_importing_keras_txl_alone_still_loads_no_keras():
+    import subprocess
+    import sys
+
+    # The registration waits for Keras: `txl --help` and the serving client
+    # import keras_txl and its light modules without TensorFlow.
+    code = ("import sys, keras_txl, keras_txl.host, keras_txl.checks\n"
+            "print(sorted(m.split('.')[0] for m in sys.modules\n"
+            "             if m.split('.')[0] in ('keras', 'keras_hub', 'tensorflow')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "[]"
 
 
 def test_keras_hubs_own_loaders_check_the_manifest_too(tmp_path):

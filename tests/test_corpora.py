@@ -331,6 +331,22 @@ def test_stdlib_docs_is_deterministic(stdlib_folder, tmp_path):
     assert (first / "valid.txt").read_bytes() == whole
 
 
+def test_stdlib_docs_edited_with_the_same_size_is_written_again(tmp_path):
+    # The manifest's sizes cannot see an edit that keeps the size (a typo
+    # fixed, a flipped byte): the files are the docstrings, by content.
+    first = corpora.prepare_stdlib_docs(tmp_path / "a", max_chars=60_000)
+    whole = (first / "train.txt").read_bytes()
+    edited = whole.replace(b"the", b"THE", 1)
+    assert edited != whole and len(edited) == len(whole)
+    (first / "train.txt").write_bytes(edited)
+    corpora.prepare_stdlib_docs(first, max_chars=60_000)
+    assert (first / "train.txt").read_bytes() == whole
+    # An untouched folder is still reused as it is.
+    mtime = (first / "train.txt").stat().st_mtime_ns
+    corpora.prepare_stdlib_docs(first, max_chars=60_000)
+    assert (first / "train.txt").stat().st_mtime_ns == mtime
+
+
 def test_stdlib_docs_errors(tmp_path):
     with pytest.raises(
         ValueError, match=re.escape("max_chars=300 is too small")

@@ -769,7 +769,8 @@ def prepare_stdlib_docs(
     characters. The files depend only on the Python installation and
     `max_chars` (about 1.7M characters exist in CPython 3.11, so the
     default cap of 3M takes all of them). A `stdlib_docs.json` manifest
-    records how they were made; if it matches, the files are reused.
+    records how they were made and each file's size and sha256; if it
+    matches, the files are reused (an edited file is written again).
 
     Args:
         folder: str or path-like. Output folder, created if needed.
@@ -813,8 +814,15 @@ def prepare_stdlib_docs(
         except json.JSONDecodeError:
             written = {}
         sizes = written.get("bytes") or {}
+        digests = written.get("sha256") or {}
+        # Sizes first (cheap), then the content: an edit that keeps the
+        # size (a typo fixed, a flipped byte) is written over, not reused.
         if {key: written.get(key) for key in manifest} == manifest and all(
             sizes.get(split) == (folder / name).stat().st_size
+            for split, name in _TEXT_FILES.items()
+        ) and all(
+            digests.get(split)
+            == hashlib.sha256((folder / name).read_bytes()).hexdigest()
             for split, name in _TEXT_FILES.items()
         ):
             logger.info("Reusing the stdlib docstring corpus in %s", folder)
@@ -846,14 +854,16 @@ def prepare_stdlib_docs(
     # (a killed writer leaves no manifest, so the next call writes again),
     # and it records each file's size, checked before reuse.
     manifest_path.unlink(missing_ok=True)
-    sizes, sizes_bytes = {}, {}
+    sizes, sizes_bytes, digests = {}, {}, {}
     for split, name in _TEXT_FILES.items():
         text = "".join(splits[split])
         data = text.encode("utf-8")
         atomic_write_bytes(folder / name, data)
         sizes[split], sizes_bytes[split] = len(text), len(data)
+        digests[split] = hashlib.sha256(data).hexdigest()
     manifest["chars"] = sizes
     manifest["bytes"] = sizes_bytes
+    manifest["sha256"] = digests
     manifest["docstrings"] = len(docstrings)
     atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
     logger.info(

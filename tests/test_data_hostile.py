@@ -458,7 +458,22 @@ def test_tfds_text_feature_and_splits_from_the_command_line(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert main(["prepare", "--data", write_corpus(tmp_path / "c"), "--workdir",
                  str(tmp_path / "x"), "--tfds-split", "valid=test"]) == 2
-    assert "apply to --data tfds:NAME only" in capsys.readouterr().err
+    assert "--tfds-split applies to --data tfds:NAME only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--data-dir", "tfds_data"], ["--download"]])
+def test_tfds_flags_with_a_local_corpus_are_refused(tmp_path, capsys, flag):
+    # --data-dir and --download were ignored in silence for a folder or a
+    # file: a user who meant a TFDS dataset trained on something else.
+    folder = write_corpus(tmp_path / "c")
+    for command, more in (("prepare", []), ("train", ["--preset", "tiny"])):
+        workdir = tmp_path / f"w-{command}"
+        assert main([command, "--data", folder, "--workdir", str(workdir), *more,
+                     *flag]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag[0]} applies to --data tfds:NAME only" in err
+        assert folder in err
+        assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
 
 
 @pytest.mark.parametrize("damage", ["source_list", "index_list", "source_folder",

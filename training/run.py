@@ -546,10 +546,20 @@ def tfds_options(args):
         names[split] = name
     if names:
         out["split_names"] = names
-    if out and not str(getattr(args, "data", "") or "").startswith("tfds:"):
+    data = getattr(args, "data", None)
+    if not str(data or "").startswith("tfds:"):
+        # Given with a folder or a file, these would be ignored in silence.
         given = sorted({"text_feature": "--tfds-text-feature",
                         "split_names": "--tfds-split"}[k] for k in out)
-        raise ValueError(f"{' and '.join(given)} apply to --data tfds:NAME only.")
+        if getattr(args, "data_dir", None) is not None:
+            given.append("--data-dir")
+        if getattr(args, "download", False):
+            given.append("--download")
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            what = f"--data {data!r} is not one" if data else "there is no --data"
+            raise ValueError(f"{' and '.join(given)} {verb} to --data tfds:NAME only "
+                             f"({what}): leave {'it' if len(given) == 1 else 'them'} out.")
     return out
 
 

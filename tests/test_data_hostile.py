@@ -476,6 +476,29 @@ def test_tfds_flags_with_a_local_corpus_are_refused(tmp_path, capsys, flag):
         assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
 
 
+def test_a_vocabulary_file_of_another_text_is_said_at_preparation(tmp_path, caplog):
+    # A fixed vocabulary (or a tokenizer) made for another text turned most
+    # of the corpus into <unk> shards in silence; training then learnt <unk>.
+    folder = write_corpus(tmp_path / "c")
+    vocabulary = tmp_path / "other_vocab.txt"
+    vocabulary.write_text("<eos>\n<unk>\nthe\ndog\nran\n")
+    with caplog.at_level("WARNING", logger="keras_txl.training.run"):
+        tokenizer, splits = prepare_data(folder, str(tmp_path / "w"), "word",
+                                         tokenizer_options={"vocabulary_file": str(vocabulary)})
+    ids = np.asarray(splits["train"])
+    share = np.mean(ids == tokenizer.unk_id)
+    assert 0.5 < share < 1
+    said = [r.getMessage() for r in caplog.records if "<unk>" in r.getMessage()]
+    assert len(said) == 3, said  # one per split
+    assert f"{100 * share:.1f}% of the {ids.size} tokens of the train split" in said[0]
+    assert str(vocabulary) in said[0]
+    # A vocabulary counted on the corpus itself says nothing.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="keras_txl.training.run"):
+        prepare_data(folder, str(tmp_path / "w2"), "word")
+    assert not [r for r in caplog.records if "<unk>" in r.getMessage()]
+
+
 @pytest.mark.parametrize("damage", ["source_list", "index_list", "source_folder",
                                     "valid_missing"])
 def test_damaged_workdir_records_are_named(tmp_path, damage):

@@ -850,6 +850,12 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     # Long lines are cut only where this tokenizer gives the same ids on both sides.
     cut_for = {"kind": tokenizer.kind,
                "double_eos": bool(tokenizer.get_config().get("double_eos", False))}
+    # A vocabulary not counted on this text (a --vocabulary-file, or a
+    # tokenizer the workdir held before this preparation): say how much of
+    # each split it reads as unknown, as `txl eval --data` does.
+    foreign = options.get("vocabulary_file") or (
+        tokenizer_dir if tokenizer_reused and not built_tokenizer else None)
+    unk_id = tokenizer.unk_id if foreign else None
     out = {}
     for split in SPLITS:
         folder = os.path.join(target, split)
@@ -858,11 +864,28 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             import shutil
 
             shutil.rmtree(folder)  # made under another key: source.json allowed it
+        seen = {"tokens": 0, "unknown": 0}
+
+        def encode(text, seen=seen):
+            ids = tokenizer.encode(text)
+            if unk_id is not None:
+                seen["tokens"] += ids.size
+                seen["unknown"] += int(np.count_nonzero(ids == unk_id))
+            return ids
+
         out[split] = shards.write_split(
             folder,
             lambda cursor, split=split: corpus_source.chunks(split, cursor, **cut_for),
-            tokenizer.encode, key=key, dtype=shards.dtype_for(size), split=split,
+            encode, key=key, dtype=shards.dtype_for(size), split=split,
             shard_tokens=shard_tokens, after_shard=after_shard)
+        if seen["tokens"] and seen["unknown"] / seen["tokens"] >= UNKNOWN_WARNING_SHARE:
+            logger.warning(
+                "%.1f%% of the %d tokens of the %s split of --data %s are %s: the %s "
+                "vocabulary of %s was not made for this text, and a model trained on "
+                "these shards learns to predict %s. Check it is the right vocabulary.",
+                100 * seen["unknown"] / seen["tokens"], seen["tokens"], split, source,
+                tokenizer.decode([unk_id]), tokenizer.kind, foreign,
+                tokenizer.decode([unk_id]))
         if not len(out[split]):
             raise ValueError(
                 f"the {split} split of --data {source} is empty: it holds no "

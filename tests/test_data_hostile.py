@@ -499,6 +499,56 @@ def test_a_vocabulary_file_of_another_text_is_said_at_preparation(tmp_path, capl
     assert not [r for r in caplog.records if "<unk>" in r.getMessage()]
 
 
+def test_a_corpus_that_changes_while_it_is_prepared_is_not_used(tmp_path):
+    # A corpus still being copied in (or a log still written) when `txl
+    # prepare` started: the shards held text that the recorded sha256 did
+    # not, and the run trained on them.
+    folder = pathlib.Path(write_corpus(tmp_path / "c", lines=(400, 12, 12)))
+    workdir = str(tmp_path / "w")
+
+    def append_once(number, done=[]):  # noqa: B006 (once per test)
+        if not done:
+            done.append(number)
+            with open(folder / "valid.txt", "a") as handle:
+                handle.write("the cat appended while prepared\n")
+
+    with pytest.raises(ValueError, match="changed while it was prepared") as error:
+        prepare_data(str(folder), workdir, "word", shard_tokens=1024,
+                     after_shard=append_once)
+    assert str(folder / "valid.txt") in str(error.value)
+    assert not shards.is_complete(os.path.join(workdir, "data", "valid"))
+    # The next run prepares the corpus as it now is.
+    tokenizer, splits = prepare_data(str(folder), workdir, "word", shard_tokens=1024)
+    corpus = load_corpus(str(folder))
+    for split in ("train", "valid", "test"):
+        np.testing.assert_array_equal(np.asarray(splits[split]),
+                                      tokenizer.encode(corpus.split(split)))
+    # A touch during the preparation (same content) is no change.
+    touched = str(tmp_path / "w2")
+
+    def touch(number):
+        os.utime(folder / "test.txt")
+
+    prepare_data(str(folder), touched, "word", shard_tokens=1024, after_shard=touch)
+    assert all(shards.is_complete(os.path.join(touched, "data", s))
+               for s in ("train", "valid", "test"))
+    # Finished shards reused by a run during which the corpus changes hold
+    # the recorded text: kept, and the next run compares the corpus again.
+    write_split = shards.write_split
+
+    def reuse_then_edit(folder_, *args, **kwargs):
+        result = write_split(folder_, *args, **kwargs)
+        if folder_.endswith("test"):
+            with open(folder / "test.txt", "a") as handle:
+                handle.write("an edit during a reusing run\n")
+        return result
+
+    with mock.patch.object(shards, "write_split", reuse_then_edit):
+        prepare_data(str(folder), touched, "word")
+    with pytest.raises(ValueError, match="has different content"):
+        prepare_data(str(folder), touched, "word")
+
+
 @pytest.mark.parametrize("damage", ["source_list", "index_list", "source_folder",
                                     "valid_missing"])
 def test_damaged_workdir_records_are_named(tmp_path, damage):

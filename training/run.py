@@ -856,7 +856,7 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     foreign = options.get("vocabulary_file") or (
         tokenizer_dir if tokenizer_reused and not built_tokenizer else None)
     unk_id = tokenizer.unk_id if foreign else None
-    out = {}
+    out, encoded = {}, []
     for split in SPLITS:
         folder = os.path.join(target, split)
         if write and os.path.isfile(os.path.join(folder, shards.INDEX)) and \
@@ -864,6 +864,8 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
             import shutil
 
             shutil.rmtree(folder)  # made under another key: source.json allowed it
+        if not shards.is_complete(folder, key):
+            encoded.append(split)  # read from the corpus in this run
         seen = {"tokens": 0, "unknown": 0}
 
         def encode(text, seen=seen):
@@ -892,7 +894,29 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                 "tokens. Every split needs some text.")
         logger.info("%s: %d tokens in %d shards", split, len(out[split]),
                     len(out[split].index["shards"]))
-    if write and not new_meta["finished"]:
+    now = corpus_source.stat_key()
+    if now != stat:
+        # Changed while it was read (a copy still being written, a log
+        # appended to): the shards encoded in this run may hold text the
+        # recorded sha256 does not (shards reused from before hold the
+        # recorded text; the next run compares the corpus again). A touch
+        # (same content) only updates the record.
+        if corpus_source.content_sha256() == sha:
+            new_meta["stat"] = now
+        elif encoded:
+            import shutil
+
+            for split in encoded:
+                shutil.rmtree(os.path.join(target, split), ignore_errors=True)
+            before = {entry[0]: entry for entry in stat}
+            changed = [entry[0] for entry in now if before.pop(entry[0], None) != entry]
+            changed += list(before)  # removed since
+            raise ValueError(
+                f"--data {source} changed while it was prepared ({', '.join(changed)}): "
+                "its shards could mix the old and the new text, so they were removed. "
+                "Run again once the corpus no longer changes (a copy still being "
+                "written?).")
+    if write and (not new_meta["finished"] or new_meta["stat"] != stat):
         from keras_txl.io import atomic_write_bytes
 
         atomic_write_bytes(meta_path, json.dumps({**new_meta, "finished": True},

@@ -191,3 +191,32 @@ def test_a_fit_resume_drops_the_metrics_rows_logged_after_its_checkpoint(tmp_pat
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         steps = [json.loads(line)["step"] for line in f]
     assert steps == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("loop", ["custom", "fit"])
+def test_ids_out_of_the_vocabulary_are_refused_before_any_step(tmp_path, loop):
+    # Both loops check the splits first, naming the argument and the range:
+    # inside the compiled step an id >= V fails as a graph assertion's
+    # traceback, and a bad validation split only after training to the
+    # first evaluation.
+    V = model_config().vocabulary_size
+    bad_train = corpus()
+    bad_train[17] = V
+    bad_valid = corpus(seed=1)
+    bad_valid[3] = -1
+    cases = [(bad_train, None, rf"`train_tokens` must be ids in \[0, {V}\).*found {V}"),
+             (corpus(), bad_valid, rf"`valid_tokens` must be ids in \[0, {V}\).*found -1"),
+             (corpus().astype("float32"), None, r"`train_tokens` must be a 1-D array of "
+              r"integer token ids, received shape \(240,\) and dtype float32")]
+    for train, valid, message in cases:
+        workdir = str(tmp_path / str(len(os.listdir(tmp_path))))
+        with pytest.raises(ValueError, match=message):
+            if loop == "fit":
+                train_with_fit(model_config(), train_config(steps=2),
+                               tf.distribute.get_strategy(), train, valid, workdir=workdir,
+                               verbose=0)
+            else:
+                Trainer(model_config(), train_config(steps=2), tf.distribute.get_strategy(),
+                        workdir=workdir).train(train, valid)
+        assert not os.path.exists(os.path.join(workdir, "checkpoints")) or not os.listdir(
+            os.path.join(workdir, "checkpoints"))

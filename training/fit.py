@@ -48,6 +48,7 @@ from keras_txl.training.loop import TrainingInterrupted
 from keras_txl.training.loop import check_data_position
 from keras_txl.training.loop import check_model_config
 from keras_txl.training.loop import check_train_config
+from keras_txl.training.loop import checked_tokens
 from keras_txl.training.loop import data_position
 from keras_txl.training.loop import drop_metrics_after
 from keras_txl.training.metrics import BitsPerCharacter
@@ -218,6 +219,10 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
             "Keras fit is broken under MultiWorkerMirroredStrategy in Keras 3 "
             "(tensorflow/tensorflow#72388); use loop='custom'."
         )
+    V = model_config.vocabulary_size
+    train_tokens = checked_tokens(train_tokens, V, "train_tokens")
+    if valid_tokens is not None:
+        valid_tokens = checked_tokens(valid_tokens, V, "valid_tokens")
     layout = LMBatches(len(train_tokens), B, T, num_replicas=replicas,
                        name="The train split")
     per_epoch = layout.steps_per_epoch

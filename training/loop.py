@@ -545,6 +545,10 @@ class Trainer:
         cfg = self.config
         T = self.model_config.segment_length
         total = cfg.steps if steps is None else steps
+        V = self.model_config.vocabulary_size
+        train_tokens = checked_tokens(train_tokens, V, "train_tokens")
+        if valid_tokens is not None:
+            valid_tokens = checked_tokens(valid_tokens, V, "valid_tokens")
         self._data_layout = LMBatches(len(train_tokens), cfg.batch_size, T,
                                       name="The train split")
         self._data_key = getattr(train_tokens, "key", None)
@@ -891,17 +895,29 @@ def make_eval_step(model, jit_compile="auto"):
     return CompiledFunction(step, jit_compile=jit)
 
 
-def _checked_ids(tokens, V):
+def checked_tokens(tokens, V, name="tokens"):
+    """A split's ids, checked before a step runs: a 1-D integer array (or
+    prepared shards, by their recorded largest id) of ids in [0, V). Out of
+    range they would otherwise fail inside the compiled step, as a graph
+    assertion's traceback, after the model was built (or, for a validation
+    split, after the first stretch of training)."""
+    if hasattr(tokens, "read_windows"):  # prepared shards: read by window
+        if tokens.max_id >= V:
+            raise ValueError(
+                f"`{name}` must be ids in [0, {V}) (vocabulary_size={V}); the "
+                f"shards in {tokens.folder} hold ids up to {tokens.max_id}."
+            )
+        return tokens
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(
-            "`tokens` must be a 1-D array of integer token ids, received shape "
+            f"`{name}` must be a 1-D array of integer token ids, received shape "
             f"{tokens.shape} and dtype {tokens.dtype}."
         )
     if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
         bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
         raise ValueError(
-            f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
+            f"`{name}` must be ids in [0, {V}) (vocabulary_size={V}); found {bad}."
         )
     return tokens
 
@@ -974,15 +990,7 @@ def evaluate(model, tokens, batch_size=1, segment_length=None, memory_length=Non
             f"`reuse` must be a dict kept by the caller (or None), received "
             f"{type(reuse).__name__}."
         )
-    V = cfg.vocabulary_size
-    if hasattr(tokens, "read_windows"):  # prepared shards: read by window
-        if tokens.max_id >= V:
-            raise ValueError(
-                f"`tokens` must be ids in [0, {V}) (vocabulary_size={V}); the "
-                f"shards in {tokens.folder} hold ids up to {tokens.max_id}."
-            )
-    else:
-        tokens = _checked_ids(tokens, V)
+    tokens = checked_tokens(tokens, cfg.vocabulary_size)
     # (The cached evaluation path never applies dropout: no copy needed for it.)
     key = tuple(sorted(changes.items()))
     reuse = {} if reuse is None else reuse

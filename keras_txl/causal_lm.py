@@ -932,6 +932,33 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             )
         return expected
 
+    def _check_stateful_fit(self, x, batch_size, kwargs):
+        """`fit` options that would break a stateful model's ordered rows:
+        Keras shuffles arrays by default (each row's memory then ran on into
+        an unrelated segment, in silence), so `shuffle` defaults to False
+        and True is refused; a `validation_split` must leave both parts whole
+        batches (a short last batch failed in the graph). Updates `kwargs`."""
+        shuffle = kwargs.get("shuffle")
+        if shuffle is not None and shuffle is not False:
+            raise ValueError(
+                "`shuffle` must be False for a stateful TransformerXLCausalLM: its "
+                "memory carries each row from one batch to the next, so the "
+                f"batches must come in order; received shuffle={shuffle!r}.")
+        kwargs["shuffle"] = False
+        split = kwargs.get("validation_split")
+        rows = self._stateful_rows(x)
+        if split and rows is not None:
+            # Keras' split: the last rows, from floor(rows * (1 - split)).
+            train = int(math.floor(rows * (1.0 - split)))
+            if train % batch_size or (rows - train) % batch_size:
+                raise ValueError(
+                    f"`validation_split`={split!r} cuts {rows} rows into {train} "
+                    f"for training and {rows - train} for validation, but a "
+                    f"stateful TransformerXLCausalLM built with batch_size="
+                    f"{self.batch_size} reads batches of exactly {batch_size} "
+                    f"rows: pick a split that leaves multiples of {batch_size} "
+                    "on both sides, or pass `validation_data`.")
+
     def predict(self, x, batch_size=None, *args, **kwargs):
         """keras `predict`; for the stateful model a `tf.data.Dataset` of
         strings is cut into ordered segments, as `fit` and `evaluate` do,
@@ -1653,6 +1680,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                     validation, "validation")
             return keras.Model.fit(self, x, **kwargs)
         batch_size = self._check_stateful_data(x, batch_size, "fits")
+        if self.stateful:
+            self._check_stateful_fit(x, batch_size, kwargs)
         validation = kwargs.get("validation_data")
         if self.stateful and validation is not None:
             data = validation[0] if isinstance(validation, tuple) else validation

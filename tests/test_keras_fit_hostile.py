@@ -1,0 +1,49 @@
+"""A demanding Keras user's `fit` / `evaluate` on `TransformerXLCausalLM`:
+the options Keras offers beyond a plain fit either work as for any Keras
+model or are refused by name, never used wrongly in silence."""
+
+import keras
+import numpy as np
+import pytest
+from testing import random_ids
+from testing import tiny_config
+
+from keras_txl import TransformerXLCausalLM
+
+
+def stateful_model(batch_size=2):
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31), stateful=True,
+                                  batch_size=batch_size)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), weighted_metrics=None)
+    return model
+
+
+def test_a_stateful_model_fits_arrays_in_order_and_refuses_shuffle():
+    # Keras shuffles arrays by default: each row's memory ran on into an
+    # unrelated segment, in silence. The rows now come in order, as a
+    # model that is fed them one batch at a time sees them.
+    x = random_ids((8, 4), 31, seed=1)
+    y = random_ids((8, 4), 31, seed=2)
+    fitted = stateful_model()
+    loss = fitted.fit(x, y, batch_size=2, epochs=1, verbose=0).history["loss"][0]
+    by_hand = stateful_model()
+    losses = [by_hand.train_on_batch(x[i:i + 2], y[i:i + 2], return_dict=True)["loss"]
+              for i in range(0, 8, 2)]
+    np.testing.assert_allclose(loss, np.mean(losses), rtol=1e-5)
+    np.testing.assert_allclose(fitted.memory.numpy(), by_hand.memory.numpy(), atol=1e-6)
+    for shuffle in (True, "batch"):
+        with pytest.raises(ValueError, match=r"`shuffle` must be False for a stateful"):
+            fitted.fit(x, y, batch_size=2, shuffle=shuffle, verbose=0)
+
+
+def test_a_stateful_model_refuses_a_validation_split_that_cuts_a_batch():
+    # 6 rows split 0.5 left 3 and 3: a short batch failed in the graph.
+    model = stateful_model()
+    x, y = random_ids((6, 4), 31, seed=1), random_ids((6, 4), 31, seed=2)
+    with pytest.raises(ValueError, match=r"`validation_split`=0.5 cuts 6 rows into 3 "
+                                         r"for training and 3 for validation"):
+        model.fit(x, y, batch_size=2, validation_split=0.5, verbose=0)
+    x, y = random_ids((8, 4), 31, seed=1), random_ids((8, 4), 31, seed=2)
+    history = model.fit(x, y, batch_size=2, validation_split=0.5, verbose=0).history
+    assert np.isfinite(history["val_loss"][0])

@@ -39,6 +39,40 @@ MAX_INITIAL_MEMORY_BYTES = 4 << 30
 MAX_GENERATE_LENGTH = 1 << 20
 
 
+@keras.saving.register_keras_serializable(package="keras_txl")
+class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
+    """The mean cross-entropy over the tokens that count: `compile`'s
+    default loss.
+
+    keras-hub's default divides the weighted sum by every position of the
+    batch, padding included: on padded strings the loss (and `exp(loss)`,
+    the perplexity) came out far below the mean NLL of the real tokens, and
+    each batch's step shrank with its padding. Here the sum is divided by
+    the sum of the weights (the preprocessor's padding mask, or the user's
+    `sample_weight`); a weight per row, (batch,), counts for each of the
+    row's positions. Without weights it is the mean over every position.
+    """
+
+    def __init__(self, from_logits=True, name="token_cross_entropy", **kwargs):
+        kwargs.setdefault("reduction", "mean_with_sample_weight")
+        super().__init__(from_logits=from_logits, name=name, **kwargs)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None:
+            sample_weight = self.token_weights(sample_weight, y_true)
+        return super().__call__(y_true, y_pred, sample_weight)
+
+    @staticmethod
+    def token_weights(sample_weight, y_true):
+        """`sample_weight` (batch,) or (batch, T) as float32 (batch, T),
+        the shape of the targets `y_true` (in the graph the weights' rank
+        may be unknown)."""
+        y_true = tf.convert_to_tensor(y_true)
+        sample_weight = tf.cast(sample_weight, tf.float32)
+        rows = tf.reshape(sample_weight, tf.stack([tf.shape(y_true)[0], -1]))
+        return tf.broadcast_to(rows, tf.shape(y_true))
+
+
 class ResetMemory(keras.callbacks.Callback):
     """Zeroes a stateful model's memory at each epoch start (the ordered
     segments start again from the beginning of every stream) and around
@@ -1251,6 +1285,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 and a `k` / `num_beams` that is not a positive integer
                 (`check_sampler`); a top-k `k` above the vocabulary keeps
                 every id (`keras_txl.decoding.clamp_top_k`).
+            loss: "auto" (default) is `TokenCrossEntropy`: the mean
+                cross-entropy over the tokens whose weight counts (padding
+                of strings excluded from the sum and from the count).
             jit_compile: as in Keras ("auto" by default). For `generate()`,
                 "auto" means XLA (see `generate_jit_compile`); `fit` keeps
                 Keras' own resolution (off on a CPU-only host).
@@ -1275,6 +1312,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             )
         if isinstance(sampler, Sampler):
             check_sampler(sampler)
+        if isinstance(loss, str) and loss == "auto":
+            loss = TokenCrossEntropy()
         super().compile(
             optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics,
             sampler=sampler, **kwargs,
@@ -1699,6 +1738,12 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         # segments included. Only strings are preprocessed; ids (a tensor,
         # an array, keras-hub's dict) go to the model as they are.
         if not any(_holds_strings(leaf) for leaf in tf.nest.flatten(x)):
+            if sample_weight is not None and y is not None:
+                # A weight per row counts for each of its positions: the
+                # loss and the weighted metrics see one (batch, T) shape
+                # (a (batch,) weight failed in the loss, and weights of both
+                # ranks in one model reached the metrics with unknown rank).
+                sample_weight = TokenCrossEntropy.token_weights(sample_weight, y)
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         return super().preprocess_samples(x, y, sample_weight)
 

@@ -47,3 +47,50 @@ def test_a_stateful_model_refuses_a_validation_split_that_cuts_a_batch():
     x, y = random_ids((8, 4), 31, seed=1), random_ids((8, 4), 31, seed=2)
     history = model.fit(x, y, batch_size=2, validation_split=0.5, verbose=0).history
     assert np.isfinite(history["val_loss"][0])
+
+
+def byte_model(**kwargs):
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import ByteTokenizer
+
+    keras.utils.set_random_seed(0)
+    preprocessor = TransformerXLCausalLMPreprocessor(ByteTokenizer(), sequence_length=16)
+    return TransformerXLCausalLM(tiny_config(vocabulary_size=256), preprocessor=preprocessor,
+                                 **kwargs)
+
+
+def test_the_loss_on_padded_strings_is_the_mean_nll_of_the_real_tokens():
+    # keras-hub's default divided by every position, padding included:
+    # evaluate() said 2.25 where the real tokens' mean NLL was 5.75.
+    model = byte_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    texts = ["hi", "a much longer text here ok", "abc", "xyz 123"]
+    x, y, weights = model.preprocessor(texts)
+    weights = np.asarray(weights, "float64")
+    assert weights.sum() < weights.size / 2  # mostly padding
+    log_probs = model.predict(x, verbose=0)
+    nll = -np.take_along_axis(log_probs, np.asarray(y)[..., None], -1)[..., 0]
+    expected = (nll * weights).sum() / weights.sum()
+    evaluated = model.evaluate(texts, batch_size=4, verbose=0, return_dict=True)["loss"]
+    np.testing.assert_allclose(evaluated, expected, rtol=1e-5)
+    fitted = model.fit(texts, batch_size=4, verbose=0).history["loss"][0]
+    np.testing.assert_allclose(fitted, expected, rtol=1e-5)
+
+
+def test_sample_weight_per_row_or_per_token_weights_the_mean_nll():
+    # A weight per row, (batch,), failed in the graph; a weight per token
+    # was divided by every position.
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    x, y = random_ids((6, 4), 31, seed=1), random_ids((6, 4), 31, seed=2)
+    log_probs = model.predict(x, verbose=0)
+    nll = -np.take_along_axis(log_probs, y[..., None], -1)[..., 0].astype("float64")
+    rows = np.array([1.0, 0.0, 2.0, 0.0, 0.0, 1.0])
+    tokens = np.zeros((6, 4))
+    tokens[:, :3] = 1.0
+    for weights, full in ((rows, rows[:, None] * np.ones((6, 4))), (tokens, tokens)):
+        loss = model.evaluate(x, y, sample_weight=weights, batch_size=6, verbose=0,
+                              return_dict=True)["loss"]
+        np.testing.assert_allclose(loss, (nll * full).sum() / full.sum(), rtol=1e-5)
+    loss = model.evaluate(x, y, batch_size=6, verbose=0, return_dict=True)["loss"]
+    np.testing.assert_allclose(loss, nll.mean(), rtol=1e-5)

@@ -134,6 +134,20 @@ def _no_targets_with_texts(y, what):
         )
 
 
+def _nothing_made_by_the_preprocessor(**given):
+    """The preprocessor makes the targets and the weights of strings:
+    keras-hub dropped a `y` or `sample_weight` given with them in silence."""
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(
+                f"`{name}` must be None when the model reads strings: the "
+                "preprocessor makes the targets (the next tokens) and the "
+                "weights (1 on real tokens, 0 on padding) of each string, and "
+                f"would drop the given `{name}`. To weight tokens or pass "
+                "targets, give token ids (`model.preprocessor(texts)` returns "
+                "x, y and sample_weight to edit).")
+
+
 def check_preprocessor(preprocessor, vocabulary_size, loaded=False):
     """A preprocessor whose tokenizer fits a model of `vocabulary_size`.
 
@@ -1022,6 +1036,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             x = self._ordered_segments(x, "evaluate()")
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
             return keras.Model.evaluate(self, x, None, None, *args, **kwargs)
+        if _holds_strings(x) or (isinstance(x, tf.data.Dataset)
+                                 and _is_string_spec(x.element_spec)):
+            _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         batch_size = self._check_stateful_data(x, batch_size, "evaluates")
         return super().evaluate(x, y, batch_size, *args, **kwargs)
 
@@ -1669,6 +1686,16 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         is each replica's: the ordered segments are cut into
         `batch_size * num_replicas_in_sync` streams, the rows of each
         replica's memory."""
+        if kwargs.get("class_weight") is not None:
+            # Keras weighs classes for one label per sample: on (batch,
+            # segment_length) targets it failed in the graph.
+            raise ValueError(
+                "`class_weight` is not supported: the targets are (batch, "
+                "segment_length) token ids, and Keras' class weights take one "
+                "label per sample. Pass `sample_weight` with token ids instead "
+                "(one weight per row, (batch,), or per token, (batch, "
+                "segment_length)); received class_weight of "
+                f"{type(kwargs['class_weight']).__name__}.")
         if (
             isinstance(x, tf.data.Dataset)
             and _is_string_spec(x.element_spec)
@@ -1718,6 +1745,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 kwargs["validation_data"] = self._ordered_segments(
                     validation, "validation")
             return keras.Model.fit(self, x, **kwargs)
+        if _holds_strings(x) or (isinstance(x, tf.data.Dataset)
+                                 and _is_string_spec(x.element_spec)):
+            _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         batch_size = self._check_stateful_data(x, batch_size, "fits")
         if self.stateful:
             self._check_stateful_fit(x, batch_size, kwargs)
@@ -1745,6 +1775,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 # ranks in one model reached the metrics with unknown rank).
                 sample_weight = TokenCrossEntropy.token_weights(sample_weight, y)
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        # keras-hub's preprocessor makes the targets (the next tokens) and
+        # the weights (the padding mask) of strings and dropped these in
+        # silence.
+        _nothing_made_by_the_preprocessor(y=y, sample_weight=sample_weight)
         return super().preprocess_samples(x, y, sample_weight)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):

@@ -94,3 +94,22 @@ def test_sample_weight_per_row_or_per_token_weights_the_mean_nll():
         np.testing.assert_allclose(loss, (nll * full).sum() / full.sum(), rtol=1e-5)
     loss = model.evaluate(x, y, batch_size=6, verbose=0, return_dict=True)["loss"]
     np.testing.assert_allclose(loss, nll.mean(), rtol=1e-5)
+
+
+def test_class_weight_and_weights_or_targets_given_with_strings_are_refused_by_name():
+    # class_weight failed in the graph (Keras weighs one label per sample);
+    # a y or sample_weight given with strings was dropped in silence by the
+    # preprocessor, which makes both from the text.
+    model = byte_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    texts = ["some text here", "and another one"]
+    ids = random_ids((2, 16), 256, seed=1)
+    for x, y in ((ids, ids), (texts, None)):
+        with pytest.raises(ValueError, match=r"`class_weight` is not supported"):
+            model.fit(x, y, class_weight={0: 2.0}, batch_size=2, verbose=0)
+    for call in (model.fit, model.evaluate):
+        with pytest.raises(ValueError, match=r"`y` must be None when the model reads strings"):
+            call(texts, ids, batch_size=2, verbose=0)
+        with pytest.raises(ValueError,
+                           match=r"`sample_weight` must be None when the model reads strings"):
+            call(texts, sample_weight=np.array([1.0, 0.0]), batch_size=2, verbose=0)

@@ -199,6 +199,12 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
         rows = tuple(stream(row) for row in range(batch_size))
         batches = tf.data.Dataset.zip(rows).map(lambda *row: tf.stack(row))
         batches = batches.filter(lambda window: tf.shape(window)[1] > 1)
+        # The filter hides the count from tf.data: Keras then warned "Your
+        # input ran out of data; interrupting training" at the end of every
+        # epoch and showed no total. Windows start every T tokens and keep
+        # T + 1 of them (drop_remainder) or at least 2.
+        count = segments if drop_remainder else (per_stream - 2) // length + 1
+        batches = batches.apply(tf.data.experimental.assert_cardinality(count))
         return batches.map(
             lambda window: (window[:, :-1], window[:, 1:])
         ).prefetch(tf.data.AUTOTUNE)

@@ -113,3 +113,25 @@ def test_class_weight_and_weights_or_targets_given_with_strings_are_refused_by_n
         with pytest.raises(ValueError,
                            match=r"`sample_weight` must be None when the model reads strings"):
             call(texts, sample_weight=np.array([1.0, 0.0]), batch_size=2, verbose=0)
+
+
+@pytest.mark.parametrize("drop_remainder", [True, False])
+def test_ordered_segments_say_how_many_batches_they_hold(drop_remainder):
+    # Their count was unknown to tf.data: Keras warned "Your input ran out
+    # of data; interrupting training" at every epoch of a stateful fit on
+    # strings, and its progress bar had no total.
+    import tensorflow as tf
+
+    model = byte_model(stateful=True, batch_size=2)
+    for length in range(20, 30):  # every remainder of a 4-token segment
+        texts = tf.data.Dataset.from_tensor_slices(["x" * length, "y" * 7])
+        segments = model.preprocessor.ordered_segments(texts, 2, 4, drop_remainder)
+        assert int(segments.cardinality()) == len(list(segments))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), weighted_metrics=None)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(tf.data.Dataset.from_tensor_slices(["hello world, one long text"] * 4),
+                  epochs=2, verbose=0)
+    assert not [w for w in caught if "ran out of data" in str(w.message)]

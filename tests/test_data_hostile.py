@@ -588,3 +588,14 @@ def test_a_fifo_as_the_corpus_is_named_as_such(tmp_path):
         open_corpus_source(str(fifo))
     with pytest.raises(ValueError, match="does not exist"):
         open_corpus_source(str(tmp_path / "missing"))
+
+
+def test_a_corpus_path_that_does_not_exist_says_a_glob_is_not_expanded(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    pattern = str(tmp_path / "corpus" / "*.txt")  # quoted: no shell expanded it
+    with pytest.raises(ValueError, match=r"the corpus path does not exist\. It is not "
+                       r"expanded as a pattern: pass the folder"):
+        prepare_data(pattern, str(tmp_path / "work"), "word")
+    with pytest.raises(ValueError, match=r"does not exist\.$"):
+        prepare_data(str(tmp_path / "nope"), str(tmp_path / "work"), "word")
+    assert not (tmp_path / "work" / "data").exists()

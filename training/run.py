@@ -713,7 +713,13 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     use_workdir_tokenizer = True
     if source is not None:
         if not source.startswith("tfds:") and not os.path.exists(source):
-            raise ValueError(f"--data {source!r}: the corpus path does not exist.")
+            hint = ""
+            if any(c in source for c in "*?["):
+                # No shell expanded it (quoted, or nothing matched); a glob
+                # is not a corpus layout this reads.
+                hint = (" It is not expanded as a pattern: pass the folder that holds "
+                        "the corpus's train/valid/test files, or one text file.")
+            raise ValueError(f"--data {source!r}: the corpus path does not exist.{hint}")
         corpus_source = open_corpus_source(source, data_dir=data_dir, download=download,
                                            cli_flags=True, **(tfds or {}))
         logger.info("Corpus: %r", corpus_source)

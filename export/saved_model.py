@@ -125,10 +125,21 @@ def export_info(model, *, batch_size, segment_length, stateful=False,
     """The export.json manifest: shapes, signatures and versions."""
     import keras_txl
 
+    config = model.txl_config
     table = sig.signature_table(
-        model.txl_config, batch_size, segment_length, stateful=stateful,
+        config, batch_size, segment_length, stateful=stateful,
         names=names,
     )
+    if sig.masked_memory(config):
+        # What a client must send with every memory (the signatures take
+        # and return it; the stateful TFLite model keeps it inside).
+        extra = {
+            "memory_mask_layout": "(batch, memory_length) bool, True where a "
+            "memory slot holds real memory (empty_memory='masked': "
+            "initial_memory's slots are all False)",
+            "memory_mask_shape": list(sig.memory_mask_shape(config, batch_size)),
+            **extra,
+        }
     return {
         "format": "keras-txl",
         "keras_txl_version": keras_txl.__version__,

@@ -64,8 +64,10 @@ def warmup_inputs(
 
     B is the fixed batch size or 1; T is the fixed segment length or the
     config's training segment length. Ids are `arange(T) % V`, the memory
-    is zeros. With `generate`, also the text signatures: one prompt
-    ("Hello"), 4 new tokens, greedy, seed 0.
+    is zeros (and, where the signature table has a `memory_mask` input, the
+    mask is all False: an empty memory of a masked model). With
+    `generate`, also the text signatures: one prompt ("Hello"), 4 new
+    tokens, greedy, seed 0.
     """
     B = batch_size or 1
     T = segment_length or config.segment_length
@@ -85,6 +87,12 @@ def warmup_inputs(
             **request,
             sig.MEMORY: np.zeros(sig.memory_shape(config, 1), np.float32),
         }
+    table = sig.signature_table(config, B, T, names=tuple(inputs))
+    for name, values in inputs.items():
+        if sig.MEMORY_MASK in table[name]["inputs"]:
+            rows = values[sig.MEMORY].shape[0]
+            values[sig.MEMORY_MASK] = np.zeros(
+                sig.memory_mask_shape(config, rows), bool)
     return inputs
 
 

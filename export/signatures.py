@@ -26,6 +26,15 @@ the graph, one request gives a whole continuation (`generate_functions`).
 The stateful TFLite variant keeps the memory in a resource variable: its
 `serving_default`, `score` and `next_token` take no `memory` input and
 return no `memory` output.
+
+A model built with `empty_memory="masked"` (and M > 0; `masked_memory`)
+counts an empty memory as M masked slots, not M zero vectors. Its
+signatures carry that validity as `memory_mask` (B, M) bool, True where a
+slot holds real memory, next to every `memory`: `initial_memory` returns
+it all False, `serving_default`/`score`/`next_token` and
+`generate_from_memory` take it and return the next one, `generate` and
+`reset` return it (the stateful TFLite model keeps it in a second
+variable). Every other model's signatures have no `memory_mask`.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ RESET = "reset"
 TOKEN_IDS = "token_ids"
 TARGETS = "targets"
 MEMORY = "memory"
+MEMORY_MASK = "memory_mask"
 BATCH_SIZE = "batch_size"
 LOG_PROBS = "log_probs"
 NLL = "nll"
@@ -85,13 +95,25 @@ def memory_shape(config, batch_size: int | None = None) -> tuple:
     )
 
 
+def masked_memory(config) -> bool:
+    """True when the signatures of a model with this config carry a
+    `memory_mask` next to the memory: `empty_memory="masked"` and M > 0."""
+    return config.empty_memory == "masked" and config.memory_length > 0
+
+
+def memory_mask_shape(config, batch_size: int | None = None) -> tuple:
+    """(B, M) of the memory mask of a model with this config."""
+    return (batch_size, config.memory_length)
+
+
 def input_specs(
     config, batch_size: int | None = None, segment_length: int | None = None
 ) -> dict:
-    """Named `tf.TensorSpec`s of every signature input."""
+    """Named `tf.TensorSpec`s of every signature input (`memory_mask` only
+    for a `masked_memory` config)."""
     import tensorflow as tf
 
-    return {
+    specs = {
         TOKEN_IDS: tf.TensorSpec(
             [batch_size, segment_length], tf.int32, TOKEN_IDS
         ),
@@ -101,6 +123,21 @@ def input_specs(
         ),
         BATCH_SIZE: tf.TensorSpec([], tf.int32, BATCH_SIZE),
     }
+    if masked_memory(config):
+        specs[MEMORY_MASK] = tf.TensorSpec(
+            list(memory_mask_shape(config, batch_size)), tf.bool, MEMORY_MASK
+        )
+    return specs
+
+
+def _with_mask(entries: dict, mask) -> dict:
+    """`entries` with `memory_mask` right after `memory` (when it has one)."""
+    out = {}
+    for key, value in entries.items():
+        out[key] = value
+        if key == MEMORY:
+            out[MEMORY_MASK] = mask
+    return out
 
 
 def signature_table(
@@ -113,7 +150,8 @@ def signature_table(
     """Inputs and outputs of each signature as `{name: (dtype, shape)}`.
 
     Shapes are tuples with None for dynamic dimensions; dtypes are the
-    strings "int32" / "float32". Used by the tests (against
+    strings "int32" / "float32" (and "bool" for the `memory_mask` of a
+    `masked_memory` config, next to every `memory`). Used by the tests (against
     `saved_model_cli` and the TFLite signature lists), the client and the
     docs.
 
@@ -150,10 +188,15 @@ def signature_table(
         },
         RESET: {"inputs": {}, "outputs": {MEMORY: mem}},
     }
+    if masked_memory(config):
+        mask = ("bool", memory_mask_shape(config, B))
+        table = {name: {part: _with_mask(io, mask) for part, io in entry.items()}
+                 for name, entry in table.items()}
     if stateful:
         for name in (SERVING_DEFAULT, SCORE, NEXT_TOKEN):
-            table[name]["inputs"].pop(MEMORY)
-            table[name]["outputs"].pop(MEMORY)
+            for part in ("inputs", "outputs"):
+                table[name][part].pop(MEMORY)
+                table[name][part].pop(MEMORY_MASK, None)
         default = STATEFUL_TFLITE_SIGNATURES
     else:
         default = SAVED_MODEL_SIGNATURES
@@ -179,10 +222,15 @@ def generate_signature_table(config) -> dict:
         LENGTHS: ("int32", (None,)),
         MEMORY: mem,
     }
+    from_memory = {**inputs, MEMORY: mem}
+    if masked_memory(config):
+        mask = ("bool", memory_mask_shape(config, None))
+        outputs = _with_mask(outputs, mask)
+        from_memory = _with_mask(from_memory, mask)
     return {
         GENERATE: {"inputs": dict(inputs), "outputs": dict(outputs)},
         GENERATE_FROM_MEMORY: {
-            "inputs": {**inputs, MEMORY: mem}, "outputs": dict(outputs)
+            "inputs": from_memory, "outputs": dict(outputs)
         },
     }
 
@@ -290,6 +338,26 @@ def _check_memory(memory, token_ids, spec, checks):
     return memory
 
 
+def _check_memory_mask(memory_mask, rows, rows_name, spec, checks):
+    """Run-time checks of a `memory_mask` input: (B, M) (EnsureShape) and,
+    with `checks`, its batch equal to `rows`' (the batch of `rows_name`)."""
+    import tensorflow as tf
+
+    memory_mask = tf.ensure_shape(memory_mask, spec.shape)
+    if checks:
+        same = tf.debugging.assert_equal(
+            tf.shape(memory_mask)[0],
+            tf.shape(rows)[0],
+            message=f"`memory_mask` and `{rows_name}` must have the same batch "
+            "size; pass the memory_mask returned with this memory (or "
+            "initial_memory's). Expected memory_mask shape (batch, "
+            f"{spec.shape[1]}) bool",
+        )
+        with tf.control_dependencies([same]):
+            memory_mask = tf.identity(memory_mask)
+    return memory_mask
+
+
 def signature_functions(
     model,
     batch_size: int | None = None,
@@ -321,6 +389,8 @@ def signature_functions(
     Returns:
         `{name: (function, [TensorSpec, ...])}`; each function takes the
         specs' names as arguments and returns a dict of named tensors.
+        With a `masked_memory` config, the memory's validity goes in and
+        out as `memory_mask` (B, M) bool next to every `memory`.
     """
     import tensorflow as tf
 
@@ -329,6 +399,8 @@ def signature_functions(
     V = config.vocabulary_size
     fixed_batch = batch_size
     out_memory_shape = list(memory_shape(config, batch_size))
+    masked = masked_memory(config)
+    out_mask_shape = list(memory_mask_shape(config, batch_size))
     # initial_memory allocates what the request asks for: bound it.
     row_bytes = 4 * config.num_layers * config.memory_length * config.hidden_dim
     max_batch = int(min(max_memory_bytes // max(row_bytes, 1), 2**31 - 1))
@@ -338,23 +410,30 @@ def signature_functions(
             f"memory ({row_bytes} bytes); raise it (`txl export --max-request-gib`)."
         )
 
-    def forward(token_ids, memory):
+    def forward(token_ids, memory, memory_mask=None):
+        """(log_probs, {memory[, memory_mask]}) of one segment."""
         token_ids = _check_token_ids(
             token_ids, TOKEN_IDS, specs[TOKEN_IDS], V, checks
         )
         if checks:
             token_ids = _check_request_size(token_ids, config, max_request_bytes)
         memory = _check_memory(memory, token_ids, specs[MEMORY], checks)
-        out = model.call_with_memory(token_ids, memory, training=False)
+        if memory_mask is not None:
+            memory_mask = _check_memory_mask(
+                memory_mask, token_ids, TOKEN_IDS, specs[MEMORY_MASK], checks)
+        out = model.call_with_memory(
+            token_ids, memory, training=False, memory_mask=memory_mask)
         log_probs = tf.ensure_shape(
             out["log_probs"], [fixed_batch, segment_length, V]
         )  # (B, T, V)
-        new_memory = tf.ensure_shape(out["memory"], out_memory_shape)
-        return log_probs, new_memory
+        state = {MEMORY: tf.ensure_shape(out["memory"], out_memory_shape)}
+        if memory_mask is not None:
+            state[MEMORY_MASK] = tf.ensure_shape(out["memory_mask"], out_mask_shape)
+        return log_probs, state
 
-    def serving_default(token_ids, memory):
-        log_probs, new_memory = forward(token_ids, memory)
-        return {LOG_PROBS: log_probs, MEMORY: new_memory}
+    def serving_default(token_ids, memory, memory_mask=None):
+        log_probs, state = forward(token_ids, memory, memory_mask)
+        return {LOG_PROBS: log_probs, **state}
 
     def initial_memory(batch_size):  # the argument is the input's name
         deps = [
@@ -380,9 +459,13 @@ def signature_functions(
         with tf.control_dependencies(deps):
             shape = tf.stack([batch_size, *out_memory_shape[1:]])
             zeros = tf.zeros(shape, tf.float32)
-        return {MEMORY: tf.ensure_shape(zeros, out_memory_shape)}
+            out = {MEMORY: tf.ensure_shape(zeros, out_memory_shape)}
+            if masked:  # every slot empty: none is attended
+                empty = tf.zeros(tf.stack([batch_size, out_mask_shape[1]]), tf.bool)
+                out[MEMORY_MASK] = tf.ensure_shape(empty, out_mask_shape)
+        return out
 
-    def score(token_ids, targets, memory):
+    def score(token_ids, targets, memory, memory_mask=None):
         targets = _check_token_ids(targets, TARGETS, specs[TARGETS], V, checks)
         if checks:
             same = tf.debugging.assert_equal(
@@ -392,29 +475,31 @@ def signature_functions(
             )
             with tf.control_dependencies([same]):
                 targets = tf.identity(targets)
-        log_probs, new_memory = forward(token_ids, memory)
+        log_probs, state = forward(token_ids, memory, memory_mask)
         # -log p(targets[b, t] | tokens <= t): (B, T)
         nll = -tf.gather(log_probs, targets, batch_dims=2)
-        return {NLL: nll, MEMORY: new_memory}
+        return {NLL: nll, **state}
 
-    def next_token(token_ids, memory):
-        log_probs, new_memory = forward(token_ids, memory)
-        return {LOG_PROBS: log_probs[:, -1, :], MEMORY: new_memory}  # (B, V)
+    def next_token(token_ids, memory, memory_mask=None):
+        log_probs, state = forward(token_ids, memory, memory_mask)
+        return {LOG_PROBS: log_probs[:, -1, :], **state}  # (B, V)
 
+    memory_specs = [specs[MEMORY]] + ([specs[MEMORY_MASK]] if masked else [])
     table = {
-        SERVING_DEFAULT: (serving_default, [specs[TOKEN_IDS], specs[MEMORY]]),
+        SERVING_DEFAULT: (serving_default, [specs[TOKEN_IDS], *memory_specs]),
         INITIAL_MEMORY: (initial_memory, [specs[BATCH_SIZE]]),
         SCORE: (
             score,
-            [specs[TOKEN_IDS], specs[TARGETS], specs[MEMORY]],
+            [specs[TOKEN_IDS], specs[TARGETS], *memory_specs],
         ),
-        NEXT_TOKEN: (next_token, [specs[TOKEN_IDS], specs[MEMORY]]),
+        NEXT_TOKEN: (next_token, [specs[TOKEN_IDS], *memory_specs]),
     }
     return {name: table[name] for name in names}
 
 
 def stateful_signature_functions(
-    model, memory_variable, batch_size: int, segment_length: int
+    model, memory_variable, batch_size: int, segment_length: int,
+    memory_mask_variable=None,
 ) -> dict:
     """Signatures of the stateful TFLite model (memory in a variable).
 
@@ -425,6 +510,10 @@ def stateful_signature_functions(
         model: `TransformerXLCausalLM`.
         memory_variable: `tf.Variable` of shape (B, L, M, D) float32.
         batch_size, segment_length: int. Both fixed.
+        memory_mask_variable: `tf.Variable` of shape (B, M) bool, required
+            for a `masked_memory` config (else None): the validity of the
+            memory's slots, read and written with the memory; `reset`
+            clears it (every slot empty) and returns it too.
 
     Returns:
         `{name: (function, [TensorSpec, ...])}` for
@@ -433,16 +522,30 @@ def stateful_signature_functions(
     import tensorflow as tf
 
     config = model.txl_config
+    if (memory_mask_variable is not None) != masked_memory(config):
+        raise ValueError(
+            "`memory_mask_variable` must be a (batch, memory_length) bool "
+            "variable exactly when the model has empty_memory='masked' and a "
+            f"memory (this one: empty_memory={config.empty_memory!r}, "
+            f"memory_length={config.memory_length}).")
     specs = input_specs(config, batch_size, segment_length)
     V = config.vocabulary_size
     shape = list(memory_shape(config, batch_size))
+    mask_shape = list(memory_mask_shape(config, batch_size))
 
     def forward(token_ids):
         token_ids = tf.ensure_shape(token_ids, specs[TOKEN_IDS].shape)
+        memory_mask = None
+        if memory_mask_variable is not None:
+            memory_mask = memory_mask_variable.read_value()
         out = model.call_with_memory(
-            token_ids, memory_variable.read_value(), training=False
+            token_ids, memory_variable.read_value(), training=False,
+            memory_mask=memory_mask,
         )
         memory_variable.assign(tf.ensure_shape(out["memory"], shape))
+        if memory_mask_variable is not None:
+            memory_mask_variable.assign(
+                tf.ensure_shape(out["memory_mask"], mask_shape))
         return tf.ensure_shape(
             out["log_probs"], [batch_size, segment_length, V]
         )
@@ -459,7 +562,11 @@ def stateful_signature_functions(
 
     def reset():
         memory_variable.assign(tf.zeros(shape, tf.float32))
-        return {MEMORY: memory_variable.read_value()}
+        out = {MEMORY: memory_variable.read_value()}
+        if memory_mask_variable is not None:
+            memory_mask_variable.assign(tf.zeros(mask_shape, tf.bool))
+            out[MEMORY_MASK] = memory_mask_variable.read_value()
+        return out
 
     return {
         SERVING_DEFAULT: (serving_default, [specs[TOKEN_IDS]]),
@@ -485,6 +592,9 @@ def generate_input_specs(config) -> dict:
         SEED: tf.TensorSpec([], tf.int64, SEED),
         MEMORY: tf.TensorSpec(
             list(memory_shape(config, None)), tf.float32, MEMORY
+        ),
+        MEMORY_MASK: tf.TensorSpec(
+            list(memory_mask_shape(config, None)), tf.bool, MEMORY_MASK
         ),
     }
 
@@ -585,7 +695,9 @@ def generate_functions(
         (B, max_new_tokens) int32, the new ids (0 after each row's
         "lengths" (B,) int32); "memory" (B, L, M, D) float32, the memory
         after each row's prompt and continuation (feed it to
-        `generate_from_memory` to continue).
+        `generate_from_memory` to continue); with a `masked_memory`
+        config, "memory_mask" (B, M) bool, its slots' validity, which
+        `generate_from_memory` also takes.
 
     Raises:
         ValueError: the model has no preprocessor/tokenizer, or no memory
@@ -612,6 +724,7 @@ def generate_functions(
     stop_token_ids = None if end is None else (int(end),)
     pad = int(getattr(tokenizer, "pad_token_id", None) or 0)
     mem_shape = list(memory_shape(config, None))
+    masked = masked_memory(config)
 
     def checked(prompts, max_new_tokens, temperature, top_k, top_p):
         batch = tf.shape(prompts)[0]
@@ -645,7 +758,7 @@ def generate_functions(
         ]
 
     def run(prompts, max_new_tokens, temperature, top_k, top_p, seed,
-            memory=None):
+            memory=None, memory_mask=None):
         prompts = tf.ensure_shape(prompts, [None])
         with tf.control_dependencies(
             checked(prompts, max_new_tokens, temperature, top_k, top_p)
@@ -676,6 +789,9 @@ def generate_functions(
                     memory, "`memory` contains NaN or Inf; pass the "
                     "memory a generate signature returned"),
             ]
+        if memory_mask is not None:
+            memory_mask = _check_memory_mask(
+                memory_mask, prompts, PROMPTS, specs[MEMORY_MASK], True)
         with tf.control_dependencies(deps):
             prompt_lengths = tf.identity(prompt_lengths)
         batch = tf.shape(prompt_lengths)[0]
@@ -688,7 +804,8 @@ def generate_functions(
         out = decode_loop(
             model, token_ids, padding_mask,
             seeded_choice(temperature, top_k, top_p, seed),
-            memory=memory, stop_token_ids=stop_token_ids,
+            memory=memory, memory_mask=memory_mask,
+            stop_token_ids=stop_token_ids,
             max_lengths=prompt_lengths + max_new_tokens,
             choose_with_index=True,
         )
@@ -701,25 +818,30 @@ def generate_functions(
         texts = tokenizer.detokenize(
             tf.RaggedTensor.from_tensor(new_ids, lengths=lengths)
         )
-        return {
+        result = {
             TEXTS: tf.ensure_shape(texts, [None]),
             TOKEN_IDS: new_ids,
             LENGTHS: lengths,
             MEMORY: tf.ensure_shape(out["memory"], mem_shape),
         }
+        if masked:
+            result[MEMORY_MASK] = tf.ensure_shape(
+                out["memory_mask"], list(memory_mask_shape(config, None)))
+        return result
 
     def generate(prompts, max_new_tokens, temperature, top_k, top_p, seed):
         return run(prompts, max_new_tokens, temperature, top_k, top_p, seed)
 
     def generate_from_memory(prompts, max_new_tokens, temperature, top_k,
-                             top_p, seed, memory):
+                             top_p, seed, memory, memory_mask=None):
         return run(prompts, max_new_tokens, temperature, top_k, top_p, seed,
-                   memory)
+                   memory, memory_mask)
 
     common = [specs[n] for n in (PROMPTS, MAX_NEW_TOKENS, TEMPERATURE,
                                  TOP_K, TOP_P, SEED)]
+    from_memory = [specs[MEMORY]] + ([specs[MEMORY_MASK]] if masked else [])
     table = {
         GENERATE: (generate, common),
-        GENERATE_FROM_MEMORY: (generate_from_memory, common + [specs[MEMORY]]),
+        GENERATE_FROM_MEMORY: (generate_from_memory, common + from_memory),
     }
     return {name: table[name] for name in names}

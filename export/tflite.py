@@ -14,6 +14,12 @@ Two variants:
   targets)`, `next_token(token_ids)` read and update it and `reset()`
   zeroes it.
 
+A model with `empty_memory="masked"` (`signatures.masked_memory`) also
+carries the memory's validity, `memory_mask` (B, M) bool: beside the
+memory in and out of the stateless signatures, and in a second resource
+variable of the stateful model (all False after `reset()` and at load:
+an empty memory's slots are masked).
+
 `export_tflite_variants` converts one SavedModel to several quantizations
 (float32, float16 weights, dynamic-range int8). Beside each .tflite file go
 `config.json` (the model config), `<stem>.json` (shapes, signatures,
@@ -47,6 +53,7 @@ import numpy as np
 from keras_txl import checks
 from keras_txl.export.signatures import LOG_PROBS
 from keras_txl.export.signatures import MEMORY
+from keras_txl.export.signatures import MEMORY_MASK
 from keras_txl.export.signatures import NEXT_TOKEN
 from keras_txl.export.signatures import NLL
 from keras_txl.export.signatures import RESET
@@ -155,14 +162,25 @@ def _tflite_saved_model(model, directory, batch_size, segment_length, stateful):
     from keras_txl.export import signatures as sig
 
     if stateful:
+        config = model.txl_config
         memory = tf.Variable(
-            tf.zeros(sig.memory_shape(model.txl_config, batch_size), tf.float32),
+            tf.zeros(sig.memory_shape(config, batch_size), tf.float32),
             trainable=False, name="memory",
         )
+        variables = [memory]
+        memory_mask = None
+        if sig.masked_memory(config):
+            # All False: the memory is empty (masked) until the first call.
+            memory_mask = tf.Variable(
+                tf.zeros(sig.memory_mask_shape(config, batch_size), tf.bool),
+                trainable=False, name="memory_mask",
+            )
+            variables.append(memory_mask)
         functions = sig.stateful_signature_functions(
-            model, memory, batch_size, segment_length
+            model, memory, batch_size, segment_length,
+            memory_mask_variable=memory_mask,
         )
-        archive = saved_model.build_archive(model, functions, [memory])
+        archive = saved_model.build_archive(model, functions, variables)
     else:
         functions = sig.signature_functions(
             model, batch_size, segment_length, checks=False,
@@ -547,7 +565,11 @@ class TFLiteRunner:
 
     Works with both variants. `step(token_ids)` keeps the memory between
     calls (in Python for the stateless model, inside the model for the
-    stateful one) and `reset()` starts a new text.
+    stateful one) and `reset()` starts a new text. A model exported with
+    `empty_memory="masked"` takes and returns a `memory_mask` (B, M) bool
+    beside the memory (`memory_mask_shape` is then set, else None): the
+    runner carries it with the memory (`self.memory_mask`), all False
+    after `reset()`.
 
     Args:
         model_path: str, or pass `model_content` (bytes) instead.
@@ -602,11 +624,18 @@ class TFLiteRunner:
             int(d) for d in outputs[LOG_PROBS]["shape"]
         )
         if self.stateful:
-            shape = self._runners[RESET].get_output_details()[MEMORY]["shape"]
+            reset = self._runners[RESET].get_output_details()
+            shape = reset[MEMORY]["shape"]
+            mask = reset[MEMORY_MASK]["shape"] if MEMORY_MASK in reset else None
         else:
             shape = self._inputs[SERVING_DEFAULT][MEMORY][0]
+            mask = self._inputs[SERVING_DEFAULT].get(MEMORY_MASK, (None,))[0]
         self.memory_shape = tuple(int(d) for d in shape)
+        # (B, M) when the model carries the memory's validity, else None.
+        self.memory_mask_shape = (None if mask is None
+                                  else tuple(int(d) for d in mask))
         self.memory = None
+        self.memory_mask = None
 
     def input_details(self, signature_name: str) -> dict:
         """`{input: (shape, numpy dtype)}` of a signature."""
@@ -621,7 +650,17 @@ class TFLiteRunner:
 
     def _prepare(self, signature_name, name, value, shape, dtype):
         array = np.asarray(value)
-        if dtype.kind in "iu":
+        if dtype.kind == "b":
+            if array.dtype.kind != "b":
+                # 0/1 or a float mask is refused rather than cast, as the
+                # Keras model refuses it.
+                raise ValueError(
+                    f"`{name}` must be a bool array of shape {shape}, True where "
+                    "a memory slot holds real memory (pass the memory_mask "
+                    "returned with the memory), received dtype "
+                    f"{array.dtype.name}."
+                )
+        elif dtype.kind in "iu":
             if array.dtype.kind not in "iu":
                 raise ValueError(
                     f"`{name}` must be an integer array ({dtype.name}), received "
@@ -680,19 +719,34 @@ class TFLiteRunner:
         """Zeros of the model's (B, L, M, D)."""
         return np.zeros(self.memory_shape, np.float32)
 
+    def initial_memory_mask(self):
+        """All False of the model's (B, M) (an empty memory's slots are
+        masked), or None for a model without a memory mask."""
+        if self.memory_mask_shape is None:
+            return None
+        return np.zeros(self.memory_mask_shape, bool)
+
     def reset(self):
-        """Start a new text: zero the memory (Python-side or in the model)."""
+        """Start a new text: zero the memory and, for a masked model, mask
+        every slot (Python-side or in the model)."""
         if self.stateful:
             self.run(RESET)
-        self.memory = None if self.stateful else self.initial_memory()
+            self.memory = self.memory_mask = None
+        else:
+            self.memory = self.initial_memory()
+            self.memory_mask = self.initial_memory_mask()
 
     def _call(self, signature_name, inputs, output):
         if self.stateful:
             return self.run(signature_name, **inputs)[output]
         if self.memory is None:
-            self.memory = self.initial_memory()
-        out = self.run(signature_name, memory=self.memory, **inputs)
+            self.reset()
+        state = {MEMORY: self.memory}
+        if self.memory_mask_shape is not None:
+            state[MEMORY_MASK] = self.memory_mask
+        out = self.run(signature_name, **state, **inputs)
         self.memory = out[MEMORY]
+        self.memory_mask = out.get(MEMORY_MASK)
         return out[output]
 
     def step(self, token_ids) -> np.ndarray:

@@ -18,6 +18,12 @@ a string tokenizer, so the TFLite model keeps id-level signatures; the
 Keras model and the SavedModel decode in the graph instead.) Fed one token
 at a time from an empty memory, it gives the tokens of
 `TransformerXLCausalLM.generate` (greedy: the same ids).
+
+An export of a model with `empty_memory="masked"` takes a `memory_mask`
+(B, M) bool with every memory (its signature lists it): the backends then
+carry `{"memory", "memory_mask"}` as their state, starting from masked
+slots (all False) as `KerasBackend` does, and `tflite_generate` takes and
+returns the mask with the memory, as `model.generate` does.
 """
 
 import json
@@ -38,6 +44,28 @@ def one_row_memory(memory, row_shape, batch):
     """A checked (1, L, M, D) memory (`checks.one_text_memory`) repeated over
     the exported model's fixed batch."""
     return np.repeat(checks.one_text_memory("memory", memory, row_shape), batch, 0)
+
+
+def one_row_memory_mask(memory_mask, memory_length, batch):
+    """A checked (1, M) bool memory mask repeated over the exported model's
+    fixed batch; a ValueError naming `memory_mask` otherwise (0/1 or float
+    masks are refused, not cast, as the Keras model refuses them)."""
+    array = np.asarray(memory_mask)
+    expected = (1, memory_length)
+    if array.dtype != bool or array.shape != expected:
+        raise ValueError(
+            f"`memory_mask` must be a bool array of shape (1, memory_length) = "
+            f"{expected} (generation decodes one text), True where a memory slot "
+            f"holds real memory: pass the one returned with the memory. Received "
+            f"dtype {array.dtype} and shape {array.shape}."
+        )
+    return np.repeat(array, batch, 0)
+
+
+def _initial_mask(memory, memory_length, batch):
+    """The mask of a state that starts from `memory` (every slot real) or
+    from the empty memory (every slot masked), as `KerasBackend`."""
+    return np.full((batch, memory_length), memory is not None, bool)
 
 
 class SavedModelBackend:
@@ -84,6 +112,10 @@ class SavedModelBackend:
         self._next_token = self._module.signatures[sig.NEXT_TOKEN]
         self._serving_default = self._module.signatures[sig.SERVING_DEFAULT]
         self._generate = self._module.signatures.get(sig.GENERATE)
+        # The export's own signature says whether the memory travels with
+        # its validity (a model with empty_memory="masked").
+        self.masked = (sig.MEMORY_MASK
+                       in self._next_token.structured_input_signature[1])
 
     @property
     def has_generate(self):
@@ -125,23 +157,35 @@ class SavedModelBackend:
         return self._generate(**{k: tf.constant(v) for k, v in inputs.items()})
 
     def initial_state(self, memory=None):
+        """The memory (a tensor), or for a masked export `{"memory",
+        "memory_mask"}`: masked slots from the empty memory, real ones from
+        a given memory (as `KerasBackend`)."""
         cfg = self.config
+        given = memory
         if memory is None:
             memory = np.zeros(
                 (1, cfg.num_layers, cfg.memory_length, cfg.hidden_dim),
                 np.float32,
             )
-        return tf.convert_to_tensor(one_row_memory(
+        memory = tf.convert_to_tensor(one_row_memory(
             memory, (cfg.num_layers, cfg.memory_length, cfg.hidden_dim), self.batch_size))
+        if not self.masked:
+            return memory
+        return {sig.MEMORY: memory, sig.MEMORY_MASK: tf.constant(
+            _initial_mask(given, cfg.memory_length, self.batch_size))}
 
     def run(self, token_ids, state, position=-1):
         token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
         last = position in (-1, token_ids.shape[1] - 1)
         signature = self._next_token if last else self._serving_default
-        out = signature(**{sig.TOKEN_IDS: tf.constant(token_ids), sig.MEMORY: state})
+        inputs = dict(state) if self.masked else {sig.MEMORY: state}
+        out = signature(**{sig.TOKEN_IDS: tf.constant(token_ids), **inputs})
         log_probs = out[sig.LOG_PROBS].numpy()[0]  # (V,) or (T, V)
         if not last:
             log_probs = log_probs[position]
+        if self.masked:
+            return log_probs, {sig.MEMORY: out[sig.MEMORY],
+                               sig.MEMORY_MASK: out[sig.MEMORY_MASK]}
         return log_probs, out[sig.MEMORY]
 
 
@@ -171,6 +215,8 @@ class TFLiteBackend:
         self.segment_length = runner.segment_length
         self.vocabulary_size = runner.vocabulary_size
         self.memory_shape = tuple(runner.memory_shape)
+        mask_shape = getattr(runner, "memory_mask_shape", None)
+        self.memory_mask_shape = None if mask_shape is None else tuple(mask_shape)
         self.tokenizer_dir = None
 
     @classmethod
@@ -189,9 +235,16 @@ class TFLiteBackend:
         return backend
 
     def initial_state(self, memory=None):
+        """As `SavedModelBackend.initial_state` (a dict for a masked model)."""
+        given = memory
         if memory is None:
-            return np.zeros(self.memory_shape, np.float32)
-        return one_row_memory(memory, self.memory_shape[1:], self.batch_size)
+            memory = np.zeros(self.memory_shape, np.float32)
+        else:
+            memory = one_row_memory(memory, self.memory_shape[1:], self.batch_size)
+        if self.memory_mask_shape is None:
+            return memory
+        return {sig.MEMORY: memory, sig.MEMORY_MASK: _initial_mask(
+            given, self.memory_mask_shape[1], self.batch_size)}
 
     def run(self, token_ids, state, position=-1):
         token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
@@ -202,18 +255,21 @@ class TFLiteBackend:
             )
         last = position in (-1, token_ids.shape[1] - 1)
         signature = sig.NEXT_TOKEN if last else sig.SERVING_DEFAULT
-        out = self.runner.run(
-            signature, **{sig.TOKEN_IDS: token_ids, sig.MEMORY: state}
-        )
+        masked = self.memory_mask_shape is not None
+        inputs = dict(state) if masked else {sig.MEMORY: state}
+        out = self.runner.run(signature, **{sig.TOKEN_IDS: token_ids, **inputs})
         log_probs = out[sig.LOG_PROBS][0]  # (V,) or (T, V)
         if not last:
             log_probs = log_probs[position]
+        if masked:
+            return log_probs, {sig.MEMORY: out[sig.MEMORY],
+                               sig.MEMORY_MASK: out[sig.MEMORY_MASK]}
         return log_probs, out[sig.MEMORY]
 
 
 def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
                     top_k=0, top_p=1.0, seed=None, stop_token_ids=None,
-                    memory=None, on_token=None):
+                    memory=None, on_token=None, memory_mask=None):
     """Decodes with a stateless TFLite model of T = 1, token by token.
 
     Args:
@@ -225,15 +281,26 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             `keras_txl.generation.sampler_from_options` (a keras-hub
             sampler; temperature 0: greedy).
         stop_token_ids: ids that end the continuation (kept), or None.
-        memory: (1, L, M, D) memory to start from, or None (zeros).
+        memory: (1, L, M, D) memory to start from, or None (the empty
+            memory: zeros, and masked slots for a model exported with
+            `empty_memory="masked"`).
         on_token: callable or None, called with each new id.
+        memory_mask: (1, M) bool validity of `memory`'s slots. Required
+            with `memory` for a model whose signatures take a
+            `memory_mask` (pass the one returned with the memory, as to
+            `model.generate`); refused for any other model.
 
     Returns:
         `(new ids int32 array, memory (1, L, M, D))`: the memory after the
         prompt and every new id (the last one fed too), to continue from.
+        For a model with a memory mask, a triple `(ids, memory,
+        memory_mask (1, M) bool)`, as `model.generate(...,
+        return_memory=True)` returns.
 
     Raises:
-        ValueError: a stateful model, T != 1, bad prompt or settings.
+        ValueError: a stateful model, T != 1, bad prompt or settings, a
+            memory without its mask (masked model), or a mask for a model
+            that takes none.
     """
     from keras_txl.generation import check_sampling
     from keras_txl.generation import sample_next
@@ -261,14 +328,34 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
         )
     stops = set(int(i) for i in (stop_token_ids or ()))
     batch = runner.batch_size
-    state = (np.zeros(runner.memory_shape, np.float32) if memory is None
-             else one_row_memory(memory, tuple(runner.memory_shape)[1:], batch))
+    mask_shape = getattr(runner, "memory_mask_shape", None)
+    if mask_shape is None and memory_mask is not None:
+        raise ValueError(
+            "`memory_mask` is only for a model exported with "
+            "empty_memory='masked' (its signatures take a memory_mask); this "
+            "model counts every memory slot as real: pass memory alone.")
+    if memory is None and memory_mask is not None:
+        raise ValueError(
+            "`memory_mask` goes with a `memory`: without one the generation "
+            "starts from the empty memory (every slot masked).")
+    if mask_shape is not None and memory is not None and memory_mask is None:
+        raise ValueError(
+            "`memory_mask` is required with `memory` for this model (exported "
+            "with empty_memory='masked'): pass the mask returned with the "
+            "memory (tflite_generate's third value), or "
+            f"np.ones((1, {mask_shape[1]}), bool) if every slot holds real memory.")
+    state = {sig.MEMORY: np.zeros(runner.memory_shape, np.float32) if memory is None
+             else one_row_memory(memory, tuple(runner.memory_shape)[1:], batch)}
+    if mask_shape is not None:
+        state[sig.MEMORY_MASK] = (
+            np.zeros(mask_shape, bool) if memory is None
+            else one_row_memory_mask(memory_mask, mask_shape[1], batch))
     sampler = sampler_from_options(temperature, top_k, top_p, seed)
 
     def feed(token, state):
         ids = np.full((batch, 1), int(token), np.int32)  # every row the same
-        out = runner.run(sig.NEXT_TOKEN, **{sig.TOKEN_IDS: ids, sig.MEMORY: state})
-        return out[sig.LOG_PROBS][0], out[sig.MEMORY]
+        out = runner.run(sig.NEXT_TOKEN, **{sig.TOKEN_IDS: ids, **state})
+        return out[sig.LOG_PROBS][0], {k: out[k] for k in state}
 
     for token in prompt:
         log_probs, state = feed(token, state)
@@ -281,4 +368,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
         log_probs, state = feed(token, state)  # the memory covers it too
         if token in stops:
             break
-    return np.asarray(new, np.int32), state[:1]
+    if mask_shape is not None:
+        return (np.asarray(new, np.int32), state[sig.MEMORY][:1],
+                state[sig.MEMORY_MASK][:1])
+    return np.asarray(new, np.int32), state[sig.MEMORY][:1]

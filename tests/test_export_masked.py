@@ -27,6 +27,9 @@ from keras_txl.export import saved_model
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
 from keras_txl.export import tflite
+from keras_txl.export.generation import SavedModelBackend
+from keras_txl.export.generation import TFLiteBackend
+from keras_txl.export.generation import tflite_generate
 
 B, T, SEGMENTS, M = 2, 3, 3, 8
 
@@ -284,3 +287,41 @@ def test_tflite_runner_refuses_a_bad_mask(masked):
         runner.run("serving_default", **good)
     out = runner.run("serving_default", **good, memory_mask=np.zeros((B, M), bool))
     np.testing.assert_allclose(out["log_probs"], masked.reference[0]["log_probs"], atol=1e-5)
+
+
+def test_tflite_generate_and_backends_start_from_masked_slots(masked):
+    from keras_txl.generation import generate
+
+    model = masked.model
+    model.compile(sampler="greedy")
+    prompt, more, new = list(b"Hello"), list(b" you"), 6
+    tokens, memory, mask = model.generate(
+        [prompt], max_length=len(prompt) + new, strip_prompt=True, return_memory=True)
+    runner = tflite.TFLiteRunner(masked.paths["token"])
+    got, got_memory, got_mask = tflite_generate(runner, prompt, new, temperature=0)
+    np.testing.assert_array_equal(got, np.asarray(tokens[0]))
+    np.testing.assert_array_equal(got_mask, np.asarray(mask))
+    np.testing.assert_allclose(got_memory, np.asarray(memory), atol=1e-5)
+    # Continued with its memory and mask, as model.generate continues.
+    tokens, memory, mask = model.generate(
+        [more], max_length=len(more) + new, strip_prompt=True, memory=memory,
+        memory_mask=mask, return_memory=True)
+    got, got_memory, got_mask = tflite_generate(
+        runner, more, new, temperature=0, memory=got_memory, memory_mask=got_mask)
+    np.testing.assert_array_equal(got, np.asarray(tokens[0]))
+    np.testing.assert_array_equal(got_mask, np.asarray(mask))
+    with pytest.raises(ValueError, match="`memory_mask` is required with `memory`"):
+        tflite_generate(runner, more, 2, memory=got_memory)
+    with pytest.raises(ValueError, match="`memory_mask` must be a bool array"):
+        tflite_generate(runner, more, 2, memory=got_memory,
+                        memory_mask=got_mask.astype(np.int32))
+    # The host loop over the exported backends: the Keras model's tokens.
+    expected = generate(model, prompt, new, temperature=0)
+    for backend in (SavedModelBackend(masked.version_dir), TFLiteBackend(runner)):
+        np.testing.assert_array_equal(generate(backend, prompt, new, temperature=0),
+                                      expected)
+    stateless = TFLiteBackend(tflite.TFLiteRunner(masked.paths["stateless"]))
+    np.testing.assert_array_equal(
+        generate(stateless, prompt, new, temperature=0, schedule="segment"),
+        generate(model, prompt, new, temperature=0, schedule="segment",
+                 segment_length=T))

@@ -14,6 +14,11 @@ texts, memory = client.generate(["Once upon"], max_new_tokens=50)
 texts, memory = client.generate([" and"], 50, memory=memory)   # continues
 ```
 
+A model exported with `empty_memory="masked"` carries the memory's
+validity, `memory_mask` (B, M) bool, beside every memory (its
+`initial_memory` returns one): the client learns that from the server's
+answers and carries `client.memory_mask` with `client.memory`.
+
 `generate` calls the text-level signatures (`generate`, or
 `generate_from_memory` with a memory), which SavedModels of models with a
 preprocessor have: strings travel as JSON strings (REST) or DT_STRING
@@ -54,6 +59,7 @@ from keras_txl.export.signatures import LENGTHS
 from keras_txl.export.signatures import LOG_PROBS
 from keras_txl.export.signatures import MAX_NEW_TOKENS
 from keras_txl.export.signatures import MEMORY
+from keras_txl.export.signatures import MEMORY_MASK
 from keras_txl.export.signatures import NEXT_TOKEN
 from keras_txl.export.signatures import NLL
 from keras_txl.export.signatures import PROMPTS
@@ -527,6 +533,9 @@ class TXLServingClient:
     def __init__(self, transport):
         self.transport = transport
         self.memory = None
+        # The memory's (B, M) bool validity, for a model exported with
+        # empty_memory="masked" (its answers carry one); else None.
+        self.memory_mask = None
         # The new ids of the last `generate`, one array per prompt: exact
         # where the text is not (a continuation may end inside a character).
         self.token_ids = None
@@ -542,7 +551,8 @@ class TXLServingClient:
         return cls(GrpcTransport(target, model_name, **kwargs))
 
     def reset(self, batch_size: int = 1) -> np.ndarray:
-        """New texts: memory = the server's `initial_memory(batch_size)`.
+        """New texts: memory = the server's `initial_memory(batch_size)`
+        (and memory_mask, all False, when the model has one).
 
         Always sent in the columnar form (the scalar input has no batch
         dimension, so it has no row form).
@@ -555,9 +565,33 @@ class TXLServingClient:
             INITIAL_MEMORY, {BATCH_SIZE: np.int32(batch_size)},
             output_names=[MEMORY], form="inputs",
         )
-        self.memory = self._checked_memory(out, INITIAL_MEMORY, batch_size, None)
+        memory = self._checked_memory(out, INITIAL_MEMORY, batch_size, None)
+        self.memory_mask = self._checked_mask(out, INITIAL_MEMORY, memory, MEMORY_MASK in out)
+        self.memory = memory
         self.vocabulary_size = None  # the server's model may have been replaced
         return self.memory
+
+    def _checked_mask(self, out, signature_name, memory, required):
+        """The server's new memory_mask (B, M) bool for `memory` (the
+        checked new memory), or None for a model without one."""
+        if not required:
+            return None
+        where = f"The server's `{signature_name}` answer"
+        if MEMORY_MASK not in out:
+            raise ServingError(
+                f"{where} has no `{MEMORY_MASK}` output (outputs {sorted(out)}), "
+                "though this model's memory carries one; the client's memory "
+                "is unchanged."
+            )
+        mask = np.asarray(out[MEMORY_MASK])
+        expected = (memory.shape[0], memory.shape[2])
+        if mask.dtype != bool or mask.shape != expected:
+            raise ServingError(
+                f"{where} has a `{MEMORY_MASK}` of shape {mask.shape} and dtype "
+                f"{mask.dtype}, expected bool of shape {expected}; the client's "
+                "memory is unchanged."
+            )
+        return mask
 
     def _checked_memory(self, out, signature_name, batch, previous):
         """The server's new memory, checked before it replaces the client's."""
@@ -619,8 +653,11 @@ class TXLServingClient:
                 f"`token_ids` has batch size {token_ids.shape[0]} but the memory "
                 f"holds {batch} rows; call reset(batch_size=...)."
             )
+        state = {MEMORY: self.memory}
+        if self.memory_mask is not None:
+            state[MEMORY_MASK] = self.memory_mask
         out = self.transport.predict(
-            signature_name, {**inputs, MEMORY: self.memory},
+            signature_name, {**inputs, **state},
             output_names=[output, MEMORY],
         )
         if output not in out:
@@ -630,7 +667,10 @@ class TXLServingClient:
             )
         result = self._checked_output(
             out[output], signature_name, output, (batch, token_ids.shape[1]))
-        self.memory = self._checked_memory(out, signature_name, batch, self.memory)
+        memory = self._checked_memory(out, signature_name, batch, self.memory)
+        self.memory_mask = self._checked_mask(
+            out, signature_name, memory, self.memory_mask is not None)
+        self.memory = memory
         if output == LOG_PROBS:
             self.vocabulary_size = result.shape[-1]
         return result
@@ -673,7 +713,7 @@ class TXLServingClient:
         return self._call(NEXT_TOKEN, {TOKEN_IDS: ids}, LOG_PROBS)
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_k=0,
-                 top_p=1.0, seed=0, memory=None):
+                 top_p=1.0, seed=0, memory=None, memory_mask=None):
         """The server's `generate` signature: whole continuations, one call.
 
         Args:
@@ -692,7 +732,8 @@ class TXLServingClient:
             (B, L, M, D) float32 memory after each prompt and its
             continuation (also kept as `self.memory`, so `step` /
             `next_token` / another `generate(memory=client.memory)` go on
-            from it). The continuations' ids are kept as `self.token_ids`
+            from it; a masked model's `memory_mask` is kept as
+            `self.memory_mask`). The continuations' ids are kept as `self.token_ids`
             (B int32 arrays): a text is decoded from its ids, and one that
             stops inside a multi-byte character (a byte or subword
             tokenizer) ends in U+FFFD where the ids are exact.
@@ -770,10 +811,33 @@ class TXLServingClient:
                 )
             if not np.all(np.isfinite(previous)):
                 raise ValueError("`memory` contains NaN or Inf.")
+            if memory_mask is None and memory is self.memory:
+                memory_mask = self.memory_mask  # the client's own memory's
+            if memory_mask is None and self.memory_mask is not None:
+                raise ValueError(
+                    "`memory_mask` is required with `memory` for this model "
+                    "(exported with empty_memory='masked'): pass the "
+                    "client.memory_mask returned with that memory, or "
+                    f"np.ones(({batch}, {previous.shape[2]}), bool) if every "
+                    "slot holds real memory.")
             inputs[MEMORY] = previous.astype(np.float32)
+            if memory_mask is not None:
+                mask = np.asarray(memory_mask)
+                if mask.dtype != bool or mask.shape != (batch, previous.shape[2]):
+                    raise ValueError(
+                        "`memory_mask` must be a bool array of shape (batch, "
+                        f"memory_length) = ({batch}, {previous.shape[2]}), True "
+                        "where a memory slot holds real memory; received dtype "
+                        f"{mask.dtype} and shape {mask.shape}.")
+                inputs[MEMORY_MASK] = mask
             signature = GENERATE_FROM_MEMORY
+        elif memory_mask is not None:
+            raise ValueError(
+                "`memory_mask` goes with a `memory`: without one `generate` "
+                "starts from the empty memory.")
         out = self.transport.predict(
-            signature, inputs, output_names=[TEXTS, MEMORY, TOKEN_IDS, LENGTHS],
+            signature, inputs,
+            output_names=[TEXTS, MEMORY, TOKEN_IDS, LENGTHS, MEMORY_MASK],
             form="inputs",
         )
         texts = out.get(TEXTS)
@@ -801,7 +865,11 @@ class TXLServingClient:
             token_ids = [ids[row, :lengths[row]].astype(np.int32) for row in range(batch)]
         else:
             token_ids = None
-        self.memory = self._checked_memory(out, signature, batch, previous)
+        new_memory = self._checked_memory(out, signature, batch, previous)
+        # The answer of a masked model carries the new memory's mask.
+        self.memory_mask = self._checked_mask(
+            out, signature, new_memory, MEMORY_MASK in out or MEMORY_MASK in inputs)
+        self.memory = new_memory
         self.token_ids = token_ids
         return [str(t) for t in texts], self.memory
 

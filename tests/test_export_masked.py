@@ -30,6 +30,8 @@ from keras_txl.export import tflite
 from keras_txl.export.generation import SavedModelBackend
 from keras_txl.export.generation import TFLiteBackend
 from keras_txl.export.generation import tflite_generate
+from keras_txl.export.serving_client import ServingError
+from keras_txl.export.serving_client import TXLServingClient
 
 B, T, SEGMENTS, M = 2, 3, 3, 8
 
@@ -325,3 +327,49 @@ def test_tflite_generate_and_backends_start_from_masked_slots(masked):
         generate(stateless, prompt, new, temperature=0, schedule="segment"),
         generate(model, prompt, new, temperature=0, schedule="segment",
                  segment_length=T))
+
+
+@pytest.fixture(scope="module")
+def server(masked):
+    with serving_doubles.StandInServer(os.path.dirname(masked.version_dir)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("kind", ["rest-inputs", "rest-instances", "grpc"])
+def test_client_carries_the_mask(masked, server, kind):
+    client = {
+        "rest-inputs": lambda: TXLServingClient.rest(server.rest_url, "txl"),
+        "rest-instances": lambda: TXLServingClient.rest(server.rest_url, "txl",
+                                                        form="instances"),
+        "grpc": lambda: TXLServingClient.grpc(server.grpc_target, "txl"),
+    }[kind]()
+    with client:
+        client.reset(batch_size=B)
+        np.testing.assert_array_equal(client.memory_mask, np.zeros((B, M), bool))
+        for s, ref in enumerate(masked.reference):
+            log_probs = client.step(segment(masked, s))
+            np.testing.assert_allclose(log_probs, ref["log_probs"], atol=1e-5)
+            np.testing.assert_array_equal(client.memory_mask, ref["memory_mask"])
+        # generate, then generate_from_memory with the client's own memory.
+        texts, memory = client.generate(["Hi", "Yes!"], 4)
+        assert client.memory_mask.dtype == bool and not client.memory_mask.all()
+        direct = server.predictor.predict(sig.GENERATE, serving.generate_request(
+            ["Hi", "Yes!"], 4))
+        np.testing.assert_array_equal(client.memory_mask, direct[sig.MEMORY_MASK])
+        more, _ = client.generate([" a", "b"], 4, memory=memory)
+        direct = server.predictor.predict(sig.GENERATE_FROM_MEMORY, {
+            **serving.generate_request([" a", "b"], 4), sig.MEMORY: direct[sig.MEMORY],
+            sig.MEMORY_MASK: direct[sig.MEMORY_MASK]})
+        assert more == [t.decode() for t in direct[sig.TEXTS]]
+        np.testing.assert_array_equal(client.memory_mask, direct[sig.MEMORY_MASK])
+        # Another memory of this model needs its mask.
+        with pytest.raises(ValueError, match="`memory_mask` is required with `memory`"):
+            client.generate(["x", "y"], 2, memory=np.array(client.memory))
+        with pytest.raises(ValueError, match="`memory_mask` must be a bool array"):
+            client.generate(["x", "y"], 2, memory=np.array(client.memory),
+                            memory_mask=np.ones((B, M), np.int32))
+        # The server refuses a mask of another batch, naming it.
+        with pytest.raises(ServingError, match="memory_mask"):
+            client.transport.predict(sig.SERVING_DEFAULT, {
+                sig.TOKEN_IDS: segment(masked, 0), sig.MEMORY: client.memory,
+                sig.MEMORY_MASK: np.zeros((B + 1, M), bool)}, form="inputs")

@@ -96,6 +96,7 @@ the official `vocabulary.py` (frequency order, specials first).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import io
 import json
@@ -161,6 +162,10 @@ VOCABULARY_JSON = "vocabulary.json"  # char, official symbols ("\\n" is one)
 SENTENCEPIECE_ASSET = "vocabulary.spm"  # as keras-hub
 # Written as a top-level key of tokenizer.json in keras-hub's layout.
 FORMAT_VERSION = 2
+# Top-level key of tokenizer.json: {asset file name: sha256 of its bytes},
+# checked by `load_tokenizer` (absent in a keras-hub preset's tokenizer.json
+# and in files of keras-txl before it).
+ASSETS_SHA256_KEY = "assets_sha256"
 # The old keras-txl layout (read only).
 OLD_FORMAT_VERSION = 1
 VOCABULARY_FILE = "vocab.txt"
@@ -497,10 +502,17 @@ def _ids_array(ids, vocabulary_size: int) -> np.ndarray:
     return array.astype(np.int64)
 
 
+def _write_file(path: pathlib.Path, data: bytes) -> None:
+    """Writes `path` whole or not at all (`safe_files.atomic_write_bytes`):
+    a save killed or out of disk space mid-write leaves the previous file,
+    never a truncated vocabulary that reads as a smaller one."""
+    safe_files.atomic_write_bytes(os.fspath(path), data)
+
+
 def _write_json(path: pathlib.Path, data: dict) -> None:
-    path.write_text(
-        json.dumps(data, indent=2, ensure_ascii=False) + "\n",
-        encoding="utf-8",
+    _write_file(
+        path,
+        (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"),
     )
 
 
@@ -511,8 +523,7 @@ def _write_vocabulary(path: pathlib.Path, vocabulary: list[str]) -> None:
                 f"token {token!r} contains a line break and cannot be "
                 f"written to {path}, one token per line."
             )
-    with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        handle.write("\n".join(vocabulary) + "\n")
+    _write_file(path, ("\n".join(vocabulary) + "\n").encode("utf-8"))
 
 
 def _file_in(directory: pathlib.Path, name, key: str) -> pathlib.Path:
@@ -795,7 +806,7 @@ def _strings_table(tokens, default):
 
 
 def _write_json_list(path: pathlib.Path, tokens: list[str]) -> None:
-    path.write_text(json.dumps(tokens, ensure_ascii=False), encoding="utf-8")
+    _write_file(path, json.dumps(tokens, ensure_ascii=False).encode("utf-8"))
 
 
 def _read_json_list(path: pathlib.Path) -> list[str]:
@@ -1092,7 +1103,14 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
                 "format_version": FORMAT_VERSION,
             }
         )
+        # The assets first, each written whole, then tokenizer.json with
+        # their sha256s: a save that dies between the two leaves the old
+        # tokenizer.json, whose sha256s `load_tokenizer` finds do not match.
         self.save_assets(str(assets))
+        data[ASSETS_SHA256_KEY] = {
+            name: hashlib.sha256((assets / name).read_bytes()).hexdigest()
+            for name in self.file_assets
+        }
         _write_json(directory / TOKENIZER_FILE, data)
         logger.info("Saved %r to %s", self, directory)
         return directory
@@ -1831,8 +1849,7 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
 
     def save_assets(self, dir_path):
         self._check_ready()
-        path = pathlib.Path(dir_path) / SENTENCEPIECE_ASSET
-        path.write_bytes(self._model_proto)
+        _write_file(pathlib.Path(dir_path) / SENTENCEPIECE_ASSET, self._model_proto)
 
     def load_assets(self, dir_path):
         path = _asset(dir_path, SENTENCEPIECE_ASSET)
@@ -2334,8 +2351,35 @@ def _load_keras_hub_layout(directory, path, data):
                 f"the tokenizer in {directory} has no {ASSET_DIR}/"
                 f"{file_name}: the {tokenizer.kind} tokenizer needs it."
             )
+    _check_asset_digests(path, assets, tokenizer.file_assets, data)
     tokenizer.load_assets(str(assets))
     return tokenizer
+
+
+def _check_asset_digests(path, assets, file_names, data):
+    """The asset files must have the sha256s tokenizer.json records (when
+    it records them): a vocabulary cut short, edited or left by another
+    save is a ValueError, not a different tokenizer."""
+    digests = data.get(ASSETS_SHA256_KEY)
+    if digests is None:
+        return
+    if not isinstance(digests, dict) or set(digests) != set(file_names):
+        raise ValueError(
+            f"{path} must record under {ASSETS_SHA256_KEY!r} the sha256 of "
+            f"each of {list(file_names)}. Received: {digests!r:.200}."
+        )
+    for name in file_names:
+        file = _asset(assets, name)
+        actual = hashlib.sha256(
+            _read_tokenizer_file(file, "tokenizer asset")
+        ).hexdigest()
+        if actual != digests[name]:
+            raise ValueError(
+                f"{file} does not have the sha256 {path} records for it "
+                f"({actual} instead of {digests[name]!r:.80}): the file was "
+                "cut short, changed, or written by another save. Save the "
+                "tokenizer again."
+            )
 
 
 def _load_old_layout(directory, path, config):
@@ -2511,7 +2555,7 @@ def export_vocabulary(tokenizer, path) -> pathlib.Path:
         ]
     _write_vocabulary(directory / EXPORT_VOCABULARY_FILE, tokens)
     if isinstance(tokenizer, SentencePieceTokenizer):
-        (directory / SENTENCEPIECE_ASSET).write_bytes(tokenizer.model_proto)
+        _write_file(directory / SENTENCEPIECE_ASSET, tokenizer.model_proto)
     info = {
         "kind": tokenizer.kind,
         "vocabulary_size": tokenizer.vocabulary_size(),

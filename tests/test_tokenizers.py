@@ -322,6 +322,12 @@ def test_load_errors_name_the_path(tmp_path, fitted):
     fitted["word"].save(tmp_path / "word")
     vocabulary = tmp_path / "word" / "assets" / "tokenizer" / "vocabulary.txt"
     vocabulary.write_text("<eos>\n<unk>\nonly\n")
+    with pytest.raises(ValueError, match=r"vocabulary.txt does not have the sha256"):
+        tokenizers.load_tokenizer(tmp_path / "word")
+    # Without the sha256s (a keras-hub preset's tokenizer.json), the size.
+    config = json.loads((tmp_path / "word" / "tokenizer.json").read_text())
+    del config["assets_sha256"]
+    (tmp_path / "word" / "tokenizer.json").write_text(json.dumps(config))
     with pytest.raises(
         ValueError, match=r"says vocabulary_size=\d+, but the files in"
     ):

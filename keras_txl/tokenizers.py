@@ -105,6 +105,8 @@ import numbers
 import os
 import pathlib
 import re
+from collections.abc import Mapping
+from collections.abc import Set
 from typing import Iterable
 
 import keras
@@ -207,6 +209,7 @@ _OTHER_WHITESPACE = f"[{_OTHER_WHITESPACE}]"
 _VALID_LINE = "(?s)[^\\x{d800}-\\x{dfff}]*"
 # Lone surrogates that are not `surrogateescape` stand-ins for a byte
 # (U+DC80-U+DCFF): they are no text and have no UTF-8 bytes.
+_WHITESPACE = re.compile(f"[{re.escape(UNICODE_WHITESPACE)}]")
 _NOT_ENCODABLE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BYTE_ESCAPE = re.compile("[\udc80-\udcff]")
@@ -445,6 +448,15 @@ def _check_vocabulary(vocabulary, required: dict) -> list[str]:
         raise ValueError(
             "`vocabulary` must be a list of str tokens, not a single str."
         )
+    if isinstance(vocabulary, (Mapping, Set)):
+        # A {token: id} mapping (a Hugging Face vocab.json) or a set: the
+        # ids would be the keys' order, not the mapping's.
+        raise ValueError(
+            "`vocabulary` must be a list of str tokens in id order (the "
+            "index is the id), not a "
+            f"{type(vocabulary).__name__}. For a {{token: id}} mapping pass "
+            "`sorted(mapping, key=mapping.get)`."
+        )
     vocabulary = list(vocabulary)
     for index, token in enumerate(vocabulary):
         if not isinstance(token, str) or not token:
@@ -476,6 +488,43 @@ def _check_vocabulary(vocabulary, required: dict) -> list[str]:
                 "it."
             )
     return vocabulary
+
+
+def _check_words(vocabulary: list[str], specials, lower_case: bool) -> None:
+    """Every token of a vocabulary looked up after a split at whitespace
+    must be something that split can give: no `UNICODE_WHITESPACE` in it
+    (the special tokens too: they are typed in text and written one a
+    line) and, with `lower_case`, no token the lower-casing changes (but
+    the special tokens, which are not looked up). Such a token would hold
+    an id that no text ever gets."""
+    for index, token in enumerate(vocabulary):
+        match = _WHITESPACE.search(token)
+        if match is not None:
+            raise ValueError(
+                "`vocabulary` tokens must not contain whitespace (text is "
+                f"split at it, so no word holds any). Received {token!r} at "
+                f"index {index}, with {match.group()!r}."
+            )
+    if lower_case and vocabulary:
+        lowered = tf.strings.lower(
+            [_utf8(token) for token in vocabulary], encoding="utf-8"
+        ).numpy()
+        for index, (token, low) in enumerate(zip(vocabulary, lowered)):
+            if token not in specials and low.decode("utf-8") != token:
+                raise ValueError(
+                    "with `lower_case=True` the text is lower-cased before the "
+                    "lookup, so `vocabulary` must hold lower-case words. "
+                    f"Received {token!r} at index {index}."
+                )
+
+
+def _check_distinct_specials(unk_token, eos_token) -> None:
+    if unk_token is not None and unk_token == eos_token:
+        raise ValueError(
+            "`unk_token` and `eos_token` must differ: unknown words would "
+            f"become line ends. Received: unk_token={unk_token!r}, "
+            f"eos_token={eos_token!r}."
+        )
 
 
 def _ids_array(ids, vocabulary_size: int) -> np.ndarray:
@@ -1473,6 +1522,8 @@ class WordTokenizer(_VocabularyTokenizer):
     ):
         if double_eos and not add_eos:
             raise ValueError("`double_eos=True` needs `add_eos=True`.")
+        if add_eos:
+            _check_distinct_specials(unk_token, eos_token)
         self._add_eos = bool(add_eos)
         self._double_eos = bool(double_eos)
         self._lower_case = bool(lower_case)
@@ -1486,7 +1537,9 @@ class WordTokenizer(_VocabularyTokenizer):
         }
         if self._add_eos:
             required["end-of-line"] = self._eos_token
-        return _check_vocabulary(vocabulary, required)
+        vocabulary = _check_vocabulary(vocabulary, required)
+        _check_words(vocabulary, set(required.values()), self._lower_case)
+        return vocabulary
 
     def _build_tables(self, vocabulary):
         self._unk_id = (
@@ -1932,6 +1985,7 @@ class WordPieceTokenizer(_VocabularyTokenizer):
         eos_token: str = EOS_TOKEN,
         **kwargs,
     ):
+        _check_distinct_specials(unk_token, eos_token)
         self._lower_case = bool(lower_case)
         self._suffix_indicator = suffix_indicator
         self._unk_token = unk_token
@@ -1944,10 +1998,14 @@ class WordPieceTokenizer(_VocabularyTokenizer):
         super().__init__(vocabulary, **kwargs)
 
     def _validate(self, vocabulary):
-        return _check_vocabulary(
+        vocabulary = _check_vocabulary(
             vocabulary,
             {"unknown": self._unk_token, "end-of-line": self._eos_token},
         )
+        # The pieces of words split at whitespace (the specials included:
+        # `vocabulary.txt` holds one token a line).
+        _check_words(vocabulary, (), False)
+        return vocabulary
 
     def _build_tables(self, vocabulary):
         self._unk_id = vocabulary.index(self._unk_token)

@@ -1,6 +1,7 @@
 """Hostile inputs and damaged files for keras_txl/tokenizers.py."""
 
 import json
+import re
 import resource
 import signal
 
@@ -108,3 +109,72 @@ def test_a_tokenizer_json_without_digests_still_loads(tmp_path):
     path.write_text(json.dumps(data))
     loaded = tokenizers.load_tokenizer(tmp_path / "tok")
     np.testing.assert_array_equal(loaded.encode("a b\n"), tokenizer.encode("a b\n"))
+
+
+# === Vocabulary entries no text can give ===
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: tokenizers.WordTokenizer(["<eos>", "<unk>", "a b"]),
+         "Received 'a b' at index 2, with ' '"),
+        (lambda: tokenizers.WordTokenizer(["<eos>", "<unk>", "new\u3000york"]),
+         "Received 'new\\u3000york' at index 2, with '\\u3000'"),
+        (lambda: tokenizers.WordTokenizer(["<eos>", "<unk>", "a\nb"]),
+         "Received 'a\\nb' at index 2, with '\\n'"),
+        (lambda: tokenizers.WordTokenizer(["<e os>", "<unk>"], eos_token="<e os>"),
+         "Received '<e os>' at index 0, with ' '"),
+        (lambda: tokenizers.WordTokenizer(["<unk>", "a\xa0b"], add_eos=False),
+         "Received 'a\\xa0b' at index 1, with '\\xa0'"),
+        (lambda: tokenizers.WordPieceTokenizer(["<eos>", "<unk>", "a\tb"]),
+         "Received 'a\\tb' at index 2, with '\\t'"),
+    ],
+)
+def test_word_vocabularies_refuse_tokens_with_whitespace(make, message):
+    # Text is split at whitespace: such a token held an id no text got
+    # (and "a\nb" was written as two lines of vocabulary.txt).
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        make()
+    assert "must not contain whitespace" in str(error.value)
+
+
+def test_a_lower_case_word_vocabulary_refuses_upper_case_words():
+    with pytest.raises(
+        ValueError,
+        match=re.escape("`vocabulary` must hold lower-case words. Received 'The' at index 2"),
+    ):
+        tokenizers.WordTokenizer(["<eos>", "<UNK>", "The"], lower_case=True, unk_token="<UNK>")
+    # The special tokens are not looked up: upper case is fine for them.
+    tokenizer = tokenizers.WordTokenizer(["<EOS>", "<UNK>", "the"], lower_case=True,
+                                         unk_token="<UNK>", eos_token="<EOS>")
+    assert tokenizer.encode("The cat\n").tolist() == [2, 1, 0]
+    # What fit builds with lower_case always passes.
+    fitted = tokenizers.WordTokenizer.fit("The CAT İstanbul\n", lower_case=True)
+    assert fitted.decode(fitted.encode("THE cat\n")) == "the cat\n"
+
+
+@pytest.mark.parametrize("cls", [tokenizers.WordTokenizer, tokenizers.WordPieceTokenizer])
+def test_the_unknown_and_end_of_line_tokens_must_differ(cls):
+    # Unknown words became line ends: WordTokenizer(["<eos>", "a"],
+    # unk_token="<eos>").decode(encode("a b")) was "a\n".
+    with pytest.raises(ValueError, match=re.escape(
+            "`unk_token` and `eos_token` must differ: unknown words would become "
+            "line ends. Received: unk_token='<eos>', eos_token='<eos>'")):
+        cls(["<eos>", "a"], unk_token="<eos>")
+    if cls is tokenizers.WordTokenizer:  # no line ends, no clash
+        assert cls(["<eos>", "a"], unk_token="<eos>", add_eos=False).encode("a b").tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("vocabulary", [
+    {"<eos>": 0, "<unk>": 1, "b": 3, "a": 2},
+    {"<eos>", "<unk>", "a"},
+    frozenset({"<eos>", "<unk>", "a"}),
+])
+def test_a_vocabulary_mapping_or_set_is_refused(vocabulary):
+    # A {token: id} mapping gave the ids of its keys' order (here "b"
+    # became 2), a set those of an arbitrary order.
+    with pytest.raises(ValueError, match="must be a list of str tokens in id order"):
+        tokenizers.WordTokenizer(vocabulary)
+    with pytest.raises(ValueError, match="must be a list of str tokens in id order"):
+        tokenizers.CharTokenizer(vocabulary if isinstance(vocabulary, dict) else {"<unk>", "a"})

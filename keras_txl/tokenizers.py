@@ -2161,18 +2161,27 @@ class OfficialSymbolTokenizer(_VocabularyTokenizer):
 
     def _validate(self, vocabulary):
         vocabulary = _check_vocabulary(vocabulary, {})
+        # Each symbol as `_symbols_of` writes it (one spelling per byte or
+        # character), and never the newline, which the official data drops:
+        # another spelling ("007", "٣") or the newline is an id no text
+        # gets (and "7" beside "007" two ids for one byte).
         for index, token in enumerate(vocabulary):
             if self._dataset == "enwik8" and not (
-                token.isdigit() and 0 <= int(token) < 256
+                token in _BYTE_SYMBOLS and token != "10"
             ):
                 raise ValueError(
                     "an enwik8 vocabulary holds byte values 0-255 written in "
-                    f"decimal. Received {token!r} at index {index}."
+                    "decimal without leading zeros, but not 10 (the newline, "
+                    f"which the official data drops). Received {token!r} at "
+                    f"index {index}."
                 )
-            if self._dataset == "text8" and len(token) != 1:
+            if self._dataset == "text8" and (
+                len(token) != 1 or token in " \n"
+            ):
                 raise ValueError(
-                    "a text8 vocabulary holds single characters. Received "
-                    f"{token!r} at index {index}."
+                    "a text8 vocabulary holds single characters, with '_' "
+                    "for a space and no newline (the official data drops "
+                    f"it). Received {token!r} at index {index}."
                 )
         return vocabulary
 
@@ -2276,6 +2285,9 @@ class OfficialSymbolTokenizer(_VocabularyTokenizer):
             return data.decode("utf-8", "replace")
         return "".join(" " if token == "_" else token for token in tokens)
 
+
+# enwik8's symbols: the decimal values of bytes, as prep_enwik8.py writes them.
+_BYTE_SYMBOLS = frozenset(str(byte) for byte in range(BYTE_VOCABULARY_SIZE))
 
 # The datasets of the official releases, whose tokenizer `official_tokenizer` builds.
 OFFICIAL_DATASETS = ("wt103", "lm1b", "enwik8", "text8")

@@ -178,3 +178,33 @@ def test_a_vocabulary_mapping_or_set_is_refused(vocabulary):
         tokenizers.WordTokenizer(vocabulary)
     with pytest.raises(ValueError, match="must be a list of str tokens in id order"):
         tokenizers.CharTokenizer(vocabulary if isinstance(vocabulary, dict) else {"<unk>", "a"})
+
+
+@pytest.mark.parametrize("vocabulary, bad", [
+    (["7", "007"], "'007' at index 1"),
+    (["32", "٣"], "'٣' at index 1"),
+    (["²"], "'²' at index 0"),
+    (["10", "32"], "'10' at index 0"),
+    (["256"], "'256' at index 0"),
+    (["+5"], "'+5' at index 0"),
+])
+def test_enwik8_symbols_are_byte_values_as_the_official_data_writes_them(vocabulary, bad):
+    # "007" beside "7" failed in a tf.lookup FailedPreconditionError; "٣"
+    # was byte 3 for tokenize but not for encode; "10" (the newline) is
+    # dropped from the text, so its id was never given.
+    with pytest.raises(ValueError, match=re.escape(bad)) as error:
+        tokenizers.OfficialSymbolTokenizer(vocabulary, "enwik8")
+    assert "without leading zeros, but not 10" in str(error.value)
+
+
+@pytest.mark.parametrize("vocabulary, bad", [
+    (["a", " "], "' ' at index 1"),
+    (["\n", "a"], "'\\n' at index 0"),
+    (["ab"], "'ab' at index 0"),
+])
+def test_text8_symbols_are_characters_as_the_official_data_writes_them(vocabulary, bad):
+    # " " beside "_": every space was "_", so " " was never given (and
+    # "\n" is dropped from the text).
+    with pytest.raises(ValueError, match=re.escape(bad)) as error:
+        tokenizers.OfficialSymbolTokenizer(vocabulary, "text8")
+    assert "with '_' for a space and no newline" in str(error.value)

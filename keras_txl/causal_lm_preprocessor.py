@@ -124,6 +124,33 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
         self._check_special_tokens()
         super().build(input_shape)
 
+    # keras-hub reads `sequence_length or self.sequence_length`: a 0 was the
+    # default length in silence, and a negative one (or one set later)
+    # packed every text to nothing.
+    @property
+    def sequence_length(self):
+        return self._sequence_length
+
+    @sequence_length.setter
+    def sequence_length(self, value):
+        CausalLMPreprocessor.sequence_length.fset(
+            self, positive_int("sequence_length", value)
+        )
+
+    def call(self, x, y=None, sample_weight=None, sequence_length=None):
+        sequence_length = positive_int(
+            "sequence_length", sequence_length, allow_none=True
+        )
+        return super().call(
+            x, y=y, sample_weight=sample_weight, sequence_length=sequence_length
+        )
+
+    def generate_preprocess(self, x, sequence_length=None):
+        sequence_length = positive_int(
+            "sequence_length", sequence_length, allow_none=True
+        )
+        return super().generate_preprocess(x, sequence_length=sequence_length)
+
     def ordered_segments(self, texts, batch_size, sequence_length=None,
                          drop_remainder=True):
         """The paper's ordered batches of a dataset of texts, in the graph.
@@ -153,7 +180,8 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
         """
         batch_size = positive_int("batch_size", batch_size)
         length = positive_int(
-            "sequence_length", sequence_length or self.sequence_length
+            "sequence_length",
+            self.sequence_length if sequence_length is None else sequence_length,
         )
         if not isinstance(texts, tf.data.Dataset) or texts.element_spec != tf.TensorSpec([], tf.string):
             raise ValueError(

@@ -208,3 +208,49 @@ def test_text8_symbols_are_characters_as_the_official_data_writes_them(vocabular
     with pytest.raises(ValueError, match=re.escape(bad)) as error:
         tokenizers.OfficialSymbolTokenizer(vocabulary, "text8")
     assert "with '_' for a space and no newline" in str(error.value)
+
+
+# === The preprocessor's sequence_length ===
+
+
+def _preprocessor(sequence_length=4):
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+
+    tokenizer = tokenizers.WordTokenizer(["<eos>", "<unk>", "a", "b", "c"])
+    return TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0, True])
+def test_a_bad_sequence_length_per_call_is_an_error_not_the_default(value):
+    # keras-hub reads `sequence_length or self.sequence_length`: 0 packed
+    # to the preprocessor's length in silence, -3 to an empty (1, 0) batch.
+    import tensorflow as tf
+
+    preprocessor = _preprocessor()
+    message = "`sequence_length` must be a positive integer or None"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        preprocessor.generate_preprocess(["a b"], sequence_length=value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        preprocessor(["a b"], sequence_length=value)
+    texts = tf.data.Dataset.from_tensor_slices(["a b c a b c a b c"])
+    with pytest.raises(ValueError, match="`sequence_length` must be a positive integer"):
+        preprocessor.ordered_segments(texts, 1, sequence_length=value)
+    # None is the preprocessor's own; a good value is taken.
+    assert preprocessor.generate_preprocess(["a b"])["token_ids"].shape == (1, 4)
+    assert preprocessor.generate_preprocess(["a b"], sequence_length=3)["token_ids"].shape == (1, 3)
+    x, _, _ = preprocessor(["a b c a"], sequence_length=2)
+    assert x["token_ids"].numpy().tolist() == [[2, 3]]
+
+
+@pytest.mark.parametrize("value", [0, -5, None, 1.5])
+def test_setting_a_bad_sequence_length_is_an_error(value):
+    # The setter took anything; a negative length then packed every text
+    # to nothing.
+    preprocessor = _preprocessor()
+    with pytest.raises(ValueError, match="`sequence_length` must be a positive integer"):
+        preprocessor.sequence_length = value
+    assert preprocessor.sequence_length == 4
+    preprocessor.sequence_length = 2
+    x, _, _ = preprocessor(["a b c"])
+    assert x["token_ids"].numpy().tolist() == [[2, 3]]
+

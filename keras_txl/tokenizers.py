@@ -612,8 +612,13 @@ def _string_input(inputs):
     Python str become UTF-8 by the rule of `_check_surrogates` (as in
     `encode`), not by TensorFlow's strict conversion.
     """
-    if isinstance(inputs, np.ndarray) and inputs.dtype.kind == "U":
+    if isinstance(inputs, np.ndarray) and inputs.dtype.kind in "UO":
+        # str items (of an object array too: pandas' strings) by the rule
+        # below, not by TensorFlow's strict conversion.
         inputs = inputs.tolist()
+    if isinstance(inputs, (list, tuple)) and not inputs:
+        # An empty batch: no dtype to convert by (it would be float32).
+        inputs = tf.zeros([0], tf.string)
     if isinstance(inputs, str):
         inputs = _utf8(inputs, "inputs")
     elif isinstance(inputs, (list, tuple)) and any(

@@ -254,3 +254,39 @@ def test_setting_a_bad_sequence_length_is_an_error(value):
     x, _, _ = preprocessor(["a b c"])
     assert x["token_ids"].numpy().tolist() == [[2, 3]]
 
+
+# === Inputs of tokenize ===
+
+
+@pytest.fixture(scope="module")
+def every_kind():
+    return {
+        kind: tokenizers.build_tokenizer(
+            kind, "the cat sat\nthe dog\n",
+            **({"vocabulary_size": 40} if kind in ("sentencepiece", "wordpiece") else {}))
+        for kind in tokenizers.TOKENIZER_KINDS
+    }
+
+
+@pytest.mark.parametrize("kind", tokenizers.TOKENIZER_KINDS)
+def test_an_empty_batch_tokenizes_to_an_empty_ragged_batch(kind, every_kind):
+    # It was "`inputs` must be a string tensor ... Received: float32": an
+    # empty list has no dtype, and TensorFlow guesses float32.
+    tokenizer = every_kind[kind]
+    for empty in ([], (), np.array([], dtype="<U1")):
+        ids = tokenizer.tokenize(empty)
+        assert ids.shape.as_list() == [0, None] and ids.dtype.name == "int32"
+        assert tokenizer.detokenize(ids).numpy().tolist() == []
+
+
+def test_an_object_array_of_str_is_read_like_a_list_of_str():
+    # pandas gives object arrays: TensorFlow's strict conversion failed on a
+    # surrogateescape byte with "must be a string tensor ... Received: ndarray".
+    tokenizer = tokenizers.ByteTokenizer()
+    texts = ["h\u00e9", "\udcff!"]
+    ids = tokenizer.tokenize(np.array(texts, dtype=object))
+    assert ids.to_list() == tokenizer.tokenize(texts).to_list() == [[104, 195, 169], [255, 33]]
+    with pytest.raises(ValueError, match=re.escape("`inputs[1]` holds the lone surrogate")):
+        tokenizer.tokenize(np.array(["a", "\ud800"], dtype=object))
+    with pytest.raises(ValueError, match="must be a string tensor"):
+        tokenizer.tokenize(np.array([None, "a"], dtype=object))

@@ -2587,15 +2587,19 @@ def load_tokenizer(directory, limits=None) -> TransformerXLTokenizer:
     return tokenizer
 
 
+_LINE_BREAK_NAMES = {"\n": "\\n", "\r": "\\r"}
+
+
 def export_vocabulary(tokenizer, path) -> pathlib.Path:
     """Writes a tokenizer's vocabulary for an app beside a TFLite model.
 
     LiteRT has no tensorflow-text ops, so TFLite models take token ids and
     the app tokenizes. This writes, into the folder `path`:
 
-    - `vocabulary.txt`: one token per line, line i = id i (UTF-8). A token
-      that is itself a newline character (a char vocabulary) is written as
-      the two characters `\\n`; the byte kind writes the decimal byte
+    - `vocabulary.txt`: one token per line, line i = id i (UTF-8; lines
+      end at `"\\n"` only). A token that is itself a newline or carriage
+      return (a char vocabulary) is written as the two characters `\\n` or
+      `\\r`; the byte kind writes the decimal byte
       values 0-255 (its id is the byte value);
     - `vocabulary.spm`: the SentencePiece model, for that kind (apps apply
       it with the SentencePiece library, then the newline rule below);
@@ -2624,8 +2628,10 @@ def export_vocabulary(tokenizer, path) -> pathlib.Path:
     if isinstance(tokenizer, ByteTokenizer):
         tokens = [str(byte) for byte in range(BYTE_VOCABULARY_SIZE)]
     else:
+        # A newline or carriage-return token (char and text8 vocabularies:
+        # CRLF text has "\r") as two characters: one token a line.
         tokens = [
-            "\\n" if token == "\n" else token
+            _LINE_BREAK_NAMES.get(token, token)
             for token in tokenizer.get_vocabulary()
         ]
     _write_vocabulary(directory / EXPORT_VOCABULARY_FILE, tokens)

@@ -290,3 +290,19 @@ def test_an_object_array_of_str_is_read_like_a_list_of_str():
         tokenizer.tokenize(np.array(["a", "\ud800"], dtype=object))
     with pytest.raises(ValueError, match="must be a string tensor"):
         tokenizer.tokenize(np.array([None, "a"], dtype=object))
+
+
+def test_a_char_vocabulary_of_crlf_text_is_exported_and_read_back(tmp_path):
+    # CRLF text gives a char vocabulary a "\r": export_vocabulary (and so
+    # the TFLite export of such a model) failed with "token '\r' contains a
+    # line break".
+    from keras_txl.training.vocab import read_vocabulary_file
+
+    tokenizer = tokenizers.CharTokenizer.fit("ab\r\ncd\r\n")
+    assert "\r" in tokenizer.vocabulary
+    folder = tokenizers.export_vocabulary(tokenizer, tmp_path / "app")
+    lines = (folder / "vocabulary.txt").read_bytes().decode("utf-8").split("\n")[:-1]
+    assert len(lines) == tokenizer.vocabulary_size()
+    assert lines[tokenizer.token_to_id("\r")] == "\\r"
+    assert lines[tokenizer.token_to_id("\n")] == "\\n"
+    assert read_vocabulary_file(folder / "vocabulary.txt", "char") == tokenizer.vocabulary

@@ -78,7 +78,8 @@ def read_vocabulary_file(path, kind="word"):
     `word`: the first field of each line, as the reference `Vocab` reads
     `1b_word_vocab.txt` (a count may follow). `char`: a line holding one
     character is that character, the space included, and the two
-    characters `\\n` are the newline (as `export_vocabulary` writes it);
+    characters `\\n` are the newline and `\\r` the carriage return (as
+    `export_vocabulary` writes them);
     a longer line is read by its first field, an empty line skipped. A
     "\\r" before a line's newline is the line ending, not part of it, and
     a byte order mark at the start of the file is not part of the first
@@ -95,8 +96,8 @@ def read_vocabulary_file(path, kind="word"):
                     raw = raw[1:]
                 if raw.endswith("\r") and len(raw) > 1:
                     raw = raw[:-1]
-                if kind == "char" and (len(raw) == 1 or raw == "\\n"):
-                    tokens.append("\n" if raw == "\\n" else raw)
+                if kind == "char" and (len(raw) == 1 or raw in ("\\n", "\\r")):
+                    tokens.append({"\\n": "\n", "\\r": "\r"}.get(raw, raw))
                     continue
                 fields = raw.split()
                 if fields:

@@ -976,7 +976,7 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
 
     def id_to_token(self, id) -> str:
         vocabulary = self.get_vocabulary()
-        if not isinstance(id, numbers.Integral) or not (
+        if isinstance(id, bool) or not isinstance(id, numbers.Integral) or not (
             0 <= id < len(vocabulary)
         ):
             raise ValueError(

@@ -306,3 +306,12 @@ def test_a_char_vocabulary_of_crlf_text_is_exported_and_read_back(tmp_path):
     assert lines[tokenizer.token_to_id("\r")] == "\\r"
     assert lines[tokenizer.token_to_id("\n")] == "\\n"
     assert read_vocabulary_file(folder / "vocabulary.txt", "char") == tokenizer.vocabulary
+
+
+def test_id_to_token_refuses_a_bool():
+    # True was id 1 ('<unk>'): a mask passed for an id.
+    tokenizer = tokenizers.WordTokenizer(SMALL)
+    for bad in (True, False, 2.0, -1, 4):
+        with pytest.raises(ValueError, match=re.escape(f"`id` must be an int in [0, 4). Received: id={bad!r}.")):
+            tokenizer.id_to_token(bad)
+    assert tokenizer.id_to_token(np.int64(2)) == "a"

@@ -294,8 +294,10 @@ def build_parser():
                    "--seed differs from model.generate's (another loop draws "
                    "other random numbers), and is the same run after run")
     p.add_argument("--segment-length", dest="segment_length", type=int,
-                   default=None, help="prompt chunk length (default: the "
-                   "model's segment length)")
+                   default=None, help="--schedule token: prompt chunk "
+                   "length (default 1, the prompt fed one token at a time as "
+                   "model.generate does); --schedule segment: the segment "
+                   "length (default: the model's)")
     p.add_argument("--schedule", choices=("token", "segment"), default=None,
                    help="token: new tokens one at a time (default); segment: "
                    "as in training, re-running the current segment (the "

@@ -26,9 +26,10 @@ backends through the same small interface:
 
 Two schedules decide which tokens each call sees:
 
-- "token" (the default): the prompt is fed in segments of
-  `segment_length` to fill the memory, then every new token is fed alone
-  with the memory. The cost per new token depends on the memory length M,
+- "token" (the default): the prompt is fed one token at a time (as
+  `model.generate` feeds it, so greedy decoding gives its tokens), or in
+  chunks of `segment_length` when one is given, to fill the memory, then
+  every new token is fed alone with the memory. The cost per new token depends on the memory length M,
   not on how much has been generated. Needs a backend that accepts any
   segment length, or one fixed at T = 1.
 - "segment": tokens are grouped in segments of T as in training and
@@ -276,7 +277,12 @@ def _resolve_schedule(backend, schedule, segment_length):
                 "schedule='segment', or export with --segment-length 1."
             )
         segment_length = fixed
-    if segment_length is None:
+    if segment_length is None and schedule == "token":
+        # The prompt one token at a time, as model.generate and the
+        # SavedModel's generate signature feed it: fed as one chunk it sees
+        # more of the empty memory's slots, and other greedy tokens.
+        segment_length = 1
+    elif segment_length is None:
         config = getattr(backend, "config", None)
         segment_length = config.segment_length if config is not None else 1
     if (not isinstance(segment_length, int) or isinstance(segment_length, bool)
@@ -431,9 +437,10 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
         seed: int or None. The same seed gives the same ids.
         on_token: callable or None, called with each new id as soon as it
             is chosen (streaming).
-        segment_length: int or None. Prompt chunk ("token" schedule) or
-            segment ("segment" schedule) length; default the model's
-            `segment_length`, or the T a TFLite model was exported with.
+        segment_length: int or None. Prompt chunk ("token" schedule;
+            default 1, as `model.generate`) or segment ("segment" schedule;
+            default the model's `segment_length`) length; the T a TFLite
+            model was exported with, if fixed.
         schedule: "token", "segment" or None (see the module docstring;
             None: "segment" only for a fixed T > 1).
         use_cache: bool. With a Keras model, decode with the memory

@@ -1654,6 +1654,14 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 batch["memory_mask"] = memory_mask
         generate_function = self.make_generate_function()
         outputs = generate_function(batch, stop_token_ids=stop_token_ids)
+        if "finite" in outputs:  # not from a sampler with its own loop
+            bad = np.flatnonzero(~np.asarray(outputs["finite"]))
+            if bad.size:
+                raise ValueError(
+                    "The model returned NaN or +Inf log-probabilities for "
+                    f"rows {bad.tolist()[:16]} of the batch; check its weights, "
+                    "the memory it was given, and for float16 an overflow."
+                )
         prompt_mask = np.asarray(batch["padding_mask"])
         token_ids = np.asarray(outputs["token_ids"])
         keep = np.asarray(outputs["padding_mask"])

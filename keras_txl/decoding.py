@@ -121,8 +121,10 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         dict: "token_ids" (B, S) int32 (prompts and chosen tokens),
         "padding_mask" (B, S) bool (True up to each row's last token, its
         stop token included), "memory" (B, L, M, D) float32 after feeding
-        every row's tokens up to its last, and "memory_mask" (B, M) bool
-        when the memory has a validity mask.
+        every row's tokens up to its last, "finite" (B,) bool (False for a
+        row that met NaN or +Inf log-probabilities: its tokens and memory
+        are garbage) and "memory_mask" (B, M) bool when the memory has a
+        validity mask.
     """
     token_ids = ops.cast(token_ids, "int32")
     padding_mask = ops.cast(padding_mask, "bool")
@@ -136,12 +138,12 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         last = ops.minimum(last, ops.cast(max_lengths, "int32") - 1)
     stops = tuple(stop_token_ids or ())
 
-    def cond(index, token_ids, cache, last):
+    def cond(index, token_ids, cache, last, finite):
         return ops.logical_and(
             index <= length, ops.any(index - 1 <= last)
         )
 
-    def body(index, token_ids, cache, last):
+    def body(index, token_ids, cache, last, finite):
         fed = ops.slice(token_ids, [0, index - 1], [batch_size, 1])  # (B, 1)
         step_cache = dict(cache)
         if positions is not None:
@@ -158,6 +160,11 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         # Position `index` (the last step only feeds: nothing to write).
         write = ops.minimum(index, length - 1)
         log_probs = model.log_probs_from_hidden(hidden)[:, 0]  # (B, V)
+        # -Inf is a valid log-probability (an impossible id); NaN and +Inf
+        # are not (NaN weights, a float16 overflow).
+        bad = ops.logical_or(ops.isnan(log_probs), ops.equal(log_probs, float("inf")))
+        finite = ops.logical_and(
+            finite, ops.logical_not(ops.logical_and(active, ops.any(bad, axis=-1))))
         chosen = ops.cast(
             choose(log_probs, write) if choose_with_index else choose(log_probs),
             "int32",
@@ -177,16 +184,19 @@ def decode_loop(model, token_ids, padding_mask, choose, memory=None,
         if stops:
             stopped = ops.logical_and(writing, stop_mask(column, stops))
             last = ops.where(stopped, write, last)
-        return index + 1, token_ids, new_cache, last
+        return index + 1, token_ids, new_cache, last, finite
 
     index = ops.convert_to_tensor(1, "int32")
-    _, token_ids, cache, last = ops.while_loop(
-        cond, body, (index, token_ids, cache, last), maximum_iterations=length
+    finite = ops.ones((batch_size,), "bool")
+    _, token_ids, cache, last, finite = ops.while_loop(
+        cond, body, (index, token_ids, cache, last, finite),
+        maximum_iterations=length,
     )
     out = {
         "token_ids": token_ids,
         "padding_mask": ops.arange(length)[None, :] <= last[:, None],
         "memory": backbone.stack_memory(cache),
+        "finite": finite,
     }
     if "memory_mask" in cache:
         out["memory_mask"] = cache["memory_mask"]

@@ -55,3 +55,21 @@ def test_cli_no_cache_prints_the_greedy_text_of_the_default_path(untrained, tmp_
         assert main([*argv, *flags]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_generate_refuses_non_finite_log_probs(bad):
+    # The host loop raised on NaN/+Inf log-probs; model.generate (and
+    # generate_ids, txl generate) printed argmax(NaN) tokens in silence.
+    keras.utils.set_random_seed(0)
+    model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=4))
+    model.compile(sampler="greedy")
+    weights = model.get_weights()
+    weights[0] = np.full_like(weights[0], bad)
+    model.set_weights(weights)
+    with pytest.raises(ValueError, match="NaN or \\+Inf log-probabilities"):
+        generation.generate(model, [1, 2], 3, temperature=0)
+    with pytest.raises(ValueError, match=r"NaN or \+Inf log-probabilities .*rows \[0, 1\]"):
+        model.generate([[1, 2], [3]], max_length=5)
+    with pytest.raises(ValueError, match="NaN or \\+Inf log-probabilities"):
+        generation.generate_ids(model, [[1, 2]], 3, temperature=1.0, seed=0)

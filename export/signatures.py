@@ -809,7 +809,15 @@ def generate_functions(
             max_lengths=prompt_lengths + max_new_tokens,
             choose_with_index=True,
         )
-        total = tf.reduce_sum(tf.cast(out["padding_mask"], tf.int32), axis=1)
+        # A row that met NaN or +Inf log-probabilities (NaN weights, a
+        # float16 overflow) chose its tokens from garbage: an error, as in
+        # Keras' generate, not texts.
+        finite = tf.debugging.assert_equal(
+            out["finite"], tf.ones_like(out["finite"]),
+            message="the model returned NaN or +Inf log-probabilities for a "
+            "row of this request: check the exported weights")
+        with tf.control_dependencies([finite]):
+            total = tf.reduce_sum(tf.cast(out["padding_mask"], tf.int32), axis=1)
         lengths = total - prompt_lengths  # (B,) new tokens of each row
         steps = tf.range(max_new_tokens)[None, :]  # (1, N)
         where = tf.minimum(prompt_lengths[:, None] + steps, length - 1)

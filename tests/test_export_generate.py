@@ -348,3 +348,15 @@ def test_a_subword_tokenizer_generates_from_a_saved_model_after_a_seed_reset(tmp
     served = call(generate, prompts, 5, temperature=0.0, top_k=0)
     assert [t.decode() for t in served[sig.TEXTS]] == expected
     assert served[sig.LENGTHS].tolist() == [5, 5] and all(expected)
+
+
+def test_the_generate_signature_refuses_non_finite_log_probs():
+    # As Keras' generate: tokens chosen from NaN log-probabilities (argmax
+    # gives the last id) are an INVALID_ARGUMENT, not texts.
+    model = byte_causal_lm()
+    model.set_weights([np.full_like(w, np.nan) for w in model.get_weights()])
+    generate, specs = sig.generate_functions(model, names=(sig.GENERATE,))[sig.GENERATE]
+    function = tf.function(generate, input_signature=specs)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="NaN or \\+Inf log-probabilities"):
+        function(**serving.generate_request(["ab"], 3))

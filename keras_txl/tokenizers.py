@@ -2055,9 +2055,12 @@ class WordPieceTokenizer(_VocabularyTokenizer):
 
         checks.positive_int("vocabulary_size", vocabulary_size)
         # Bytes that are not UTF-8 (surrogateescape, `_check_surrogates`)
-        # are U+FFFD for the learner, as `tokenize` reads them.
+        # are U+FFFD for the learner, as `tokenize` reads them. Words are
+        # split at every `UNICODE_WHITESPACE` character, as `tokenize`
+        # splits them: the learner's BERT split keeps some (U+1680) inside
+        # words, and would learn pieces no text gets.
         lines = [
-            line.encode("utf-8")
+            _WHITESPACE.sub(" ", line).encode("utf-8")
             for name, text in _as_texts(texts)
             for line in _as_valid_text(text, name).split("\n")
             if line.strip()

@@ -320,3 +320,15 @@ def test_id_to_token_refuses_a_bool():
         with pytest.raises(ValueError, match=re.escape(f"`id` must be an int in [0, 4). Received: id={bad!r}.")):
             tokenizer.id_to_token(bad)
     assert tokenizer.id_to_token(np.int64(2)) == "a"
+
+
+def test_a_wordpiece_vocabulary_learned_on_text_with_unicode_spaces_loads():
+    # The learner's BERT split keeps U+1680 inside words; the vocabulary
+    # check refused the piece it learned. Words are split as tokenize splits.
+    text = "\n".join(["the\u1680cat sat\u3000on the\u2028mat"] * 20)
+    tokenizer = tokenizers.WordPieceTokenizer.fit(text, vocabulary_size=40)
+    assert not any(set(token) & set(tokenizers.UNICODE_WHITESPACE)
+                   for token in tokenizer.get_vocabulary())
+    ids = tokenizer.encode("the cat sat on the mat")
+    np.testing.assert_array_equal(tokenizer.encode(text.split("\n")[0]), ids)
+    assert tokenizer.unk_id not in ids

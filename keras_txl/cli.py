@@ -57,6 +57,14 @@ def _add_data_arguments(p, without):
                    "TFDS's own, ~/tensorflow_datasets)")
     p.add_argument("--download", action="store_true",
                    help="TFDS: download and prepare if missing (needs internet)")
+    p.add_argument("--char-symbols", dest="char_symbols", choices=("auto", "yes", "no"),
+                   default="auto",
+                   help="a train.txt/valid.txt/test.txt folder of symbols separated "
+                   "by spaces (enwik8's byte values, text8's characters) is read the "
+                   "official way: no <eos>, the vocabulary counted on every split. "
+                   "auto: when the start of train.txt looks like that; "
+                   "no: as words of any text (e.g. Chinese characters separated by "
+                   "spaces, with <eos>); yes: as symbols")
     p.add_argument("--tfds-text-feature", dest="tfds_text_feature", default=None,
                    metavar="NAME",
                    help="TFDS: the feature holding the text (default: the known "

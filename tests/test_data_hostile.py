@@ -599,3 +599,40 @@ def test_a_corpus_path_that_does_not_exist_says_a_glob_is_not_expanded(tmp_path)
     with pytest.raises(ValueError, match=r"does not exist\.$"):
         prepare_data(str(tmp_path / "nope"), str(tmp_path / "work"), "word")
     assert not (tmp_path / "work" / "data").exists()
+
+
+def test_char_symbols_overrides_the_symbol_file_detection(tmp_path, capsys):
+    # Space-separated Chinese characters look like text8's symbols: read as
+    # symbols by default (no <eos>, vocabulary of every split); `--char-symbols
+    # no` reads them as words of any text, with <eos>.
+    folder = tmp_path / "zh"
+    folder.mkdir()
+    lines = ["我 们 是 学 生", "他 们 是 老 师", "你 好 吗"] * 40
+    for split, count in (("train", 100), ("valid", 10), ("test", 10)):
+        (folder / f"{split}.txt").write_text("\n".join(lines[:count]) + "\n", encoding="utf-8")
+    layouts = {}
+    for choice in ("auto", "no"):
+        workdir = tmp_path / choice
+        assert main(["prepare", "--data", str(folder), "--workdir", str(workdir),
+                     "--char-symbols", choice]) == 0
+        source = json.loads((workdir / "data" / "source.json").read_text())
+        layouts[choice] = json.dumps(source)
+        tokenizer = load_tokenizer_of(workdir)
+        has_eos = "<eos>" in tokenizer.get_vocabulary()
+        assert has_eos == (choice == "no"), choice
+    assert '"char-symbols"' in layouts["auto"] and '"char-symbols"' not in layouts["no"]
+    capsys.readouterr()
+    assert main(["prepare", "--data", "tfds:lm1b", "--workdir", str(tmp_path / "t"),
+                 "--char-symbols", "yes"]) == 2
+    assert "--char-symbols yes applies to a --data folder of train.txt" in (
+        capsys.readouterr().err)
+    assert main(["prepare", "--data", str(folder / "train.txt"), "--workdir",
+                 str(tmp_path / "f"), "--char-symbols", "yes"]) == 2
+    assert "char_symbols=True applies to train.txt/valid.txt/test.txt folders" in (
+        capsys.readouterr().err)
+
+
+def load_tokenizer_of(workdir):
+    from keras_txl.tokenizers import load_tokenizer
+
+    return load_tokenizer(str(workdir / "tokenizer"))

@@ -524,9 +524,9 @@ def _specials_only(kind, texts, options, specials, corpus_source, min_freq_only=
 
 
 def tfds_options(args):
-    """`--tfds-text-feature` and `--tfds-split SPLIT=TFDS_SPLIT` as the
-    `text_feature`/`split_names` arguments of `open_corpus_source` (only
-    those given)."""
+    """`--tfds-text-feature`, `--tfds-split SPLIT=TFDS_SPLIT` and
+    `--char-symbols yes|no` as the `text_feature`/`split_names`/
+    `char_symbols` arguments of `open_corpus_source` (only those given)."""
     out = {}
     feature = getattr(args, "tfds_text_feature", None)
     if feature is not None:
@@ -547,6 +547,18 @@ def tfds_options(args):
     if names:
         out["split_names"] = names
     data = getattr(args, "data", None)
+    symbols = getattr(args, "char_symbols", "auto") or "auto"
+    if symbols != "auto":
+        if str(data or "").startswith("tfds:") or not data:
+            raise ValueError(
+                f"--char-symbols {symbols} applies to a --data folder of train.txt/"
+                f"valid.txt/test.txt ({f'--data {data!r} is not one' if data else 'there is no --data'}): "
+                "leave it out.")
+        # The symbol-file detection, overridden (`open_corpus_source`'s
+        # `char_symbols`): a folder or file of another layout refuses it.
+        symbols_option = {"char_symbols": symbols == "yes"}
+    else:
+        symbols_option = {}
     if not str(data or "").startswith("tfds:"):
         # Given with a folder or a file, these would be ignored in silence.
         given = sorted({"text_feature": "--tfds-text-feature",
@@ -560,7 +572,7 @@ def tfds_options(args):
             what = f"--data {data!r} is not one" if data else "there is no --data"
             raise ValueError(f"{' and '.join(given)} {verb} to --data tfds:NAME only "
                              f"({what}): leave {'it' if len(given) == 1 else 'them'} out.")
-    return out
+    return {**out, **symbols_option}
 
 
 def vocabulary_flags(args):

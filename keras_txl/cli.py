@@ -48,6 +48,20 @@ def _positive_int_flag(flag):
     return parse
 
 
+def _positive_seconds_flag(flag):
+    """An argparse `type` for a flag that takes a finite number of seconds > 0."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be a number of seconds > 0, received {text!r}")
+        return value
+    return parse
+
+
 def _add_data_arguments(p, without):
     p.add_argument("--data", default=None,
                    help="corpus: a folder, a text file, or tfds:NAME[:CONFIG] "
@@ -194,6 +208,11 @@ def build_parser():
                    help="distribution strategy (default: the config's, "
                    "else default)")
     p.add_argument("--tpu", default="", help="TPU name or address (strategy tpu)")
+    p.add_argument("--cluster-timeout", dest="cluster_timeout",
+                   type=_positive_seconds_flag("--cluster-timeout"), default=600.0,
+                   metavar="SECONDS",
+                   help="strategy multi_worker: how long each task waits for "
+                   "all tasks of TF_CONFIG to join before it stops with an error")
     p.add_argument("--loop", default=None, choices=["custom", "fit"],
                    help="custom: tf.function step under strategy.run; fit: "
                    "Keras fit with the stateful model (default: the config's, "

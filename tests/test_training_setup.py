@@ -180,6 +180,69 @@ def test_strategy_errors_name_tf_config_and_the_tpu():
     assert no_tpu.startswith("--strategy tpu found no TPU at --tpu 'local'")
 
 
+CLUSTER_DEADLINE = r"""
+import json, os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+os.environ["TF_CONFIG"] = sys.argv[1]
+from keras_txl.training.strategy import get_strategy
+started = time.monotonic()
+try:
+    get_strategy("multi_worker", "", cluster_timeout=3)
+    print("RESULT " + json.dumps(["no error", 0]))
+except ValueError as error:
+    print("RESULT " + json.dumps([str(error), time.monotonic() - started]))
+"""
+
+
+def test_a_multi_worker_task_whose_peers_never_start_stops_with_an_error():
+    # TensorFlow's coordination service waited forever (past 150 s measured)
+    # for a task of TF_CONFIG that never started, in the strategy's constructor.
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from testing import REPO
+
+    ports = []
+    for _ in range(4):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    runs = []
+    for index, pair in ((0, ports[:2]), (1, ports[2:])):  # the other one never starts
+        tf_config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in pair]},
+                                "task": {"type": "worker", "index": index}})
+        runs.append(subprocess.Popen(
+            [sys.executable, "-c", CLUSTER_DEADLINE, tf_config], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+            env={**__import__("os").environ, "PYTHONPATH": str(REPO)}))
+    results = []
+    for run in runs:
+        try:
+            out, err = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            raise AssertionError("a MultiWorker task waited past --cluster-timeout") from None
+        line = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        assert line, err[-3000:]
+        results.append(json.loads(line[-1][len("RESULT "):]))
+    (chief_message, chief_s), (worker_message, worker_s) = results
+    assert chief_message == (
+        f"--strategy multi_worker (task 'worker' 0 at 127.0.0.1:{ports[0]}): worker 1 did "
+        "not join within --cluster-timeout 3 s; start every task of TF_CONFIG's cluster, "
+        "or wait longer with --cluster-timeout.")
+    assert worker_message.startswith(
+        f"--strategy multi_worker (task 'worker' 1 at 127.0.0.1:{ports[3]}): the cluster's "
+        "leader, worker 0, did not answer within --cluster-timeout 3 s")
+    assert chief_s < 60 and worker_s < 60
+    from keras_txl.training.strategy import get_strategy
+
+    for bad in (0, -1, float("nan"), "10"):
+        with pytest.raises(ValueError, match=r"`cluster_timeout` must be a number of seconds > 0"):
+            get_strategy("multi_worker", cluster_timeout=bad)
+
+
 def test_a_tpu_address_that_does_not_answer_is_an_error_not_a_hang():
     # TensorFlow's initialize_tpu_system waited past 60 s on a refused local port.
     import socket

@@ -1030,6 +1030,7 @@ def train_main(args):
 def _train(args):
     import contextlib
 
+    from keras_txl.training.strategy import CLUSTER_TIMEOUT_S
     from keras_txl.training.strategy import get_strategy
     from keras_txl.training.strategy import is_chief
 
@@ -1040,7 +1041,8 @@ def _train(args):
          "loop": args.loop, "jit_compile": args.jit_compile,
          "precision": args.precision},
     )
-    strategy = get_strategy(train_config.strategy, getattr(args, "tpu", ""))
+    strategy = get_strategy(train_config.strategy, getattr(args, "tpu", ""),
+                            getattr(args, "cluster_timeout", CLUSTER_TIMEOUT_S))
     chief = is_chief(strategy)
     # One writer per workdir: the chief holds the lock for the whole run.
     with WorkdirLock(args.workdir) if chief else contextlib.nullcontext():

@@ -7,13 +7,21 @@ import tensorflow as tf
 logger = logging.getLogger(__name__)
 
 
-def get_strategy(name: str = "default", tpu: str = ""):
+# Seconds a MultiWorker task waits for every task of TF_CONFIG to join.
+CLUSTER_TIMEOUT_S = 600.0
+
+
+def get_strategy(name: str = "default", tpu: str = "",
+                 cluster_timeout: float = CLUSTER_TIMEOUT_S):
     """Returns a strategy.
 
     Args:
         name: "default", "mirrored" (all local devices; on a CPU-only machine
             with logical CPUs configured, those), "multi_worker" (reads
             TF_CONFIG) or "tpu" (connects to `tpu`, e.g. "local" or a name).
+        cluster_timeout: "multi_worker" only: the seconds to wait for every
+            task of TF_CONFIG to join; past them the strategy is an error
+            naming the tasks that did not (TensorFlow waited forever).
     """
     if name == "default":
         return tf.distribute.get_strategy()
@@ -24,9 +32,31 @@ def get_strategy(name: str = "default", tpu: str = ""):
         ]
         return tf.distribute.MirroredStrategy(devices)
     if name == "multi_worker":
+        from keras_txl.checks import finite_number
+
+        cluster_timeout = finite_number("cluster_timeout", cluster_timeout,
+                                        expected="a number of seconds > 0")
+        if cluster_timeout <= 0:
+            raise ValueError("`cluster_timeout` must be a number of seconds > 0. "
+                             f"Received: cluster_timeout={cluster_timeout!r}.")
         where = _tf_config_task()
+        leader = None
         try:
+            leader = _configure_cluster_deadline(cluster_timeout)
             return tf.distribute.MultiWorkerMirroredStrategy()
+        except tf.errors.DeadlineExceededError as error:
+            missing = _stragglers(str(error))
+            if missing:
+                what = f"{', '.join(missing)} did not join"
+            elif leader and "RegisterTask" in str(error):
+                what = f"the cluster's leader, {leader}, did not answer"
+            else:
+                what = "not every task of TF_CONFIG joined"
+            raise ValueError(
+                f"--strategy multi_worker ({where}): {what}"
+                f" within --cluster-timeout {cluster_timeout:g} s; start every "
+                "task of TF_CONFIG's cluster, or wait longer with --cluster-timeout."
+            ) from None
         except (ValueError, KeyError, tf.errors.OpError) as error:
             # TensorFlow's own messages ("Could not start gRPC server", "task_id
             # 5 exceeds ...") name neither TF_CONFIG nor the address.
@@ -83,6 +113,65 @@ def _check_tpu_addresses(tpu, timeout=None):
                 f"--strategy tpu found no TPU at --tpu {tpu!r}: {host}:{port} did not "
                 f"accept a connection within {timeout:g} s ({error or type(error).__name__})."
                 " TensorFlow would wait for it forever.") from None
+
+
+def _configure_cluster_deadline(seconds):
+    """Sets up TensorFlow's coordination service the way
+    MultiWorkerMirroredStrategy would (same leader, same coordinated jobs;
+    it leaves an already configured service alone), with a deadline for the
+    cluster to form.
+
+    Why by hand: the strategy configures the service with no deadline, and
+    `configure_coordination_service` cannot ask for the one that works. Its
+    `cluster_register_timeout_in_ms` alone was not enforced here (a worker
+    whose peer never started still waited after the deadline, in
+    `TFE_EnableCollectiveOps`); with the config's `cluster_register_with_barrier`
+    set, every task waits at a registration barrier with that deadline and
+    fails with DeadlineExceededError naming the tasks that did not arrive.
+    A peer that dies after joining is found by the service's heartbeats
+    (about 10 s, measured) either way.
+
+    Returns the leader task ("worker 0"), or None where nothing was set up.
+    """
+    from tensorflow.python.eager import context
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster = resolver.cluster_spec()
+    jobs = [job for job in ("chief", "worker") if job in cluster.jobs]
+    if resolver.task_type not in jobs or context.context().coordination_service:
+        return None  # the strategy's own rules: nothing to coordinate, or done
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as pb
+    except ImportError:  # another TensorFlow layout: keep TensorFlow's (no deadline)
+        logger.warning("This TensorFlow has no coordination config where keras-txl "
+                       "looks for it: --cluster-timeout is not applied.")
+        return None
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=f"/job:{jobs[0]}/replica:0/task:0",
+        coordinated_jobs=[pb.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job))
+                          for job in jobs],
+        cluster_register_timeout_in_ms=int(seconds * 1000),
+    )
+    config = getattr(context.context(), "_coordination_service_config", None)
+    if config is None or not hasattr(config, "cluster_register_with_barrier"):
+        logger.warning("This TensorFlow's coordination service takes no registration "
+                       "barrier: --cluster-timeout may not be applied.")
+        return None
+    config.cluster_register_with_barrier = True
+    return f"{jobs[0]} 0"
+
+
+def _stragglers(message):
+    """The tasks a registration barrier's DeadlineExceededError names as
+    timed out ("/job:worker/replica:0/task:1" -> "worker 1"): the lines
+    after "timed out task names:", up to the first empty one."""
+    import re
+
+    tail = message.split("timed out task names:", 1)
+    names = tail[1].split("\n\n", 1)[0] if len(tail) > 1 else ""
+    found = re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", names)
+    return list(dict.fromkeys(f"{job} {task}" for job, task in found))
 
 
 def _first_line(error):

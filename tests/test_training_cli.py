@@ -112,6 +112,45 @@ def test_two_workers_with_multi_worker_mirrored_match_one_process(corpus_dir, tm
     assert (workdir / "model" / "model.weights.h5").exists()
 
 
+def test_a_multi_worker_task_that_dies_stops_the_others_with_a_clear_error(corpus_dir,
+                                                                          tmp_path):
+    # TensorFlow's coordination service notices the dead task (heartbeats);
+    # the step's UnavailableError was a page-long traceback.
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    workdir = tmp_path / "multi"
+    processes = []
+    for index in range(2):
+        worker_env = {**env(), "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        processes.append(subprocess.Popen(
+            train_command(corpus_dir, workdir, "--steps", "100000", "--set",
+                          "warmup_steps=1", "--strategy", "multi_worker"),
+            env=worker_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    chief, other = processes
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.time() + 240
+    def steps_logged():  # the records of the chief's first steps, line by line
+        return metrics.read_text().count('"split": "train"') if metrics.exists() else 0
+
+    while steps_logged() < 2:
+        assert chief.poll() is None and other.poll() is None, chief.stderr.read().decode()
+        assert time.time() < deadline, "no training step in 240 s"
+        time.sleep(0.1)
+    other.send_signal(signal.SIGKILL)
+    other.wait()
+    try:
+        _, err = chief.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        chief.kill()
+        raise AssertionError("the chief went on waiting for a dead worker") from None
+    err = err.decode()
+    assert chief.returncode == 1, err[-3000:]
+    assert "txl train: a task of the MultiWorker cluster stopped (worker 1 stopped answering: " in err
+    assert ". Start every task again with the same `txl train` command: training resumes " in err
+    assert "Traceback" not in err, err[-3000:]
+
+
 def test_eval_prints_json_with_the_test_time_settings(corpus_dir, tmp_path, capsys):
     workdir = tmp_path / "run"
     assert main(["train", "--data", str(corpus_dir), "--workdir", str(workdir),

@@ -198,17 +198,13 @@ def test_a_multi_worker_task_whose_peers_never_start_stops_with_an_error():
     # TensorFlow's coordination service waited forever (past 150 s measured)
     # for a task of TF_CONFIG that never started, in the strategy's constructor.
     import json
-    import socket
     import subprocess
     import sys
 
     from testing import REPO
+    from testing import free_ports
 
-    ports = []
-    for _ in range(4):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
+    ports = free_ports(4)
     runs = []
     for index, pair in ((0, ports[:2]), (1, ports[2:])):  # the other one never starts
         tf_config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in pair]},

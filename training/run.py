@@ -1099,6 +1099,17 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     except FloatingPointError as e:
         logger.error("txl train: %s", e)
         return 1
+    except Exception as e:  # noqa: BLE001 - only a lost MultiWorker peer is said here
+        lost = _lost_peer(strategy, e)
+        if lost is None:
+            raise
+        # TensorFlow's coordination service found a task that stopped sending
+        # heartbeats (~10 s); its message is a page of graph-execution text.
+        logger.error(
+            "txl train: a task of the MultiWorker cluster stopped (%s). Start every "
+            "task again with the same `txl train` command: training resumes from the "
+            "newest checkpoint in %s.", lost, os.path.join(args.workdir, "checkpoints"))
+        return 1
     if train_config.loop == "fit":
         # Keras validated with the training settings; the final evaluation
         # uses the eval settings, and a signal stops it like training's.
@@ -1119,6 +1130,33 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     result = {"split": "valid", **result, "settings": eval_kwargs}
     print(json.dumps(result))
     return 0
+
+
+def _lost_peer(strategy, error):
+    """What TensorFlow said when a MultiWorker step failed because another
+    task died ("/job:worker/replica:0/task:1 stopped sending heartbeats"), or
+    None for any other error."""
+    import re
+
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or not isinstance(
+            error, (tf.errors.UnavailableError, tf.errors.AbortedError,
+                    tf.errors.CancelledError, tf.errors.DeadlineExceededError)):
+        return None
+    text = str(error)
+    # Two forms, measured: the service's heartbeat verdict ("... unhealthy
+    # (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n") and a
+    # collective cut mid-transfer ("Collective ops is aborted by:
+    # recvmsg:Connection reset by peer ... from remote target
+    # /job:worker/replica:0/task:1").
+    tasks = re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)\s*\n", text)
+    tasks += re.findall(r"remote target /job:(\w+)/replica:\d+/task:(\d+)", text)
+    named = ", ".join(dict.fromkeys(f"{job} {task}" for job, task in tasks))
+    reason = re.search(r"aborted by: ([^\n]+)", text)
+    reason = reason.group(1).strip().rstrip(":")[:200] if reason else (
+        f"{type(error).__name__}: {text.strip().splitlines()[0][:200]}")
+    return f"{named} stopped answering: {reason}" if named else reason
 
 
 def _eval_kwargs(settings, **overrides):

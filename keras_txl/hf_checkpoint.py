@@ -210,7 +210,7 @@ def _config_from_hf(hf, source):
         cutoffs=tuple(cutoffs),
         div_val=_hf_int(hf, "div_val", 1, source, minimum=1),
         tie_projections=tuple(tie_projs),
-        tie_embeddings=_hf_bool(hf, "tie_word_embeddings", True, source),
+        tie_embeddings=_tie_word_embeddings(hf, source),
         project_same_dim=True,
         # null (and, as before, 0) for tgt_len means the default.
         segment_length=_hf_int(hf, "tgt_len", 128, source, minimum=0,
@@ -237,6 +237,16 @@ def _config_from_hf(hf, source):
         named = [f"`{field}` is {source}'s `{key}`" for field, key in _HF_KEYS.items()
                  if f"`{field}`" in str(e)]
         raise ValueError(f"{source}: {e}" + (f" ({'; '.join(named)}.)" if named else "")) from None
+
+
+def _tie_word_embeddings(hf, source):
+    """`tie_word_embeddings`, or where it is absent the field of older
+    transformers (2.x, 3.x: the hub's own TransfoXL config.json) that meant
+    the same, `tie_weight`: an old `"tie_weight": false` model keeps its own
+    output tables."""
+    if "tie_word_embeddings" in hf or "tie_weight" not in hf:
+        return _hf_bool(hf, "tie_word_embeddings", True, source)
+    return _hf_bool(hf, "tie_weight", True, source)
 
 
 # keras-txl's config fields read from config.json keys of another name.
@@ -439,7 +449,8 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
                 if not np.allclose(value, embedding.tables[i].numpy()):
                     raise ValueError(
                         f"{path}: {name} differs from the embedding table "
-                        "but config.json says tie_word_embeddings=true."
+                        "but config.json ties them (tie_word_embeddings, or "
+                        "older transformers' tie_weight, true or absent)."
                     )
     else:
         for (name, shape), table in zip(out_tables, softmax.own_tables):

@@ -464,6 +464,34 @@ def test_hf_fields_left_out_mean_what_they_mean_in_transformers():
         keras_txl.hf_checkpoint.config_from_hf({**hf, "n_token": 7})
 
 
+
+def test_hf_older_tie_weight_field_unties_the_output_tables(tmp_path):
+    # transformers 2.x/3.x (and the hub's own TransfoXL config.json) wrote
+    # `tie_weight`, not `tie_word_embeddings`: an untied model saved then has
+    # its own crit.out_layers, which must be used, not refused as a bad tie.
+    untied = FIXTURES / "untied_embeddings"
+    config = json.loads((untied / "config.json").read_text())
+    assert config.pop("tie_word_embeddings") is False
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({**config, "tie_weight": False}))
+    shutil.copy(untied / "model.safetensors", old)
+    model = keras_txl.load_hf_checkpoint(str(old))
+    assert model.txl_config.tie_embeddings is False
+    reference = keras_txl.load_hf_checkpoint(str(untied))
+    for a, b in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # tie_word_embeddings, where present, wins (transformers 4 reads only it).
+    (old / "config.json").write_text(json.dumps(
+        {**config, "tie_weight": False, "tie_word_embeddings": True}))
+    with pytest.raises(ValueError, match=r"crit.out_layers.0.weight differs from the "
+                                         r"embedding table but config.json ties them"):
+        keras_txl.load_hf_checkpoint(str(old))
+    (old / "config.json").write_text(json.dumps({**config, "tie_weight": "no"}))
+    with pytest.raises(ValueError, match=r"`tie_weight` has the wrong type"):
+        keras_txl.load_hf_checkpoint(str(old))
+
+
 # === Hugging Face: tensors of the wrong dtype or not finite ===
 
 

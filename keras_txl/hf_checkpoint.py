@@ -189,9 +189,18 @@ def _config_from_hf(hf, source):
         tie_projs = _hf_list(hf, "tie_projs", None, source,
                              lambda t: isinstance(t, bool),
                              "null or a list of booleans (one per cluster)")
-        # HF keeps one flag per cluster (head first); be lenient about a
-        # shorter list (missing flags mean "not tied").
-        tie_projs = (tie_projs + [False] * (len(cutoffs) + 1))[: len(cutoffs) + 1]
+        # HF keeps one flag per cluster (head first). A shorter list is
+        # read as transformers reads it (missing flags: not tied); a longer
+        # one flags clusters that `cutoffs` does not have (transformers fails
+        # on a true one): the two fields do not belong together.
+        if len(tie_projs) > len(cutoffs) + 1:
+            raise ValueError(
+                f"{source}: `tie_projs` has {len(tie_projs)} flags "
+                f"{tie_projs}, but `cutoffs`={cutoffs} make "
+                f"{len(cutoffs) + 1} clusters (one flag each, head first): "
+                "the two fields do not belong together."
+            )
+        tie_projs = tie_projs + [False] * (len(cutoffs) + 1 - len(tie_projs))
     else:
         # transformers derives tie_projs from this constructor argument (a
         # config.json it wrote holds tie_projs, which then wins).

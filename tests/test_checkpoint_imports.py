@@ -492,6 +492,20 @@ def test_hf_older_tie_weight_field_unties_the_output_tables(tmp_path):
         keras_txl.load_hf_checkpoint(str(old))
 
 
+def test_hf_tie_projs_with_more_flags_than_clusters_is_refused(tmp_path):
+    # One flag per cluster: a longer list flags clusters `cutoffs` does not
+    # have (transformers' tie_weights fails on a true one).
+    config_path = _hf_folder(tmp_path / "hf", tie_projs=[False, True, True, True])
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    assert (f"{config_path}: `tie_projs` has 4 flags [False, True, True, True], but "
+            "`cutoffs`=[100, 200] make 3 clusters") in str(info.value)
+    # A shorter list reads as transformers reads it: the missing flags untied.
+    hf = json.loads(config_path.read_text())
+    assert keras_txl.hf_checkpoint.config_from_hf(
+        {**hf, "tie_projs": [False, True]}).tie_projections == (False, True, False)
+
+
 # === Hugging Face: tensors of the wrong dtype or not finite ===
 
 

@@ -1,4 +1,5 @@
-"""Import Hugging Face TransfoXL checkpoints (`config.json` + `model.safetensors`).
+"""Import Hugging Face TransfoXL checkpoints (`config.json` + `model.safetensors`,
+or the shards listed by a `model.safetensors.index.json`).
 
 Only JSON and safetensors are read: nothing is unpickled. PyTorch `Linear`
 weights are (out, in) and are transposed into Keras layouts; projections
@@ -339,6 +340,79 @@ class _LazyTensors:
             ) from None
 
 
+class _ShardedTensors(_LazyTensors):
+    """The shards of a sharded checkpoint as one `_LazyTensors`: each tensor
+    read from its own file, on demand."""
+
+    def __init__(self, shards, header):
+        self.header = header
+        self.files = {path: _LazyTensors(path, part) for path, part in shards.items()}
+        self.where = {name: path for path, part in shards.items() for name in part}
+
+    def __getitem__(self, name):
+        return self.files[self.where[name]][name]
+
+
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def read_shard_index(directory, limits=None):
+    """The tensors of a sharded safetensors checkpoint, headers only.
+
+    transformers writes `model.safetensors.index.json`,
+    `{"metadata": {...}, "weight_map": {tensor name: shard file name}}`,
+    beside the shards (`model-00001-of-00002.safetensors`, ...). Every shard
+    named must be in the folder and hold exactly the tensors the map puts
+    in it: a shard missing, one of another save, or a tensor in two files is
+    an error naming the index, the shard and the tensor.
+
+    Returns:
+        (header, shards): `{name: (shape, dtype)}` of all the tensors and
+        `{shard path: {name: (shape, dtype)}}` per file.
+    """
+    from keras_txl.safe_files import resolve_inside
+
+    index_path = os.path.join(directory, SHARD_INDEX)
+    index = read_json(index_path, limits)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if (not isinstance(weight_map, dict) or not weight_map
+            or not all(isinstance(f, str) for f in weight_map.values())):
+        raise ValueError(
+            f"{index_path} must hold a JSON object whose `weight_map` maps each "
+            "tensor name to its shard's file name (transformers' sharded save), "
+            f"received weight_map={weight_map!r:.200}."
+        )
+    shards, header = {}, {}
+    for file_name in sorted(set(weight_map.values())):
+        path = resolve_inside(directory, file_name, f"shard file named in {index_path}")
+        if not os.path.lexists(path):
+            count = sum(f == file_name for f in weight_map.values())
+            raise ValueError(
+                f"{index_path} puts {count} tensors in {file_name!r}, which is not "
+                f"in {directory!r}: a shard was not downloaded or copied."
+            )
+        part = read_safetensors_header(path, limits)
+        for name in part:
+            if weight_map.get(name) != file_name:
+                where = weight_map.get(name)
+                raise ValueError(
+                    f"{path} holds tensor {name!r}, which {index_path} "
+                    + (f"puts in {where!r}" if where else "does not list")
+                    + ": the shards and the index are of different saves."
+                )
+        shards[path] = part
+        header.update(part)
+    missing = [name for name in weight_map if name not in header]
+    if missing:
+        raise ValueError(
+            f"{index_path} puts tensor {missing[0]!r} in "
+            f"{weight_map[missing[0]]!r}, which does not hold it"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: "
+            "the shards and the index are of different saves."
+        )
+    return header, shards
+
+
 def _assign(variable, value, name):
     if tuple(variable.shape) != tuple(value.shape):
         raise ValueError(
@@ -499,7 +573,9 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
     """Builds a `TransformerXLCausalLM` from a Hugging Face TransfoXL folder.
 
     Args:
-        directory: str. Folder with `config.json` and `model.safetensors`.
+        directory: str. Folder with `config.json` and `model.safetensors`
+            (or transformers' sharded save: `model.safetensors.index.json`
+            and the shards it names, `read_shard_index`).
         stateful: bool. Build the stateful variant.
         batch_size: int. Needed when stateful.
         limits: None, a dict or a `keras_txl.limits.Limits`: bounds on what
@@ -517,7 +593,8 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
     Raises:
         ValueError: a missing/invalid `config.json` or a field of it of
             the wrong JSON type (naming the file, field and value), a
-            truncated or corrupted `model.safetensors`, weights that do not
+            truncated or corrupted `model.safetensors`, a shard missing or
+            not the one its index describes, weights that do not
             match the config, a tensor that is not float16/bfloat16/
             float32/float64 or holds NaN/Inf (naming the file and tensor),
             a keyword argument that contradicts the checkpoint, or a config
@@ -543,18 +620,17 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         config = config.replace(**changes)
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")
+    index_path = os.path.join(directory, SHARD_INDEX)
+    shards = None
     if not os.path.lexists(weights_path):
         names = sorted(os.listdir(directory))
         pickled = [name for name in names if re.fullmatch(
             r"pytorch_model(-\d+-of-\d+)?\.bin|tf_model\.h5", name)]
-        if "model.safetensors.index.json" in names:
-            raise ValueError(
-                f"{directory!r} holds a sharded checkpoint (model.safetensors.index.json"
-                "), which keras-txl does not read: save it again as one file with "
-                "transformers, `TransfoXLLMHeadModel.from_pretrained(folder)"
-                ".save_pretrained(out, safe_serialization=True, max_shard_size=\"1000GB\")`."
-            )
-        if pickled:
+        if SHARD_INDEX in names:
+            # transformers' sharded save: the index names each tensor's file.
+            weights_path = index_path
+            header, shards = read_shard_index(directory, limits)
+        elif pickled:
             # A PyTorch .bin is a pickle, which can run code when loaded:
             # never read. transformers converts it.
             raise ValueError(
@@ -564,7 +640,8 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
                 "trust the file: `TransfoXLLMHeadModel.from_pretrained(folder)"
                 ".save_pretrained(out, safe_serialization=True)`."
             )
-    header = read_safetensors_header(weights_path, limits)
+    if shards is None:
+        header = read_safetensors_header(weights_path, limits)
     # Before building: HF files hold the parameters plus copies of tied
     # tables, projections and shared biases, so never more than twice the
     # parameters (plus per-layer bias copies and inv_freq).
@@ -578,7 +655,10 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             f"the {allowed} a TransfoXL model of this config.json stores: "
             "weights of another config?"
         )
-    tensors = _LazyTensors(weights_path, header)
+    if shards is None:
+        tensors = _LazyTensors(weights_path, header)
+    else:
+        tensors = _ShardedTensors(shards, header)
     model = TransformerXLCausalLM(
         config, stateful=stateful, batch_size=batch_size
     )

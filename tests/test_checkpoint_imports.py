@@ -416,11 +416,88 @@ def test_a_pickled_pytorch_checkpoint_is_named_and_never_read(tmp_path):
         tmp_path / "hf" / "pytorch_model-00001-of-00002.bin")
     with pytest.raises(ValueError, match=r"only pytorch_model-00001-of-00002.bin, which"):
         keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
-    (tmp_path / "hf" / "model.safetensors.index.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"holds a sharded checkpoint \(model.safetensors"
-                                         r".index.json\), which keras-txl does not read"):
-        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
 
+
+
+ONE, TWO = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+
+
+def _shard(directory, layout, weight_map=None):
+    """Writes the HF fixture's tensors into `directory` as transformers'
+    sharded save: `layout` maps each shard file name to the tensor names it
+    holds; the index maps them so too unless `weight_map` is given."""
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    tensors = load_file(str(HF / "model.safetensors"))
+    for file_name, names in layout.items():
+        save_file({n: tensors[n] for n in names}, str(directory / file_name))
+    if weight_map is None:
+        weight_map = {n: f for f, names in layout.items() for n in names}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+
+
+def _hf_names():
+    from safetensors.numpy import load_file
+
+    return sorted(load_file(str(HF / "model.safetensors")))
+
+
+def test_a_sharded_safetensors_checkpoint_loads_as_the_single_file(tmp_path):
+    # transformers' save_pretrained shards a model bigger than max_shard_size:
+    # model.safetensors.index.json names each tensor's file.
+    _hf_folder(tmp_path / "hf", weights=False)
+    names = _hf_names()
+    _shard(tmp_path / "hf", {ONE: names[::2], TWO: names[1::2]})
+    model = keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    reference = keras_txl.load_hf_checkpoint(str(HF))
+    assert len(model.weights) == len(reference.weights)
+    for a, b in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # load_pretrained reads the folder the same way.
+    same = keras_txl.load_pretrained(str(tmp_path / "hf"))
+    for a, b in zip(same.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("how, says", [
+    ("shard missing", r"puts 1 tensors in 'model-00002-of-00002.safetensors', which is "
+                      r"not in .*: a shard was not downloaded or copied"),
+    ("tensor unlisted", r"model-00001-of-00002.safetensors holds tensor 'crit.cluster_bias', "
+                        r"which .*model.safetensors.index.json does not list"),
+    ("tensor in two shards", r"model-00001-of-00002.safetensors holds tensor "
+                             r"'crit.cluster_bias', which .* puts in "
+                             r"'model-00002-of-00002.safetensors'"),
+    ("tensor not in its shard", r"index.json puts tensor 'crit.extra' in "
+                                r"'model-00002-of-00002.safetensors', which does not hold it"),
+    ("outside", r"shard file named in .*index.json '../x.safetensors' leaves the folder"),
+    ("no weight_map", r"index.json must hold a JSON object whose `weight_map` maps each"),
+])
+def test_a_sharded_checkpoint_whose_shards_do_not_fit_its_index_is_refused(how, says, tmp_path):
+    directory = tmp_path / "hf"
+    _hf_folder(directory, weights=False)
+    names = _hf_names()
+    rest = [n for n in names if n != "crit.cluster_bias"]
+    layout = {ONE: rest, TWO: ["crit.cluster_bias"]}
+    weight_map = {n: ONE for n in rest}
+    weight_map["crit.cluster_bias"] = TWO
+    if how == "tensor unlisted":
+        layout = {ONE: names}
+        del weight_map["crit.cluster_bias"]
+    elif how == "tensor in two shards":
+        layout = {ONE: names, TWO: ["crit.cluster_bias"]}
+    elif how == "tensor not in its shard":
+        weight_map["crit.extra"] = TWO
+    elif how == "outside":
+        weight_map["crit.cluster_bias"] = "../x.safetensors"
+    _shard(directory, layout, weight_map)
+    if how == "shard missing":
+        (directory / TWO).unlink()
+    elif how == "no weight_map":
+        (directory / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(ValueError, match=says):
+        keras_txl.load_hf_checkpoint(str(directory))
 
 def test_hf_config_null_lengths_keep_their_defaults():
     hf = json.loads((HF / "config.json").read_text())

@@ -384,6 +384,32 @@ def official_dataset(path, for_tokenizer=False):
     return dataset
 
 
+def _outer_scope(names, prefix):
+    """The scope the model variables are under when it is not the
+    official `transformer/` itself: a model built inside another scope
+    (`tower_0/transformer/...`, `model/transformer/...`); '' otherwise.
+
+    Raises:
+        ValueError: the variables are under several such scopes (one copy
+            of the model per tower, say): which one to read is not for the
+            loader to guess.
+    """
+    model = [n for n in names if not is_bookkeeping(n)]
+    if any(n.startswith(SCOPE) for n in model):
+        return ""
+    inner = "/" + SCOPE
+    scopes = sorted({n[: n.index(inner) + 1] for n in model if inner in n})
+    if len(scopes) > 1:
+        raise ValueError(
+            f"{prefix}: the model variables are under {len(scopes)} scopes "
+            f"{scopes[:5]}{' ...' if len(scopes) > 5 else ''}, each with its "
+            f"own {SCOPE!r}: several models (one per tower?) in one "
+            "checkpoint. The official code shares one set of variables "
+            f"between its towers, under {SCOPE!r}."
+        )
+    return scopes[0] if scopes else ""
+
+
 class _Checkpoint:
     """The model variables of a checkpoint, with checked access."""
 
@@ -417,9 +443,18 @@ class _Checkpoint:
                 f"truncated checkpoint (or a missing .data file?): {e}"
             ) from None
         shapes = self.reader.get_variable_to_shape_map()
+        scope = _outer_scope(map(variable_name, shapes), prefix)
+        if scope:
+            logger.info(
+                "%s: the model variables are under the scope %r (a model built "
+                "inside another scope); read as the official %r.",
+                prefix, scope, SCOPE,
+            )
         self.keys = {}  # variable name -> its key in the checkpoint
         for key in sorted(shapes):
             name = variable_name(key)
+            if scope and name.startswith(scope):
+                name = name[len(scope):]
             if name in self.keys:
                 raise ValueError(
                     f"{prefix}: variable {name!r} is stored twice, as "

@@ -176,6 +176,34 @@ def test_a_variable_stored_under_two_keys_is_refused(tmp_path, no_model):
     assert repr(key) in message
 
 
+
+@pytest.mark.parametrize("scope", ["tower_0/", "model/"])
+def test_official_variables_under_an_outer_scope_load_as_the_official_ones(scope, tmp_path):
+    # The official model built inside another scope (a tower, a wrapper):
+    # `tower_0/transformer/...`, slots and counters under it too. Read as the
+    # official names, the same numbers as the reference.
+    layout = ref.LAYOUTS[LAYOUT]
+    variables = ref.official_variables(layout)
+    everything = {**variables, **ref.optimizer_slots(variables)}
+    ref.write_checkpoint(str(tmp_path), {scope + k: v for k, v in everything.items()},
+                         layout)
+    model = keras_txl.load_official_checkpoint(
+        tmp_path, segment_length=layout.tgt_len, memory_length=layout.mem_len,
+        clamp_length=layout.clamp_len, same_length=layout.same_length)
+    ids = np.random.default_rng(0).integers(0, layout.n_token, (2, layout.tgt_len))
+    expected, _ = ref.forward(layout, variables, ids)
+    got = model.call_with_memory(ids.astype("int32"))["log_probs"].numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_official_variables_under_several_outer_scopes_are_refused(tmp_path, no_model):
+    variables = ref.official_variables(ref.LAYOUTS[LAYOUT])
+    write_release(tmp_path, slots=False, variables={
+        **{"tower_0/" + k: v for k, v in variables.items()},
+        **{"tower_1/" + k: v for k, v in variables.items()}})
+    message = load_error(tmp_path)
+    assert "the model variables are under 2 scopes ['tower_0/', 'tower_1/']" in message
+
 def test_copied_release_folder_loads_its_own_weights(tmp_path):
     original = write_release(tmp_path / "a", seed=0)
     # TF1's Saver writes absolute paths into the `checkpoint` state file.

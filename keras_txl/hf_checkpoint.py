@@ -153,6 +153,14 @@ def _with_aliases(hf, source):
 def _config_from_hf(hf, source):
     """`config_from_hf` without the safety net for unexpected types."""
     hf = _with_aliases(hf, source)
+    # Another architecture's config.json can hold the same field names
+    # (n_layer, d_model, n_head, ...) and even tensors of fitting shapes.
+    model_type = hf.get("model_type", "transfo-xl")
+    if model_type not in ("transfo-xl", "transfo_xl"):
+        raise ValueError(
+            f"{source}: model_type={model_type!r} is not a TransfoXL checkpoint: "
+            "only model_type 'transfo-xl' (or no model_type) can be loaded."
+        )
     attn_type = hf.get("attn_type", 0)
     if not _is_int(attn_type) or attn_type != 0:
         raise ValueError(

@@ -103,6 +103,18 @@ def test_rejects_unsupported_attention_type(tmp_path):
         keras_txl.load_hf_checkpoint(str(tmp_path))
 
 
+@pytest.mark.parametrize("model_type", ["gpt2", "xlnet", 7])
+def test_rejects_a_config_of_another_architecture(tmp_path, model_type):
+    # GPT-2's config.json holds n_layer, n_head, ... too: it was read as TransfoXL.
+    hf = json.loads((SHARED / "config.json").read_text())
+    hf["model_type"] = model_type
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    (tmp_path / "model.safetensors").write_bytes((SHARED / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match=rf"model_type={model_type!r} is not a TransfoXL "
+                                         "checkpoint: only model_type 'transfo-xl'"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))
+
+
 def test_truncated_safetensors_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_bytes((SHARED / "config.json").read_bytes())
     data = (SHARED / "model.safetensors").read_bytes()

@@ -636,3 +636,34 @@ def load_tokenizer_of(workdir):
     from keras_txl.tokenizers import load_tokenizer
 
     return load_tokenizer(str(workdir / "tokenizer"))
+
+
+# --- 7. probes of the data area (shards, lock) -------------------------------
+def flip_one_byte(path, at=3):
+    data = bytearray(pathlib.Path(path).read_bytes())
+    data[at] ^= 1
+    pathlib.Path(path).write_bytes(bytes(data))
+
+
+def test_a_shard_changed_after_preparation_is_never_read_in_silence(tmp_path):
+    # The index's sha256s were checked by `txl prepare`/`train` only: a split
+    # opened otherwise (`txl recl` reads the workdir's test split, the Python
+    # API) read a shard altered since (same size, other bytes) in silence.
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    _, splits = prepare_data(folder, str(workdir), "word")
+    test = splits["test"].folder
+    good = np.asarray(shards.ShardedTokens(test))
+    flip_one_byte(os.path.join(test, "shard-00000.bin"))
+    opened = shards.ShardedTokens(test)  # opening reads only the index
+    message = r"shard .*test/shard-00000\.bin does not match its sha256 in index\.json"
+    with pytest.raises(ValueError, match=message):
+        opened.read(0, 1)
+    with pytest.raises(ValueError, match=message):
+        np.asarray(shards.ShardedTokens(test))
+    from keras_txl.training import recl
+
+    with pytest.raises(ValueError, match=message):
+        recl.load_tokens(str(workdir))
+    flip_one_byte(os.path.join(test, "shard-00000.bin"))  # restored: read again
+    np.testing.assert_array_equal(np.asarray(shards.ShardedTokens(test)), good)

@@ -116,7 +116,9 @@ class ShardedTokens:
 
     Behaves like the 1-D int32 array of the split without holding it:
     `len()`, `read(start, stop)`, `read_windows(starts, length)`;
-    `np.asarray(shards)` reads it all (small splits, tests).
+    `np.asarray(shards)` reads it all (small splits, tests). Each shard
+    is hashed against its sha256 in the index when it is first read (or
+    all at once by `verify`): a changed one is a ValueError naming it.
 
     `key` identifies the tokens, not their files: `tokens-sha256:<hex>`
     (the index's `tokens_sha256`, the same for any shard size), or the
@@ -160,6 +162,8 @@ class ShardedTokens:
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_tokens = int(self._starts[-1])
         self._fds = {}
+        # The shards already hashed against the index (see `_fd`).
+        self._verified = set()
 
     def __len__(self):
         return self.num_tokens
@@ -174,10 +178,35 @@ class ShardedTokens:
         return state
 
     def _fd(self, shard):
+        """The open file of `shard`. Each shard is hashed against its sha256
+        in the index when it is first opened, through the descriptor then
+        read: a shard changed since it was written (same size, other bytes)
+        is an error before any of its tokens is used, whoever opened the
+        split (`txl recl`, the Python API) and whether or not `verify` ran.
+        At first use rather than at every read: the hash streams the whole
+        file (about 1 s per GB), once per process, which the ordered batches
+        pay anyway as they read every shard; re-hashing at each read would
+        cost the file per window."""
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds[shard] = os.open(self._paths[shard], os.O_RDONLY)
+            fd = os.open(self._paths[shard], os.O_RDONLY)
+            try:
+                if shard not in self._verified:
+                    with os.fdopen(os.dup(fd), "rb") as handle:
+                        self._check(shard, hashlib.file_digest(handle, "sha256").hexdigest())
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fds[shard] = fd
         return fd
+
+    def _check(self, shard, digest):
+        if digest != self.index["shards"][shard]["sha256"]:
+            raise ValueError(
+                f"shard {self._paths[shard]} does not match its sha256 in {INDEX}: it "
+                f"changed since it was written. Delete {self.folder} and prepare again "
+                "(`txl prepare` with the same --data and --workdir).")
+        self._verified.add(shard)
 
     def close(self):
         for fd in self._fds.values():
@@ -222,13 +251,11 @@ class ShardedTokens:
         return array if dtype is None else array.astype(dtype)
 
     def verify(self):
-        """Re-hashes every shard against the index; raises if one differs."""
-        for shard, path in zip(self.index["shards"], self._paths):
-            if sha256_file(path) != shard["sha256"]:
-                raise ValueError(
-                    f"shard {path} does not match its sha256 in {INDEX}: it changed "
-                    f"since it was written. Delete {self.folder} and prepare again "
-                    "(`txl prepare` with the same --data and --workdir).")
+        """Hashes every shard not hashed yet against the index now (rather
+        than at its first read, `_fd`); raises if one differs."""
+        for shard, path in enumerate(self._paths):
+            if shard not in self._verified:
+                self._check(shard, sha256_file(path))
 
 
 def tokens_sha256(paths, dtype, expected=None):

@@ -667,3 +667,24 @@ def test_a_shard_changed_after_preparation_is_never_read_in_silence(tmp_path):
         recl.load_tokens(str(workdir))
     flip_one_byte(os.path.join(test, "shard-00000.bin"))  # restored: read again
     np.testing.assert_array_equal(np.asarray(shards.ShardedTokens(test)), good)
+
+
+def test_prepare_data_takes_the_workdir_lock_as_txl_prepare_does(tmp_path):
+    # The Python API took no lock: a second process preparing the same
+    # workdir wrote the same source.json, tokenizer and progress.json.
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "train.lock").write_text("4242 txl prepare")
+    with open(workdir / "train.lock") as held:  # another process's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match=r"w is in use by another `txl prepare` "
+                                             r"\(pid 4242, lock .*train\.lock\)"):
+            prepare_data(folder, str(workdir), "word")
+        assert not (workdir / "data").exists()
+    _, splits = prepare_data(folder, str(workdir), "word")
+    assert len(splits["train"]) > 0
+    assert (workdir / "train.lock").read_text() == f"{os.getpid()} prepare_data"
+    # Then held by this API: `txl prepare` is refused naming it.
+    with WorkdirLock(str(workdir), command="prepare_data"):
+        assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 2

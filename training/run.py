@@ -646,7 +646,7 @@ def prepare_main(args):
         raise ValueError("txl prepare needs --data (the corpus to prepare).")
     writable_workdir(args.workdir)
     with WorkdirLock(args.workdir, command="txl prepare"):
-        tokenizer, splits = prepare_data(
+        tokenizer, splits = _prepare_data(
             args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
             vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens,
             tfds=tfds_options(args))
@@ -663,6 +663,13 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
                  write=True, tokenizer_options=None, shard_tokens=None,
                  after_shard=None, vocabulary=None, tfds=None):
     """Prepares (or reuses) the workdir's tokenizer and token shards.
+
+    Holds the workdir's lock (`WorkdirLock`, `train.lock`, as `txl prepare`
+    and `txl train` do) while it writes there: a second preparation of the
+    same workdir, from this API or the CLI, is refused naming the one
+    holding it, instead of both writing the same `source.json`, tokenizer
+    and `progress.json` (their shards would interleave). Nothing is locked
+    when nothing is written (`write=False`, or no `source`).
 
     The corpus is streamed in chunks: the vocabulary is counted and each
     split is encoded into `WORKDIR/data/{split}/` shards in bounded memory
@@ -698,6 +705,23 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     Returns:
         `(tokenizer, {split: ShardedTokens})` (or int32 arrays for an old
         workdir holding only `data/{split}.npy` and no --data).
+    """
+    arguments = dict(tokenizer_kind=tokenizer_kind, data_dir=data_dir, download=download,
+                     write=write, tokenizer_options=tokenizer_options,
+                     shard_tokens=shard_tokens, after_shard=after_shard,
+                     vocabulary=vocabulary, tfds=tfds)
+    if not write or source is None:
+        return _prepare_data(source, workdir, **arguments)
+    os.makedirs(workdir, exist_ok=True)
+    with WorkdirLock(workdir, command="prepare_data"):
+        return _prepare_data(source, workdir, **arguments)
+
+
+def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
+                  write=True, tokenizer_options=None, shard_tokens=None,
+                  after_shard=None, vocabulary=None, tfds=None):
+    """`prepare_data` in a workdir whose lock the caller holds (or that it
+    does not write).
     """
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.training import shards
@@ -1059,7 +1083,7 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     from keras_txl.training.loop import TrainingInterrupted
     from keras_txl.training.loop import evaluate
 
-    tokenizer, splits = prepare_data(
+    tokenizer, splits = _prepare_data(  # the chief holds the workdir's lock
         args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
         write=chief, vocabulary=vocabulary_flags(args),
         shard_tokens=getattr(args, "shard_tokens", None), tfds=tfds_options(args),

@@ -2010,7 +2010,35 @@ class WordPieceTokenizer(_VocabularyTokenizer):
         # The pieces of words split at whitespace (the specials included:
         # `vocabulary.txt` holds one token a line).
         _check_words(vocabulary, (), False)
+        if self._normalizer is not None:
+            self._check_normalized(vocabulary)
         return vocabulary
+
+    def _check_normalized(self, vocabulary):
+        """With `lower_case`, pieces are looked up in normalized text: a
+        piece the normalizer changes ("Hello", "é", "ß") is in no such
+        text, and its id would never be given (the text reads as `[UNK]`
+        or other pieces). The specials are not looked up."""
+        indicator = self._suffix_indicator
+        bodies = [
+            token[len(indicator):] if indicator and token.startswith(indicator) else token
+            for token in vocabulary
+        ]
+        normalized = self._normalizer.normalize(
+            tf.constant([_utf8(body) for body in bodies], tf.string)
+        ).numpy()
+        specials = {self._unk_token, self._eos_token}
+        for index, (token, body, low) in enumerate(zip(vocabulary, bodies, normalized)):
+            low = low.decode("utf-8")
+            if token not in specials and low != body:
+                raise ValueError(
+                    "with `lower_case=True` the text is normalized before the "
+                    "lookup (lower case, accents stripped: tensorflow-text's "
+                    "FastBertNormalizer), so `vocabulary` must hold normalized "
+                    f"pieces: no text gives {token!r} (index {index}), which "
+                    f"normalizes to {low!r}. Pass lower_case=False for a cased "
+                    "vocabulary."
+                )
 
     def _build_tables(self, vocabulary):
         self._unk_id = vocabulary.index(self._unk_token)

@@ -332,3 +332,28 @@ def test_a_wordpiece_vocabulary_learned_on_text_with_unicode_spaces_loads():
     ids = tokenizer.encode("the cat sat on the mat")
     np.testing.assert_array_equal(tokenizer.encode(text.split("\n")[0]), ids)
     assert tokenizer.unk_id not in ids
+
+
+@pytest.mark.parametrize("token,normalized", [
+    ("Hello", "hello"), ("##S", "s"), ("é", "e"), ("straße", "strasse"), ("\u0301", ""),
+])
+def test_a_lower_case_wordpiece_vocabulary_refuses_pieces_no_text_gives(token, normalized):
+    # The text is normalized (FastBertNormalizer: lower case, NFD, accents
+    # stripped) before the lookup: such a piece held an id no text got, and
+    # "Hello world" read as [UNK] world in silence.
+    vocabulary = ["<eos>", "<unk>", "world", token]
+    with pytest.raises(ValueError, match=re.escape(
+            f"no text gives {token!r} (index 3), which normalizes to {normalized!r}")):
+        tokenizers.WordPieceTokenizer(vocabulary, lower_case=True)
+    cased = tokenizers.WordPieceTokenizer(vocabulary, lower_case=False)
+    assert cased.unk_id == 1
+    # The specials are inserted, not looked up: upper case is fine for them.
+    tokenizer = tokenizers.WordPieceTokenizer(
+        ["<EOS>", "[UNK]", "hello", "world"], lower_case=True, unk_token="[UNK]",
+        eos_token="<EOS>")
+    assert tokenizer.encode("Héllo World\n").tolist() == [2, 3, 0]
+    # What fit learns with lower_case=True loads (normalized pieces only).
+    text = "\n".join(["Héllo Wörld straße İstanbul ﬁne naïve 한국어 ΣΊΣΥΦΟΣ ½ café"] * 30)
+    fitted = tokenizers.WordPieceTokenizer.fit(text, vocabulary_size=200)
+    again = tokenizers.WordPieceTokenizer(fitted.get_vocabulary(), lower_case=True)
+    assert again.encode(text).tolist() == fitted.encode(text).tolist()

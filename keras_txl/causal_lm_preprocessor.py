@@ -18,6 +18,8 @@ from keras_hub.models import CausalLMPreprocessor
 from keras_txl import tokenizers  # noqa: F401
 from keras_txl.backbone import TransformerXLBackbone
 from keras_txl.checks import positive_int
+from keras_txl.limits import ENVIRONMENT_VARIABLE
+from keras_txl.limits import resolve_limits
 
 
 def shuffle_in(dataset):
@@ -45,6 +47,28 @@ def shuffle_in(dataset):
         if isinstance(getattr(node, "_impl", None), tf.data.Dataset):
             pending.append(node._impl)
     return found
+
+
+def _sequence_length(value, allow_none=False):
+    """`value` as a positive int no larger than `Limits.max_sequence_length`
+    (or None, where `allow_none`). The packer fills a `(batch,
+    sequence_length)` array: a typo such as 10**12 was a MemoryError from
+    inside keras-hub (or, below that, the process killed for memory).
+    The bound is not the model's `segment_length`: a Transformer-XL reads
+    longer inputs segment by segment with its memory, so no model limit
+    applies; it is the library's bound on any length (`keras_txl.limits`),
+    the one a loaded config's `segment_length` and `memory_length` have,
+    and is raised the same way."""
+    value = positive_int("sequence_length", value, allow_none=allow_none)
+    limit = resolve_limits().max_sequence_length
+    if value is not None and value > limit:
+        raise ValueError(
+            f"`sequence_length` must be at most {limit} (the limit "
+            f"max_sequence_length: each row is packed to this many ids). "
+            f"Received: sequence_length={value}. For a longer one, set "
+            f"{ENVIRONMENT_VARIABLE}='{{\"max_sequence_length\": ...}}'."
+        )
+    return value
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
@@ -85,7 +109,7 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
                 "`tokenizer` must be a keras-txl tokenizer layer (with "
                 f"tokenize/detokenize), received {type(tokenizer).__name__}."
             )
-        sequence_length = positive_int("sequence_length", sequence_length)
+        sequence_length = _sequence_length(sequence_length)
         super().__init__(
             tokenizer, sequence_length=sequence_length,
             add_start_token=add_start_token, add_end_token=add_end_token,
@@ -133,22 +157,16 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
 
     @sequence_length.setter
     def sequence_length(self, value):
-        CausalLMPreprocessor.sequence_length.fset(
-            self, positive_int("sequence_length", value)
-        )
+        CausalLMPreprocessor.sequence_length.fset(self, _sequence_length(value))
 
     def call(self, x, y=None, sample_weight=None, sequence_length=None):
-        sequence_length = positive_int(
-            "sequence_length", sequence_length, allow_none=True
-        )
+        sequence_length = _sequence_length(sequence_length, allow_none=True)
         return super().call(
             x, y=y, sample_weight=sample_weight, sequence_length=sequence_length
         )
 
     def generate_preprocess(self, x, sequence_length=None):
-        sequence_length = positive_int(
-            "sequence_length", sequence_length, allow_none=True
-        )
+        sequence_length = _sequence_length(sequence_length, allow_none=True)
         return super().generate_preprocess(x, sequence_length=sequence_length)
 
     def ordered_segments(self, texts, batch_size, sequence_length=None,
@@ -179,9 +197,8 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
             int32)`.
         """
         batch_size = positive_int("batch_size", batch_size)
-        length = positive_int(
-            "sequence_length",
-            self.sequence_length if sequence_length is None else sequence_length,
+        length = _sequence_length(
+            self.sequence_length if sequence_length is None else sequence_length
         )
         if not isinstance(texts, tf.data.Dataset) or texts.element_spec != tf.TensorSpec([], tf.string):
             raise ValueError(

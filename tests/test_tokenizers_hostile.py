@@ -357,3 +357,31 @@ def test_a_lower_case_wordpiece_vocabulary_refuses_pieces_no_text_gives(token, n
     fitted = tokenizers.WordPieceTokenizer.fit(text, vocabulary_size=200)
     again = tokenizers.WordPieceTokenizer(fitted.get_vocabulary(), lower_case=True)
     assert again.encode(text).tolist() == fitted.encode(text).tolist()
+
+
+def test_a_sequence_length_past_the_limit_is_a_clear_error(monkeypatch):
+    # No upper bound: 2**32 + 4 was a MemoryError from inside keras-hub's
+    # packer (and a smaller typo could have the process killed for memory).
+    import tensorflow as tf
+
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+
+    limit = 1 << 20  # keras_txl.limits.Limits.max_sequence_length
+    message = f"`sequence_length` must be at most {limit} (the limit max_sequence_length"
+    tokenizer = tokenizers.ByteTokenizer()
+    for build in (lambda n: TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=n),
+                  lambda n: setattr(_preprocessor(), "sequence_length", n),
+                  lambda n: _preprocessor()(["a b"], sequence_length=n),
+                  lambda n: _preprocessor().generate_preprocess(["a b"], sequence_length=n),
+                  lambda n: _preprocessor().ordered_segments(
+                      tf.data.Dataset.from_tensor_slices(["a b c"]), 1, sequence_length=n)):
+        with pytest.raises(ValueError, match=re.escape(message) + r".*"
+                           r"Received: sequence_length=4294967300\..*KERAS_TXL_LIMITS"):
+            build(2**32 + 4)
+    # At the limit it packs; the limit is raised as every other one.
+    x = TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=limit).generate_preprocess(
+        ["ab"])
+    assert x["token_ids"].shape == (1, limit)
+    monkeypatch.setenv("KERAS_TXL_LIMITS", '{"max_sequence_length": 2000000}')
+    assert TransformerXLCausalLMPreprocessor(
+        tokenizer, sequence_length=limit + 1).sequence_length == limit + 1

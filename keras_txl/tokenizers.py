@@ -1257,7 +1257,10 @@ class ByteTokenizer(TransformerXLTokenizer):
     U+DC80-U+DCFF is the byte 0x80-0xFF. Any other lone surrogate has no
     bytes and is a `ValueError` (as for every tokenizer). `decode` (and
     `detokenize`) replace invalid UTF-8, which a model may generate, with
-    U+FFFD.
+    U+FFFD. Token i (`id_to_token(i)`, `get_vocabulary()[i]`) is the one
+    character `encode` reads as byte i: ASCII below 128, U+DC80-U+DCFF
+    above; `token_to_id` takes those only (`"é"` is two bytes: a
+    ValueError naming them, not keras-hub's Latin-1 id 233).
 
     `tokenize`/`detokenize` use the same ops as keras-hub's
     `ByteTokenizer` but not the class: its eager calls give Python lists
@@ -1289,7 +1292,32 @@ class ByteTokenizer(TransformerXLTokenizer):
         return BYTE_VOCABULARY_SIZE
 
     def get_vocabulary(self) -> list[str]:
-        return [chr(byte) for byte in range(BYTE_VOCABULARY_SIZE)]
+        # Token i is the one-character text that `encode` reads as byte i:
+        # the ASCII character below 128, and above it the `surrogateescape`
+        # stand-in U+DC80-U+DCFF (a byte >= 0x80 is no character on its
+        # own). Not chr(i), keras-hub's Latin-1 naming: "é" would be id 233,
+        # which no text holding "é" gets (its UTF-8 is 195, 169).
+        return [chr(byte) if byte < 0x80 else chr(0xDC00 + byte)
+                for byte in range(BYTE_VOCABULARY_SIZE)]
+
+    def token_to_id(self, token) -> int:
+        if isinstance(token, str) and len(token) == 1:
+            code = ord(token)
+            if code < 0x80:
+                return code
+            if 0xDC80 <= code <= 0xDCFF:
+                return code - 0xDC00
+        detail = ""
+        if isinstance(token, str) and token and not _SURROGATE.search(token):
+            data = token.encode("utf-8")
+            detail = (f" ({token!r} is {len(data)} byte{'s' if len(data) > 1 else ''} "
+                      f"in UTF-8: encode() gives {list(data)})")
+        raise ValueError(
+            "`token` must be one byte of the byte tokenizer: an ASCII character "
+            "(ids 0-127) or U+DC80-U+DCFF, the stand-in for the byte 0x80-0xFF "
+            "(ids 128-255, as `id_to_token` gives them). Received: "
+            f"token={token!r}{detail}. Use encode() for text."
+        )
 
     @property
     def unit(self) -> str:

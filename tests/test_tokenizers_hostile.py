@@ -385,3 +385,24 @@ def test_a_sequence_length_past_the_limit_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("KERAS_TXL_LIMITS", '{"max_sequence_length": 2000000}')
     assert TransformerXLCausalLMPreprocessor(
         tokenizer, sequence_length=limit + 1).sequence_length == limit + 1
+
+
+def test_byte_token_to_id_is_the_byte_encode_gives_and_id_to_token_reads_back():
+    # token_to_id read a character as Latin-1: token_to_id("é") was 233,
+    # which no text holding "é" gets (its UTF-8 is 195, 169), and
+    # id_to_token(233) was "é", which encodes to two other ids.
+    tokenizer = tokenizers.ByteTokenizer()
+    for byte in range(256):
+        token = tokenizer.id_to_token(byte)
+        assert tokenizer.encode(token).tolist() == [byte]
+        assert tokenizer.token_to_id(token) == byte
+    assert tokenizer.get_vocabulary()[233] == tokenizer.id_to_token(233) == "\udce9"
+    assert tokenizer.token_to_id("a") == 97
+    for token, ids in (("é", [195, 169]), ("\xff", [195, 191]), ("€", [226, 130, 172])):
+        with pytest.raises(ValueError, match=re.escape(
+                f"Received: token={token!r} ({token!r} is {len(ids)} bytes in UTF-8: "
+                f"encode() gives {ids}). Use encode() for text.")):
+            tokenizer.token_to_id(token)
+    for bad in ("", "ab", "\ud800", 97, None):
+        with pytest.raises(ValueError, match="`token` must be one byte of the byte tokenizer"):
+            tokenizer.token_to_id(bad)

@@ -2045,8 +2045,12 @@ class WordPieceTokenizer(_VocabularyTokenizer):
     def _check_normalized(self, vocabulary):
         """With `lower_case`, pieces are looked up in normalized text: a
         piece the normalizer changes ("Hello", "é", "ß") is in no such
-        text, and its id would never be given (the text reads as `[UNK]`
-        or other pieces). The specials are not looked up."""
+        text, and its id is never given (the text reads as `[UNK]` or other
+        pieces). Said in a warning, not refused: a stock uncased BERT
+        vocabulary holds a few such pieces and its `[CLS]`-style reserved
+        tokens (left out of the warning), and the alternative a refusal
+        would point to, `lower_case=False`, would look up cased text in an
+        uncased vocabulary. The specials are inserted, not looked up."""
         indicator = self._suffix_indicator
         bodies = [
             token[len(indicator):] if indicator and token.startswith(indicator) else token
@@ -2056,17 +2060,21 @@ class WordPieceTokenizer(_VocabularyTokenizer):
             tf.constant([_utf8(body) for body in bodies], tf.string)
         ).numpy()
         specials = {self._unk_token, self._eos_token}
-        for index, (token, body, low) in enumerate(zip(vocabulary, bodies, normalized)):
-            low = low.decode("utf-8")
-            if token not in specials and low != body:
-                raise ValueError(
-                    "with `lower_case=True` the text is normalized before the "
-                    "lookup (lower case, accents stripped: tensorflow-text's "
-                    "FastBertNormalizer), so `vocabulary` must hold normalized "
-                    f"pieces: no text gives {token!r} (index {index}), which "
-                    f"normalizes to {low!r}. Pass lower_case=False for a cased "
-                    "vocabulary."
-                )
+        unreachable = [
+            (index, token, low.decode("utf-8"))
+            for index, (token, body, low) in enumerate(zip(vocabulary, bodies, normalized))
+            if token not in specials and low.decode("utf-8") != body
+            and not re.fullmatch(r"\[[A-Za-z0-9_]+\]", token)
+        ]
+        if unreachable:
+            shown = ", ".join(f"{token!r} (index {index}) -> {low!r}"
+                              for index, token, low in unreachable[:5])
+            logger.warning(
+                "WordPiece vocabulary with lower_case=True: %d piece(s) change under "
+                "the normalizer (lower case, accents stripped: tensorflow-text's "
+                "FastBertNormalizer), so no text gives them and their ids are never "
+                "produced: %s%s. For a cased vocabulary pass lower_case=False.",
+                len(unreachable), shown, " ..." if len(unreachable) > 5 else "")
 
     def _build_tables(self, vocabulary):
         self._unk_id = vocabulary.index(self._unk_token)

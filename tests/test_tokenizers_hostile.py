@@ -337,16 +337,26 @@ def test_a_wordpiece_vocabulary_learned_on_text_with_unicode_spaces_loads():
 @pytest.mark.parametrize("token,normalized", [
     ("Hello", "hello"), ("##S", "s"), ("é", "e"), ("straße", "strasse"), ("\u0301", ""),
 ])
-def test_a_lower_case_wordpiece_vocabulary_refuses_pieces_no_text_gives(token, normalized):
+def test_a_lower_case_wordpiece_vocabulary_warns_of_pieces_no_text_gives(token, normalized,
+                                                                         caplog):
     # The text is normalized (FastBertNormalizer: lower case, NFD, accents
     # stripped) before the lookup: such a piece held an id no text got, and
-    # "Hello world" read as [UNK] world in silence.
-    vocabulary = ["<eos>", "<unk>", "world", token]
-    with pytest.raises(ValueError, match=re.escape(
-            f"no text gives {token!r} (index 3), which normalizes to {normalized!r}")):
-        tokenizers.WordPieceTokenizer(vocabulary, lower_case=True)
-    cased = tokenizers.WordPieceTokenizer(vocabulary, lower_case=False)
-    assert cased.unk_id == 1
+    # "Hello world" read as [UNK] world in silence. A warning, not an error:
+    # stock uncased BERT vocabularies hold such pieces (and [CLS]-style
+    # reserved tokens, not warned of), and lower_case=False would be wrong there.
+    vocabulary = ["<eos>", "<unk>", "world", token, "[CLS]", "[unused0]"]
+    with caplog.at_level("WARNING", logger="keras_txl.tokenizers"):
+        tokenizer = tokenizers.WordPieceTokenizer(vocabulary, lower_case=True)
+    warned = [r.getMessage() for r in caplog.records if "WordPiece vocabulary" in r.getMessage()]
+    assert len(warned) == 1
+    assert "1 piece(s) change under the normalizer" in warned[0]
+    assert f"{token!r} (index 3) -> {normalized!r}. For a cased vocabulary" in warned[0]
+    assert "CLS" not in warned[0] and "unused0" not in warned[0]
+    assert tokenizer.encode("world").tolist() == [2]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="keras_txl.tokenizers"):
+        cased = tokenizers.WordPieceTokenizer(vocabulary, lower_case=False)
+    assert cased.unk_id == 1 and not caplog.records
     # The specials are inserted, not looked up: upper case is fine for them.
     tokenizer = tokenizers.WordPieceTokenizer(
         ["<EOS>", "[UNK]", "hello", "world"], lower_case=True, unk_token="[UNK]",

@@ -378,17 +378,19 @@ def model_weights_file(directory):
 # === Writing a preset folder whole ===
 
 
-def write_preset(directory, write):
-    """Writes a preset folder with `write(folder)` beside `directory`, under a
+def write_preset(directory, write, check=None):
+    """Writes a model folder with `write(folder)` beside `directory`, under a
     temporary name, then renames it into place (`TransformerXLCausalLM.
-    save_to_preset`, hence `save_preset`): a killed writer leaves the
-    previous preset (or nothing), never half of one.
+    save_to_preset`, hence `save_preset`, and `save_pretrained`): a killed
+    or failed writer leaves the previous folder (or nothing), never half of
+    one.
 
-    `directory` must be new, an empty folder or a keras-hub preset, which is
-    replaced; its model card (`README.md`) is kept unless `write` wrote one.
+    `directory` must be one `check` admits (default `check_replaceable`: new,
+    an empty folder or a keras-hub preset), which is replaced; its model
+    card (`README.md`) is kept unless `write` wrote one.
     """
     directory = os.path.abspath(os.fspath(directory))
-    check_replaceable(directory)
+    (check or check_replaceable)(directory)
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     remove_stale_temporaries(parent)
@@ -452,6 +454,51 @@ def check_replaceable(directory):
             f"`directory` {directory!r} is a keras-hub preset of another model "
             f"({backbone!r}, not 'TransformerXLBackbone'): refusing to replace it. "
             "Pass a new folder, an empty one or a Transformer-XL preset."
+        )
+
+
+# What `save_pretrained` writes into a keras-txl weights folder.
+_WEIGHTS_FOLDER_ENTRY = re.compile(
+    r"config\.json|model\.safetensors|manifest\.json|tokenizer|README\.md")
+
+
+def check_replaceable_weights_folder(directory):
+    """`save_pretrained` replaces `directory` only when nothing would be lost:
+    when it is missing, an empty folder or a keras-txl weights folder."""
+    if not os.path.lexists(directory):
+        return
+    if os.path.islink(directory) or not os.path.isdir(directory):
+        kind = "a symbolic link" if os.path.islink(directory) else "a file"
+        raise ValueError(
+            f"`directory` {directory!r} is {kind}, not a folder: refusing to replace "
+            "it. Pass a new folder, an empty one or a keras-txl weights folder."
+        )
+    entries = os.listdir(directory)
+    if not entries:
+        return
+    try:
+        layout = folder_format(directory)
+    except ValueError:
+        layout = None if os.path.lexists(os.path.join(directory, CONFIG_FILE)) else "none"
+    if layout != "keras-txl" and layout != "none":
+        # Another library's folder would lose its config.json (and a Hugging
+        # Face folder its model.safetensors): refused, as `save_preset` does.
+        what = {"keras-hub": "a keras-hub preset", "hugging-face":
+                "a Hugging Face TransfoXL checkpoint"}.get(layout, "a config.json "
+                                                           "that is not keras-txl's")
+        raise ValueError(
+            f"`directory` {directory!r} holds {what}: refusing to write a keras-txl "
+            "weights folder over it. Pass a new folder, an empty one or a keras-txl "
+            "weights folder (`save_preset` writes keras-hub presets)."
+        )
+    others = sorted(e for e in entries if not _WEIGHTS_FOLDER_ENTRY.fullmatch(e))
+    if layout == "none" or others:
+        others = others or sorted(entries)
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(
+            f"`directory` {directory!r} holds files that are not a keras-txl weights "
+            f"folder ({shown}): refusing to replace it. Pass a new folder, an empty "
+            "one or a keras-txl weights folder."
         )
 
 

@@ -35,13 +35,16 @@ from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.folders import TOKENIZER_DIR
 from keras_txl.folders import WEIGHTS_FILE
 from keras_txl.folders import check_replaceable
+from keras_txl.folders import check_replaceable_weights_folder
 from keras_txl.folders import folder_format
 from keras_txl.folders import load_config
 from keras_txl.folders import sha256_file  # noqa: F401 (shards, checkpoints)
 from keras_txl.folders import verify_manifest
 from keras_txl.folders import write_manifest
+from keras_txl.folders import write_preset
 from keras_txl.limits import check_config
 from keras_txl.safe_files import atomic_write_bytes
+from keras_txl.safe_files import folder_path
 
 
 def save_pretrained(model, directory, tokenizer=None):
@@ -49,52 +52,40 @@ def save_pretrained(model, directory, tokenizer=None):
 
     Args:
         model: `TransformerXLCausalLM`.
-        directory: str. Created if needed. A folder holding another
-            library's model (a Hugging Face checkpoint, a keras-hub preset)
-            is refused, not overwritten.
+        directory: str. Written beside itself under a temporary name, then
+            renamed into place (`keras_txl.folders.write_preset`): a failed
+            or killed save leaves the previous folder whole. It must be new,
+            an empty folder or a keras-txl weights folder (replaced; its
+            README.md is kept): another library's model (a Hugging Face
+            checkpoint, a keras-hub preset) or other files are refused, not
+            overwritten.
         tokenizer: optional object with `save(directory)`, or a path to an
             existing tokenizer folder to copy.
     """
     from safetensors.numpy import save
 
-    if os.path.lexists(directory) and not os.path.isdir(directory):
-        raise ValueError(
-            f"`directory` {os.fspath(directory)!r} is a file, not a folder: pass a new "
-            "folder, an empty one or a keras-txl weights folder.")
-    if os.path.lexists(os.path.join(directory, CONFIG_FILE)):
-        # Another library's folder would lose its config.json (and a Hugging
-        # Face folder its model.safetensors): refused, as `save_preset` does.
-        try:
-            layout = folder_format(directory)
-        except ValueError:
-            layout = "unreadable"
-        if layout != "keras-txl":
-            what = {"keras-hub": "a keras-hub preset", "hugging-face":
-                    "a Hugging Face TransfoXL checkpoint"}.get(layout, "a config.json "
-                                                               "that is not keras-txl's")
-            raise ValueError(
-                f"`directory` {os.fspath(directory)!r} holds {what}: refusing to write "
-                "a keras-txl weights folder over it. Pass a new folder, an empty one or "
-                "a keras-txl weights folder (`save_preset` writes keras-hub presets)."
-            )
-    os.makedirs(directory, exist_ok=True)
+    directory = folder_path(directory)
     tensors = {w.path: np.ascontiguousarray(w.numpy()) for w in model.model_weights()}
-    atomic_write_bytes(
-        os.path.join(directory, WEIGHTS_FILE),
-        save(tensors, metadata={"format": "keras-txl"}),
-    )
-    atomic_write_bytes(
-        os.path.join(directory, CONFIG_FILE),
-        (model.txl_config.to_json() + "\n").encode(),
-    )
-    if tokenizer is not None:
-        target = os.path.join(directory, TOKENIZER_DIR)
-        if isinstance(tokenizer, (str, os.PathLike)):
-            if os.path.abspath(tokenizer) != os.path.abspath(target):
-                shutil.copytree(tokenizer, target, dirs_exist_ok=True)
-        else:
-            tokenizer.save(target)
-    write_manifest(directory)
+
+    def write(staging):
+        atomic_write_bytes(
+            os.path.join(staging, WEIGHTS_FILE),
+            save(tensors, metadata={"format": "keras-txl"}),
+        )
+        atomic_write_bytes(
+            os.path.join(staging, CONFIG_FILE),
+            (model.txl_config.to_json() + "\n").encode(),
+        )
+        if tokenizer is not None:
+            target = os.path.join(staging, TOKENIZER_DIR)
+            if isinstance(tokenizer, (str, os.PathLike)):
+                shutil.copytree(tokenizer, target)
+            else:
+                tokenizer.save(target)
+        # Last: the sizes and sha256s a loader checks (`verify_manifest`).
+        write_manifest(staging)
+
+    write_preset(directory, write, check_replaceable_weights_folder)
     return directory
 
 

@@ -367,6 +367,53 @@ def test_save_pretrained_refuses_to_write_over_another_librarys_folder(tmp_path)
     assert load_pretrained(str(tmp_path / "mine")).txl_config == model.txl_config
 
 
+def test_a_save_pretrained_that_fails_midway_leaves_the_previous_folder(tmp_path, monkeypatch):
+    # save_pretrained wrote its files into the folder one by one: a failure
+    # after the weights left new weights beside the old config and manifest,
+    # a folder refused on load, the previous model lost.
+    old = _tiny_folder(tmp_path / "m")
+    (tmp_path / "m" / "README.md").write_text("my card")
+    ids = np.array([[1, 2, 3, 4]], "int32")
+    expected = old.call_with_memory(ids)["log_probs"]
+    before = {p.relative_to(tmp_path): p.read_bytes()
+              for p in (tmp_path / "m").rglob("*") if p.is_file()}
+    import keras
+
+    keras.utils.set_random_seed(7)
+    new = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
+
+    class Broken:
+        def save(self, directory):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        save_pretrained(new, str(tmp_path / "m"), tokenizer=Broken())
+    with monkeypatch.context() as patch:
+        patch.setattr(keras_txl.io, "write_manifest", lambda d: (_ for _ in ()).throw(
+            KeyboardInterrupt("killed")))
+        with pytest.raises(KeyboardInterrupt):
+            save_pretrained(new, str(tmp_path / "m"))
+    after = {p.relative_to(tmp_path): p.read_bytes()
+             for p in (tmp_path / "m").rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporaries left
+    np.testing.assert_array_equal(
+        load_pretrained(str(tmp_path / "m")).call_with_memory(ids)["log_probs"], expected)
+    # A complete save replaces it (the tokenizer copied from the folder being
+    # replaced, the model card kept); other files are refused, not deleted.
+    save_pretrained(new, str(tmp_path / "m"), tokenizer=str(tmp_path / "m" / "tokenizer"))
+    np.testing.assert_array_equal(
+        load_pretrained(str(tmp_path / "m")).call_with_memory(ids)["log_probs"],
+        new.call_with_memory(ids)["log_probs"])
+    assert load_tokenizer(str(tmp_path / "m" / "tokenizer")).vocabulary_size() == 5
+    assert (tmp_path / "m" / "README.md").read_text() == "my card"
+    (tmp_path / "m" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files that are not a keras-txl weights "
+                                         r"folder \(notes.txt\): refusing"):
+        save_pretrained(new, str(tmp_path / "m"))
+    assert (tmp_path / "m" / "notes.txt").read_text() == "mine"
+
+
 def test_a_preset_load_hashes_each_file_once_and_still_notices_a_rewrite(tmp_path, monkeypatch):
     # from_preset checks the folder, then keras-hub's loader reads the
     # weights through TransformerXLBackbone.load_weights, which checks it

@@ -1190,7 +1190,11 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         within `limits` (see `keras_txl.limits`), its weights file and, when
         it has a preprocessor, its tokenizer must be there, all before a
         layer is built; the tokenizer's vocabulary must match the model's.
-        `hf://` and `kaggle://` handles go to keras-hub as they are.
+        `hf://` and `kaggle://` handles go to keras-hub; an `hf://` preset
+        that is not in the Hugging Face cache fails at once, by name, when
+        the Hub cannot be reached or `HF_HUB_OFFLINE` is set
+        (`folders.check_hf_handle`) instead of after huggingface_hub's
+        retries.
 
         Args:
             preset: a local preset folder or a keras-hub handle.
@@ -1268,6 +1272,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                     f"with TransformerXLCausalLM(TransformerXLConfig.from_preset({preset!r})), "
                     "or pass a preset folder (save_preset / txl train's WORKDIR/model)."
                 )
+            if isinstance(preset, str) and preset.startswith(folders.HF_PREFIX):
+                folders.check_hf_handle(preset)
             try:
                 model = super().from_preset(preset, load_weights=load_weights, **kwargs)
             except (OSError, ValueError) as error:  # ConnectionError, requests' errors

@@ -365,6 +365,59 @@ def _check_task(path, config, limits):
 
 
 
+HF_PREFIX = "hf://"
+
+
+def check_hf_handle(preset):
+    """Fails fast, naming the cause, where keras-hub's download of an `hf://`
+    preset would not: `huggingface_hub` retries a file missing from its
+    cache for ~25 s on a network error before keras-hub reports "Preset ...
+    has no config.json" (the same words it uses offline, with
+    `HF_HUB_OFFLINE` set). A preset in the Hugging Face cache is left to
+    keras-hub (`huggingface_hub` uses the cached files when the Hub cannot
+    be reached), as is every error the Hub itself answers (a repository
+    that is missing, private or gated): only the reachability of the Hub
+    is checked here, with one request of `huggingface_hub`'s own, without
+    its retries.
+    """
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError:
+        return  # keras-hub says what to install
+    repo_id = preset[len(HF_PREFIX):]
+    try:
+        cached = huggingface_hub.try_to_load_from_cache(repo_id, CONFIG_FILE)
+    except Exception:  # not a repository id: keras-hub names the handle's form
+        return
+    if isinstance(cached, str):
+        return
+    where = f"the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if huggingface_hub.is_offline_mode():
+        raise ValueError(
+            f"`preset` {preset!r} is not in {where}, and HF_HUB_OFFLINE is set: "
+            "nothing can be downloaded. Download it where there is network access "
+            "(unset HF_HUB_OFFLINE there) and pass its local folder, or copy that "
+            "cache here."
+        )
+    try:
+        huggingface_hub.get_hf_file_metadata(
+            huggingface_hub.hf_hub_url(repo_id, CONFIG_FILE),
+            timeout=constants.HF_HUB_ETAG_TIMEOUT,
+        )
+    except HfHubHTTPError:
+        return  # the Hub answered: keras-hub reports what it said
+    except Exception as error:  # no connection, a timeout: not the Hub's answer
+        raise ValueError(
+            f"Could not reach the Hugging Face Hub ({constants.ENDPOINT}) to "
+            f"download `preset` {preset!r} ({type(error).__name__}: {error}), and it "
+            f"is not in {where}. Without network access, download the preset where "
+            "there is one and pass its local folder (set HF_HUB_OFFLINE=1 to use "
+            "only the cache without trying the network)."
+        ) from None
+
+
 def model_weights_file(directory):
     """The weights file of a model folder (a preset's `model.weights.h5` or a
     keras-txl folder's `model.safetensors`), or None."""

@@ -534,6 +534,49 @@ def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
         TransformerXLCausalLM.from_preset("tiny")
 
 
+def test_an_hf_handle_without_network_fails_at_once_and_a_cached_one_loads(
+        tmp_path, monkeypatch):
+    # No network: huggingface_hub retried each file missing from its cache
+    # for ~25 s, then keras-hub said "Preset ... has no config.json", as it
+    # did at once with HF_HUB_OFFLINE set. The Hub is made unreachable here
+    # (a refused local port), the cache a temporary folder.
+    import shutil
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        "http://127.0.0.1:9/{repo_id}/resolve/{revision}/{filename}")
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"Could not reach the Hugging Face Hub "
+                       r"\(http://127.0.0.1:9\) to download `preset` 'hf://someone/txl' "
+                       r"\(.*\), and it is not in the Hugging Face cache"):
+        TransformerXLCausalLM.from_preset("hf://someone/txl")
+    assert time.monotonic() - started < 5
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"'hf://someone/txl' is not in the Hugging Face "
+                       r"cache \(.*hub\), and HF_HUB_OFFLINE is set"):
+        TransformerXLCausalLM.from_preset("hf://someone/txl")
+    # A preset in the cache loads, offline or with the Hub unreachable.
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                  preprocessor=byte_preprocessor())
+    ids = random_ids((1, 6), 256)
+    model.save_to_preset(str(tmp_path / "preset"))
+    repo = tmp_path / "hub" / "models--someone--txl"
+    shutil.copytree(tmp_path / "preset", repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for offline in (True, False):
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+        started = time.monotonic()
+        loaded = TransformerXLCausalLM.from_preset("hf://someone/txl")
+        assert time.monotonic() - started < 15
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                      model.call_with_memory(ids)["log_probs"])
+
+
 @pytest.mark.parametrize("imports", [
     # `import keras_txl` alone, before and after Keras: its modules are
     # deferred, yet Keras and keras-hub find the classes by registered name.

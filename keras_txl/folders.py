@@ -79,23 +79,58 @@ def load_config(directory, limits=None):
     data = read_json(path, limits)
     if isinstance(data, dict) and "class_name" in data and "config" in data:
         data = preset_fields(data, path)
-    config = TransformerXLConfig.from_dict(data)
+    try:
+        config = TransformerXLConfig.from_dict(data)
+    except (TypeError, ValueError) as error:
+        # The config's own message names the field, not the file.
+        raise ValueError(f"{path}: {error}") from None
     check_config(config, limits, source=path)
     return config
 
 
 def preset_fields(data, path):
-    """The TransformerXLConfig fields of a keras-hub backbone config."""
-    if data.get("class_name") != "TransformerXLBackbone" or not isinstance(
-        data.get("config"), dict
-    ):
+    """The TransformerXLConfig fields of a keras-hub backbone config; its
+    layer keys (name, trainable, dtype), which Keras and keras-hub read with
+    errors that name neither the file nor, for a dtype that is no policy's
+    config, the field, are checked here."""
+    if data.get("class_name") != "TransformerXLBackbone":
         raise ValueError(
             f"{path} describes a {data.get('class_name')!r}, not a "
             "TransformerXLBackbone: not a keras-txl preset."
         )
+    if not isinstance(data.get("config"), dict):
+        raise ValueError(
+            f"{path}: its \"config\" must be a JSON object of the backbone's "
+            f"arguments, received {type(data.get('config')).__name__}: a damaged preset?"
+        )
+    _check_layer_keys(data["config"], path)
     fields = {k: v for k, v in data["config"].items() if k not in _LAYER_KEYS}
     fields.update(fields.pop("config", None) or {})  # keras-txl 0.1 nesting
     return fields
+
+
+def _check_layer_keys(config, path):
+    name, trainable = config.get("name", "backbone"), config.get("trainable", True)
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(
+            f"{path}: \"name\" must be a non-empty string without \"/\", received "
+            f"name={name!r}."
+        )
+    if not isinstance(trainable, bool):
+        raise ValueError(
+            f"{path}: \"trainable\" must be true or false, received trainable={trainable!r}."
+        )
+    # keras-hub reads a saved dtype as a serialized policy,
+    # `{"class_name": ..., "config": {"name": "float32"}}`, or its absence.
+    dtype = config.get("dtype")
+    policy = dtype.get("config") if isinstance(dtype, dict) else None
+    if dtype is not None and not (isinstance(policy, dict)
+                                  and isinstance(policy.get("name"), str)):
+        raise ValueError(
+            f"{path}: \"dtype\" must be a serialized Keras dtype policy "
+            '({"class_name": "DTypePolicy", "config": {"name": "float32"}, ...}) '
+            f"or absent, received dtype={dtype!r}."
+        )
 
 
 def sha256_file(path):

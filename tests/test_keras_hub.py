@@ -2,6 +2,7 @@
 memory validity option, fit from strings, presets and bad input."""
 
 import os
+import re
 
 import keras
 import keras_hub
@@ -521,6 +522,42 @@ def test_a_hostile_preset_config_is_refused_before_building(tmp_path):
     (folder / "manifest.json").unlink()
     with pytest.raises(ValueError, match="Could not read the preset"):
         TransformerXLCausalLM.from_preset(str(folder))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_layers", -1, r"`num_layers` must be a positive integer, received num_layers=-1"),
+    ("hidden_dim", "8", r"`hidden_dim` must be a positive integer, received hidden_dim='8'"),
+    ("dropout", None, r"`dropout` must be in \[0, 1\)"),
+    ("vocabulary_size", "missing", r"Missing required config key\(s\) \['vocabulary_size'\]"),
+    ("attention_heads", 4, r"Unknown config key\(s\) \['attention_heads'\]"),
+    # The layer keys: Keras' and keras-hub's own errors named no file (a
+    # dtype given as a plain string was an AttributeError in keras-hub).
+    ("name", 5, r'"name" must be a non-empty string without "/", received name=5'),
+    ("trainable", "no", r'"trainable" must be true or false'),
+    ("dtype", "float32", r'"dtype" must be a serialized Keras dtype policy .* '
+                         r"received dtype='float32'"),
+    ("dtype", {"module": "os", "class_name": "system", "config": {}}, r'"dtype" must be'),
+])
+def test_a_wrong_field_in_a_preset_config_is_named_with_its_file(tmp_path, field, value,
+                                                                 message):
+    import json
+
+    _, folder = word_preset(tmp_path)
+    (folder / "manifest.json").unlink()  # a hand-edited preset
+    for name, nested in (("config.json", ()), ("task.json", ("backbone",))):
+        data = json.loads((folder / name).read_text())
+        config = data["config"]
+        for key in nested:
+            config = config[key]["config"]
+        if value == "missing":
+            del config[field]
+        else:
+            config[field] = value
+        (folder / name).write_text(json.dumps(data))
+    path = os.path.join(str(folder), "config.json")
+    for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained):
+        with pytest.raises(ValueError, match=re.escape(path) + ": .*" + message):
+            load(str(folder))
 
 
 def test_from_preset_on_other_folders_says_what_to_use(tmp_path):

@@ -1232,6 +1232,13 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 )
             folders.load_config(preset, limits)
             folders.check_preset_files(preset, limits)
+            if not any(os.path.lexists(os.path.join(preset, name)) for name in (
+                    folders.PRESET_TASK_FILE, folders.PRESET_TOKENIZER_FILE)):
+                # A backbone's preset (`TransformerXLBackbone.save_to_preset`):
+                # no tokenizer to build a preprocessor from (keras-hub would
+                # call the preprocessor's constructor without one); the model
+                # reads token ids.
+                kwargs.setdefault("preprocessor", None)
             folders.check_preset_weights(preset)
             if kwargs.get("dtype") is None and folders.saved_mixed_policy(preset):
                 # Written before presets held float32 (`save_to_preset`):

@@ -102,6 +102,27 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
 
     backbone_cls = TransformerXLBackbone
 
+    @classmethod
+    def _add_missing_kwargs(cls, loader, kwargs):
+        """keras-hub's loaders build the preprocessor of a preset without a
+        `preprocessor.json` (a backbone's, or one with its tokenizer alone)
+        from the preset's tokenizer: keras-hub finds none for a class with no
+        single `tokenizer_cls` and called the constructor without one (a
+        TypeError)."""
+        from keras_hub.src.utils.preset_utils import check_file_exists
+
+        if "tokenizer" not in kwargs:
+            if not check_file_exists(loader.preset, "tokenizer.json"):
+                raise ValueError(
+                    f"The preset {loader.preset!r} has no tokenizer.json to build a "
+                    "TransformerXLCausalLMPreprocessor from (a backbone's preset, "
+                    "from TransformerXLBackbone.save_to_preset?): load it with "
+                    "keras_txl.TransformerXLCausalLM.from_preset, which builds the "
+                    "model without a preprocessor, or TransformerXLBackbone.from_preset."
+                )
+            kwargs["tokenizer"] = loader.load_tokenizer(tokenizers.TransformerXLTokenizer)
+        return super()._add_missing_kwargs(loader, kwargs)
+
     def __init__(self, tokenizer, sequence_length=128, add_start_token=False,
                  add_end_token=False, **kwargs):
         if tokenizer is None or not hasattr(tokenizer, "detokenize"):

@@ -662,6 +662,31 @@ def test_importing_keras_txl_alone_still_loads_no_keras():
     assert result.stdout.split()[-1] == "[]"
 
 
+def test_a_backbones_preset_loads_as_a_causal_lm(tmp_path):
+    # TransformerXLBackbone.save_to_preset writes config.json and the weights
+    # alone: loading it as a CausalLM was a TypeError inside keras-hub
+    # ("TransformerXLCausalLMPreprocessor.__init__() missing ... 'tokenizer'").
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+    ids = random_ids((2, 6), 256)
+    expected = model.call_with_memory(ids)["log_probs"]
+    folder = tmp_path / "backbone"
+    model.backbone.save_to_preset(str(folder))
+    for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained):
+        loaded = load(str(folder))
+        assert loaded.preprocessor is None
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"], expected)
+    with pytest.raises(ValueError, match=r"has no tokenizer.json to build a "
+                       r"TransformerXLCausalLMPreprocessor from"):
+        keras_hub.models.CausalLM.from_preset(str(folder))
+    # With its tokenizer beside it, keras-hub's own loader builds the preprocessor.
+    byte_preprocessor().tokenizer.save_to_preset(str(folder))
+    for load in (TransformerXLCausalLM.from_preset, keras_hub.models.CausalLM.from_preset):
+        loaded = load(str(folder))
+        assert loaded.preprocessor.tokenizer.vocabulary_size() == 256
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"], expected)
+
+
 def test_keras_hubs_own_loaders_check_the_manifest_too(tmp_path):
     # keras_hub.models.CausalLM.from_preset never calls
     # TransformerXLCausalLM.from_preset: the backbone's load_weights checks.

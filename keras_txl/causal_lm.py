@@ -4,6 +4,7 @@ Shape legend: B batch, T segment, L num_layers, M memory_length,
 D hidden_dim, V vocabulary_size.
 """
 
+import copy
 import math
 import numbers
 import os
@@ -1453,6 +1454,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             inputs.get("memory_mask"),
         )
         positions = cache.pop("positions", None)
+        # Whether each hypothesis met NaN or +Inf log-probabilities (as
+        # `decode_loop`'s "finite"): carried in the cache, which the sampler
+        # repeats and reorders with its beams.
+        cache["finite"] = ops.ones((ops.shape(token_ids)[0],), "bool")
 
         from keras_hub.samplers import BeamSampler
 
@@ -1472,11 +1477,15 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             than each prompt alone. Here a prompt position, and every
             position of a finished row, gets all its probability on the
             token it will hold (the prompt's, or a stop token): each beam
-            keeps its score and no beam is replaced."""
+            keeps its score and no beam is replaced.
+
+            Returns the log-probs and the (B * beams,) bool of the rows
+            whose beams have all stopped (their log-probs are not used)."""
             mask = ops.repeat(padding_mask, beams, axis=0)  # as BeamSampler's beams
             in_prompt = mask[:, index]
             token = ops.where(in_prompt, prompt[:, index], 0)
             force = in_prompt
+            row_done = ops.zeros_like(in_prompt)
             if stop_token_ids:
                 written = ops.logical_and(
                     ops.arange(ops.shape(prompt)[1]) < index, ops.logical_not(mask))
@@ -1490,20 +1499,42 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 force = ops.logical_or(force, row_done)
             one_hot = ops.one_hot(ops.maximum(token, 0), vocabulary_size) > 0.5
             pinned = ops.where(one_hot, 0.0, -1e9)
-            return ops.where(force[:, None], pinned, log_probs)
+            return ops.where(force[:, None], pinned, log_probs), row_done
 
         def next(prompt, cache, index):
             fed = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
             step_cache = dict(cache)
+            finite = step_cache.pop("finite")
             if positions is not None:
                 step_cache["positions"] = positions
             hidden, new_cache = self.backbone.call_with_cache(fed, step_cache)
             new_cache.pop("positions", None)
             log_probs = self.log_probs_from_hidden(hidden)[:, 0]
+            # -Inf is a valid log-probability; NaN and +Inf are not.
+            bad = ops.any(ops.logical_or(
+                ops.isnan(log_probs), ops.equal(log_probs, float("inf"))), axis=-1)
             if beams is not None:
-                log_probs = forced(log_probs, prompt, index)
+                log_probs, row_done = forced(log_probs, prompt, index)
+                bad = ops.logical_and(bad, ops.logical_not(row_done))
+                # Every beam of a row carries the row's flag: reordering
+                # the beams cannot drop it.
+                bad = ops.repeat(
+                    ops.any(ops.reshape(bad, (-1, beams)), axis=1), beams, axis=0)
+            new_cache["finite"] = ops.logical_and(finite, ops.logical_not(bad))
             return log_probs, hidden[:, 0], new_cache
 
+        # The sampler returns only the tokens: its loop's last state (with
+        # the "finite" flags) is read as its `run_loop` returns it.
+        final = []
+        run_loop = sampler.run_loop
+
+        def recording_run_loop(*args, **kwargs):
+            outputs = run_loop(*args, **kwargs)
+            final.append(outputs)
+            return outputs
+
+        sampler = copy.copy(sampler)
+        sampler.run_loop = recording_run_loop
         token_ids = sampler(
             next=next, prompt=token_ids, cache=cache, index=1, mask=padding_mask,
             stop_token_ids=stop_token_ids, model=self,
@@ -1511,10 +1542,17 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         keep = mask_after_stop(token_ids, padding_mask, stop_token_ids)
         # Positions never written (the loop ended early, every row past a
         # stop token) get their padding back; `keep` leaves them out.
-        return {
+        out = {
             "token_ids": ops.where(token_ids < 0, prompt_ids, token_ids),
             "padding_mask": keep,
         }
+        caches = [x for outputs in final for x in outputs
+                  if isinstance(x, dict) and "finite" in x]
+        if caches:  # (B * beams,) flags, equal within a row
+            out["finite"] = ops.all(
+                ops.reshape(caches[-1]["finite"], (ops.shape(prompt_ids)[0], -1)),
+                axis=1)
+        return out
 
     def _resolve_stop_token_ids(self, stop_token_ids):
         """`generate()`'s `stop_token_ids` as a tuple of ids in [0, V) or
@@ -1667,7 +1705,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 batch["memory_mask"] = memory_mask
         generate_function = self.make_generate_function()
         outputs = generate_function(batch, stop_token_ids=stop_token_ids)
-        if "finite" in outputs:  # not from a sampler with its own loop
+        if "finite" in outputs:  # absent from a custom sampler's own loop
             bad = np.flatnonzero(~np.asarray(outputs["finite"]))
             if bad.size:
                 raise ValueError(

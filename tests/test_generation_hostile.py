@@ -73,3 +73,19 @@ def test_generate_refuses_non_finite_log_probs(bad):
         model.generate([[1, 2], [3]], max_length=5)
     with pytest.raises(ValueError, match="NaN or \\+Inf log-probabilities"):
         generation.generate_ids(model, [[1, 2]], 3, temperature=1.0, seed=0)
+
+
+@pytest.mark.parametrize("bad, num_beams", [(np.nan, 3), (np.inf, 1)])
+def test_beam_search_refuses_non_finite_log_probs(bad, num_beams):
+    # Greedy and sampling refused NaN/+Inf log-probs; beam search (keras-hub's
+    # own loop) ranked its beams on them in silence and returned made-up ids.
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=4))
+    model.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=num_beams))
+    weights = model.get_weights()
+    weights[0] = np.full_like(weights[0], bad)
+    model.set_weights(weights)
+    with pytest.raises(ValueError, match=r"NaN or \+Inf log-probabilities .*rows \[0, 1\]"):
+        model.generate([[1, 2], [3]], max_length=5, stop_token_ids=(4, 5))

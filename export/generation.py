@@ -1,7 +1,8 @@
 """Generation backends for exported models: the sampling loop's view of them.
 
 `keras_txl.generation.generate` / `generate_iter` drive any object with
-`segment_length`, `vocabulary_size`, `initial_state(memory=None)` and
+`segment_length`, `vocabulary_size`, `masked`,
+`initial_state(memory=None, memory_mask=None)` and
 `run(token_ids, state, position=-1) -> (log_probs (V,), new_state)`. These two
 run what `txl export` writes, through the export contract of
 `keras_txl.export.signatures`:
@@ -62,9 +63,12 @@ def one_row_memory_mask(memory_mask, memory_length, batch):
     return np.repeat(array, batch, 0)
 
 
-def _initial_mask(memory, memory_length, batch):
-    """The mask of a state that starts from `memory` (every slot real) or
-    from the empty memory (every slot masked), as `KerasBackend`."""
+def _initial_mask(memory, memory_length, batch, memory_mask=None):
+    """The mask of a state that starts from `memory` with its (1, M)
+    `memory_mask` (None: every slot real) or from the empty memory (every
+    slot masked), as `KerasBackend`."""
+    if memory is not None and memory_mask is not None:
+        return one_row_memory_mask(memory_mask, memory_length, batch)
     return np.full((batch, memory_length), memory is not None, bool)
 
 
@@ -156,10 +160,11 @@ class SavedModelBackend:
                                   top_k, top_p, seed)
         return self._generate(**{k: tf.constant(v) for k, v in inputs.items()})
 
-    def initial_state(self, memory=None):
+    def initial_state(self, memory=None, memory_mask=None):
         """The memory (a tensor), or for a masked export `{"memory",
-        "memory_mask"}`: masked slots from the empty memory, real ones from
-        a given memory (as `KerasBackend`)."""
+        "memory_mask"}`: masked slots from the empty memory, from a given
+        memory those its (1, M) `memory_mask` says (every slot real without
+        one), as `KerasBackend`."""
         cfg = self.config
         given = memory
         if memory is None:
@@ -172,7 +177,7 @@ class SavedModelBackend:
         if not self.masked:
             return memory
         return {sig.MEMORY: memory, sig.MEMORY_MASK: tf.constant(
-            _initial_mask(given, cfg.memory_length, self.batch_size))}
+            _initial_mask(given, cfg.memory_length, self.batch_size, memory_mask))}
 
     def run(self, token_ids, state, position=-1):
         token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)
@@ -217,6 +222,7 @@ class TFLiteBackend:
         self.memory_shape = tuple(runner.memory_shape)
         mask_shape = getattr(runner, "memory_mask_shape", None)
         self.memory_mask_shape = None if mask_shape is None else tuple(mask_shape)
+        self.masked = self.memory_mask_shape is not None
         self.tokenizer_dir = None
 
     @classmethod
@@ -234,7 +240,7 @@ class TFLiteBackend:
         backend.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
         return backend
 
-    def initial_state(self, memory=None):
+    def initial_state(self, memory=None, memory_mask=None):
         """As `SavedModelBackend.initial_state` (a dict for a masked model)."""
         given = memory
         if memory is None:
@@ -244,7 +250,7 @@ class TFLiteBackend:
         if self.memory_mask_shape is None:
             return memory
         return {sig.MEMORY: memory, sig.MEMORY_MASK: _initial_mask(
-            given, self.memory_mask_shape[1], self.batch_size)}
+            given, self.memory_mask_shape[1], self.batch_size, memory_mask)}
 
     def run(self, token_ids, state, position=-1):
         token_ids = np.repeat(np.asarray(token_ids, np.int32), self.batch_size, 0)

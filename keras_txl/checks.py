@@ -115,6 +115,25 @@ def one_text_memory(name, value, row_shape):
     return array
 
 
+def one_text_memory_mask(name, value, memory_length):
+    """A (1, M) bool validity of a memory's slots to continue one text from,
+    or a ValueError naming `name` (0/1 or float masks are refused, not cast:
+    a soft mask has no meaning)."""
+    try:
+        array = np.asarray(value)
+    except ValueError:  # ragged rows
+        array = np.asarray(value, dtype=object)
+    expected = (1, memory_length)
+    if array.dtype != bool or array.shape != expected:
+        raise ValueError(
+            f"`{name}` must be a bool array of shape (1, memory_length) = "
+            f"{expected} (generation decodes one text), True where a memory slot "
+            "holds real memory: pass the one returned with the memory. Received "
+            f"dtype {array.dtype} and shape {array.shape}."
+        )
+    return array
+
+
 # The dtypes a stored weight may have: it is cast to the variable's dtype on
 # load, which is exact for these and silently wrong for integers or booleans.
 WEIGHT_DTYPES = ("float16", "bfloat16", "float32", "float64")

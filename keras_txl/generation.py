@@ -136,8 +136,9 @@ def sample_next(log_probs, sampler):
 # === Backends ===
 #
 # A backend has `vocabulary_size`, `segment_length` (None: any T, or the T
-# fixed at export), `initial_state(memory=None)` and
-# `run(token_ids (1, T) int32, state, position=-1) -> (log_probs (V,),
+# fixed at export), `masked` (its memory carries a validity mask:
+# `empty_memory="masked"`), `initial_state(memory=None, memory_mask=None)`
+# and `run(token_ids (1, T) int32, state, position=-1) -> (log_probs (V,),
 # new_state)`, the log-probs of the token after `position`. The state is
 # opaque to the loop (a memory, or a memory plus its cache).
 
@@ -170,6 +171,8 @@ class KerasBackend:
         self.use_cache = use_cache
         self.config = model.txl_config
         self.vocabulary_size = self.config.vocabulary_size
+        self.masked = (self.config.empty_memory == "masked"
+                       and self.config.memory_length > 0)
         # Decoding steps (T = 1) get their own trace with static shapes, so
         # the cached `W_R R` (built for K = M + 1) is used; other lengths
         # (prompt chunks, partial segments) share a shape-relaxed trace.
@@ -196,19 +199,19 @@ class KerasBackend:
         out = self.model.call_with_cache(token_ids, cache)
         return out["log_probs"][0], out["cache"]
 
-    def initial_state(self, memory=None):
+    def initial_state(self, memory=None, memory_mask=None):
         # With empty_memory="masked" the slots of an empty memory are masked
         # (as model.generate does); a memory given here counts as real in
-        # every slot.
-        masked = (self.config.empty_memory == "masked"
-                  and self.config.memory_length > 0)
-        memory_mask = None
+        # every slot unless its (1, M) `memory_mask` says otherwise.
+        masked = self.masked
         if memory is None:
             memory = self.model.initial_memory(1)
             if masked:
                 memory_mask = tf.zeros((1, self.config.memory_length), tf.bool)
-        elif masked:
+        elif masked and memory_mask is None:
             memory_mask = tf.ones((1, self.config.memory_length), tf.bool)
+        if memory_mask is not None:
+            memory_mask = tf.convert_to_tensor(memory_mask, tf.bool)
         return {"memory": tf.convert_to_tensor(memory, tf.float32),
                 "memory_mask": memory_mask, "cache": None}
 
@@ -313,9 +316,45 @@ def _check_initial_memory(backend, memory):
     return memory
 
 
+def _check_initial_memory_mask(backend, memory, memory_mask):
+    """The (1, M) bool mask of `memory` for a backend whose memory carries
+    one (`empty_memory="masked"`), None for the others; ValueError naming
+    `initial_memory_mask` when it is missing, stray or malformed (as
+    `model.generate`'s `memory_mask`)."""
+    masked = bool(getattr(backend, "masked", False))
+    if memory_mask is not None and memory is None:
+        raise ValueError(
+            "`initial_memory_mask` is the validity of `initial_memory`'s slots: "
+            "pass it with the memory it came with (initial_memory=...)."
+        )
+    if memory is None:
+        return None
+    memory_length = memory.shape[2]
+    if not masked:
+        if memory_mask is not None:
+            raise ValueError(
+                "`initial_memory_mask` is only for a model with "
+                "empty_memory='masked'; this model counts every memory slot "
+                "as real: pass initial_memory alone."
+            )
+        return None
+    if memory_mask is None:
+        raise ValueError(
+            "`initial_memory_mask` is required with `initial_memory` for a "
+            "model with empty_memory='masked': pass the validity returned "
+            "with the memory (the third value of model.generate(..., "
+            "return_memory=True), call_with_memory's out['memory_mask']), or "
+            f"np.ones((1, {memory_length}), bool) if every slot holds real "
+            "memory."
+        )
+    return checks.one_text_memory_mask(
+        "initial_memory_mask", memory_mask, memory_length)
+
+
 def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
                   top_k=0, top_p=1.0, seed=None, segment_length=None,
-                  schedule=None, use_cache=True, initial_memory=None):
+                  schedule=None, use_cache=True, initial_memory=None,
+                  initial_memory_mask=None):
     """An iterator over the new ids, one by one (see `generate` for the
     arguments).
 
@@ -357,18 +396,23 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
         checks.memory_for_generation(config.memory_length)
     if initial_memory is not None:
         initial_memory = _check_initial_memory(backend, initial_memory)
+    initial_memory_mask = _check_initial_memory_mask(
+        backend, initial_memory, initial_memory_mask)
     schedule, length = _resolve_schedule(backend, schedule, segment_length)
     prompt = prompt.astype(np.int32)
     sampler = sampler_from_options(temperature, top_k, top_p, seed,
                                    vocabulary_size=vocabulary_size)
     return _generate_tokens(backend, prompt, max_new_tokens, sampler,
-                            schedule, length, initial_memory)
+                            schedule, length, initial_memory, initial_memory_mask)
 
 
 def _generate_tokens(backend, prompt, max_new_tokens, sampler, schedule,
-                     length, initial_memory):
+                     length, initial_memory, initial_memory_mask=None):
     """`generate_iter`'s loop, on checked arguments."""
-    state = backend.initial_state(initial_memory)
+    if initial_memory_mask is None:
+        state = backend.initial_state(initial_memory)
+    else:
+        state = backend.initial_state(initial_memory, memory_mask=initial_memory_mask)
     fixed = backend.segment_length
 
     def pick(log_probs):
@@ -423,7 +467,8 @@ def _generate_tokens(backend, prompt, max_new_tokens, sampler, schedule,
 
 def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
              top_p=1.0, seed=None, on_token=None, segment_length=None,
-             schedule=None, use_cache=True, initial_memory=None):
+             schedule=None, use_cache=True, initial_memory=None,
+             initial_memory_mask=None):
     """Generates `max_new_tokens` ids after `prompt_ids`.
 
     Args:
@@ -445,14 +490,21 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
             None: "segment" only for a fixed T > 1).
         use_cache: bool. With a Keras model, decode with the memory
             key/value cache (same log-probs, faster).
-        initial_memory: (1, L, M, D) memory to start from, or None (zeros).
+        initial_memory: (1, L, M, D) memory to start from, or None (the
+            empty memory: zeros, masked slots with `empty_memory="masked"`).
+        initial_memory_mask: (1, M) bool validity of `initial_memory`'s
+            slots. Required with `initial_memory` for a model with
+            `empty_memory="masked"` (pass the one returned with the memory,
+            as to `model.generate(memory=..., memory_mask=...)`); refused
+            for any other model.
 
     Returns:
         np.ndarray of int32, the new ids.
 
     Raises:
-        ValueError: empty or out-of-range prompt, bad sampling settings, or
-            a schedule the backend cannot run.
+        ValueError: empty or out-of-range prompt, bad sampling settings, a
+            schedule the backend cannot run, or an initial memory without
+            its mask (masked model).
 
     Example:
     ```python
@@ -465,6 +517,7 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
         model, prompt_ids, max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, segment_length=segment_length,
         schedule=schedule, use_cache=use_cache, initial_memory=initial_memory,
+        initial_memory_mask=initial_memory_mask,
     ):
         new.append(token)
         if on_token is not None:

@@ -319,9 +319,18 @@ def test_tflite_generate_and_backends_start_from_masked_slots(masked):
                         memory_mask=got_mask.astype(np.int32))
     # The host loop over the exported backends: the Keras model's tokens.
     expected = generate(model, prompt, new, temperature=0)
+    # ... and from a partly empty memory with its mask (the host loop's
+    # `initial_memory` took no mask: its unfilled slots counted as real).
+    _, memory, mask = model.generate([prompt[:2]], max_length=3, return_memory=True)
+    assert not np.asarray(mask).all()
+    continued = generate(model, more, new, temperature=0, initial_memory=memory,
+                         initial_memory_mask=mask)
     for backend in (SavedModelBackend(masked.version_dir), TFLiteBackend(runner)):
         np.testing.assert_array_equal(generate(backend, prompt, new, temperature=0),
                                       expected)
+        np.testing.assert_array_equal(generate(
+            backend, more, new, temperature=0, initial_memory=memory,
+            initial_memory_mask=mask), continued)
     stateless = TFLiteBackend(tflite.TFLiteRunner(masked.paths["stateless"]))
     np.testing.assert_array_equal(
         generate(stateless, prompt, new, temperature=0, schedule="segment"),

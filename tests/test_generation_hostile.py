@@ -89,3 +89,58 @@ def test_beam_search_refuses_non_finite_log_probs(bad, num_beams):
     model.set_weights(weights)
     with pytest.raises(ValueError, match=r"NaN or \+Inf log-probabilities .*rows \[0, 1\]"):
         model.generate([[1, 2], [3]], max_length=5, stop_token_ids=(4, 5))
+
+
+@pytest.fixture(scope="module")
+def masked_model():
+    keras.utils.set_random_seed(0)
+    model = keras_txl.TransformerXLCausalLM(tiny_config(
+        vocabulary_size=50, memory_length=8, empty_memory="masked", init_std=1.0,
+        projection_init_std=1.0))
+    model.compile(sampler="greedy", jit_compile=False)  # quicker to trace
+    return model
+
+
+def test_host_loop_continues_a_partly_empty_masked_memory(masked_model):
+    # The host loop's `initial_memory` took no mask: a memory from
+    # model.generate(return_memory=True) with unfilled (masked) slots was
+    # resumed as if every slot were real, and gave other tokens than
+    # model.generate continuing the same memory with its mask.
+    model = masked_model
+    _, memory, mask = model.generate([[44, 47, 0]], max_length=5, return_memory=True)
+    memory, mask = np.asarray(memory), np.asarray(mask)
+    assert 0 < mask.sum() < mask.size  # partly empty
+    # Each backend's first step equals call_with_memory with the mask.
+    reference = model.call_with_memory(np.array([[3]], np.int32), memory,
+                                       memory_mask=mask)["log_probs"][0, -1]
+    for use_cache in (True, False):
+        backend = generation.KerasBackend(model, use_cache=use_cache)
+        log_probs, _ = backend.run(np.array([[3]], np.int32),
+                                   backend.initial_state(memory, memory_mask=mask))
+        np.testing.assert_allclose(log_probs, reference, atol=1e-5)
+    expected = model.generate([[3, 3]], max_length=8, memory=memory,
+                              memory_mask=mask, strip_prompt=True)[0]
+    np.testing.assert_array_equal(generation.generate(
+        model, [3, 3], 6, temperature=0, initial_memory=memory,
+        initial_memory_mask=mask), expected)
+    # The mask matters here: every slot taken as real gives other tokens.
+    all_real = generation.generate(model, [3, 3], 6, temperature=0,
+                                   initial_memory=memory,
+                                   initial_memory_mask=np.ones_like(mask))
+    assert not np.array_equal(all_real, expected)
+
+
+def test_host_loop_initial_memory_mask_errors_name_it(masked_model, untrained):
+    memory = np.zeros((1, 2, 8, 8), np.float32)
+    with pytest.raises(ValueError, match="`initial_memory_mask` is required"):
+        generation.generate(masked_model, [1], 2, initial_memory=memory)
+    for bad in (np.ones((1, 8), np.int32), np.ones((1, 7), bool), np.ones((8,), bool)):
+        with pytest.raises(ValueError, match=r"`initial_memory_mask` must be a bool "
+                                             r"array of shape \(1, memory_length\)"):
+            generation.generate(masked_model, [1], 2, initial_memory=memory,
+                                initial_memory_mask=bad)
+    with pytest.raises(ValueError, match="`initial_memory_mask` is the validity"):
+        generation.generate(masked_model, [1], 2, initial_memory_mask=np.ones((1, 8), bool))
+    with pytest.raises(ValueError, match="`initial_memory_mask` is only for a model"):
+        generation.generate(untrained, [1], 2, initial_memory=np.zeros((1, 2, 4, 8)),
+                            initial_memory_mask=np.ones((1, 4), bool))

@@ -564,7 +564,8 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
 
     Args:
         model: `TransformerXLCausalLM` (not stateful).
-        prompts: list of 1-D int sequences (any lengths, at least one id).
+        prompts: list of 1-D int sequences (any lengths, at least one id,
+            each in [0, vocabulary_size)).
         max_new_tokens: int >= 1. Every row gets this many (fewer after a
             stop token of the model's tokenizer).
         temperature, top_k, top_p, seed: see `sampler_from_options`.
@@ -572,6 +573,11 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
     Returns:
         list of int32 arrays, the new ids of each prompt.
     """
+    if not hasattr(model, "txl_config") or not hasattr(model, "generate"):
+        raise ValueError(
+            "`model` must be a keras_txl.TransformerXLCausalLM, received "
+            f"{type(model).__name__}."
+        )
     max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(
@@ -587,8 +593,28 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
                 f"received shape {array.shape} and dtype {array.dtype}."
             )
         rows.append([int(t) for t in array])
+    # Checked here, by this function's names (model.generate would name
+    # its own `inputs` and `max_length`).
+    from keras_txl.causal_lm import MAX_GENERATE_LENGTH
+
+    vocabulary_size = model.txl_config.vocabulary_size
+    for i, row in enumerate(rows):
+        if min(row) < 0 or max(row) >= vocabulary_size:
+            raise ValueError(
+                f"`prompts[{i}]` holds token ids outside [0, vocabulary_size="
+                f"{vocabulary_size}), received values in [{min(row)}, {max(row)}]."
+            )
+    longest = max(len(r) for r in rows)
+    if longest + max_new_tokens > MAX_GENERATE_LENGTH:
+        raise ValueError(
+            f"`max_new_tokens` must be at most {MAX_GENERATE_LENGTH - longest}: "
+            f"the longest prompt ({longest} tokens) and the new tokens come to "
+            f"more than the {MAX_GENERATE_LENGTH} (2**20) tokens of one call; "
+            f"received max_new_tokens={max_new_tokens}. Generate a longer text "
+            "in pieces (model.generate(..., return_memory=True), then memory=...)."
+        )
     sampler = sampler_from_options(temperature, top_k, top_p, seed,
-                                   vocabulary_size=model.txl_config.vocabulary_size)
+                                   vocabulary_size=vocabulary_size)
     # Not `model.compile(sampler=...)`: that would also replace the user's
     # optimizer (and its state), loss and metrics. keras-hub's generate
     # reads `model.sampler` when it traces `generate_function`; both are
@@ -597,7 +623,7 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
     model.sampler, model.generate_function = sampler, None
     try:
         outputs = model.generate(
-            rows, max_length=max(len(r) for r in rows) + max_new_tokens,
+            rows, max_length=longest + max_new_tokens,
             strip_prompt=True,
         )
     finally:

@@ -342,6 +342,21 @@ def test_generate_iter_checks_its_arguments_when_called():
         generation.generate_iter(model, [1, 2], 3, seed=2**64)
 
 
+def test_generate_ids_errors_name_its_own_arguments():
+    # Out-of-range ids and a too-long request were reported by
+    # model.generate under its names (`inputs[0]`, `max_length`), which
+    # generate_ids does not have; a model of another kind was an
+    # AttributeError.
+    model = id_model()
+    with pytest.raises(ValueError, match=r"`prompts\[1\]` holds token ids outside "
+                                         r"\[0, vocabulary_size=11\).*\[-1, 30\]"):
+        generation.generate_ids(model, [[1, 2], [30, -1]], 3, temperature=0)
+    with pytest.raises(ValueError, match=r"`max_new_tokens` must be at most 1048573"):
+        generation.generate_ids(model, [[1, 2, 3]], 2**20 - 2, temperature=0)
+    with pytest.raises(ValueError, match="`model` must be a keras_txl.TransformerXLCausalLM"):
+        generation.generate_ids(object(), [[1, 2]], 3)
+
+
 # === txl generate ===
 
 

@@ -168,7 +168,7 @@ class KerasBackend:
                 f"received {type(model).__name__}."
             )
         self.model = model
-        self.use_cache = use_cache
+        self.use_cache = checks.boolean("use_cache", use_cache)
         self.config = model.txl_config
         self.vocabulary_size = self.config.vocabulary_size
         self.masked = (self.config.empty_memory == "masked"
@@ -362,6 +362,7 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
     is asked for: a caller can print the prompt after this call knowing the
     arguments are good (`txl generate` does).
     """
+    use_cache = checks.boolean("use_cache", use_cache)  # "no" is not False
     backend = as_backend(model, use_cache=use_cache)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     seed = check_seed(seed)
@@ -512,6 +513,12 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=0,
                    top_k=40, seed=0, on_token=print)
     ```
     """
+    if on_token is not None and not callable(on_token):
+        # Checked before anything runs, not at the first new id.
+        raise ValueError(
+            "`on_token` must be None or a callable taking each new id, "
+            f"received {type(on_token).__name__}."
+        )
     new = []
     for token in generate_iter(
         model, prompt_ids, max_new_tokens, temperature=temperature,

@@ -144,3 +144,17 @@ def test_host_loop_initial_memory_mask_errors_name_it(masked_model, untrained):
     with pytest.raises(ValueError, match="`initial_memory_mask` is only for a model"):
         generation.generate(untrained, [1], 2, initial_memory=np.zeros((1, 2, 4, 8)),
                             initial_memory_mask=np.ones((1, 4), bool))
+
+
+def test_host_loop_refuses_a_non_bool_use_cache_and_a_non_callable_on_token(untrained):
+    # use_cache="no" was truthy and decoded with the cache in silence;
+    # on_token=5 failed with a TypeError after the first id was computed.
+    with pytest.raises(ValueError, match="`use_cache` must be True or False"):
+        generation.generate(untrained, [1, 2], 2, use_cache="no")
+    with pytest.raises(ValueError, match="`use_cache` must be True or False"):
+        generation.KerasBackend(untrained, use_cache=0)
+    seen = []
+    with pytest.raises(ValueError, match="`on_token` must be None or a callable"):
+        generation.generate(untrained, [1, 2], 2, on_token=5)
+    generation.generate(untrained, [1, 2], 2, on_token=seen.append, use_cache=np.bool_(False))
+    assert len(seen) == 2

@@ -48,19 +48,11 @@ def one_row_memory(memory, row_shape, batch):
 
 
 def one_row_memory_mask(memory_mask, memory_length, batch):
-    """A checked (1, M) bool memory mask repeated over the exported model's
-    fixed batch; a ValueError naming `memory_mask` otherwise (0/1 or float
-    masks are refused, not cast, as the Keras model refuses them)."""
-    array = np.asarray(memory_mask)
-    expected = (1, memory_length)
-    if array.dtype != bool or array.shape != expected:
-        raise ValueError(
-            f"`memory_mask` must be a bool array of shape (1, memory_length) = "
-            f"{expected} (generation decodes one text), True where a memory slot "
-            f"holds real memory: pass the one returned with the memory. Received "
-            f"dtype {array.dtype} and shape {array.shape}."
-        )
-    return np.repeat(array, batch, 0)
+    """A checked (1, M) bool memory mask (`checks.one_text_memory_mask`:
+    0/1 or float masks are refused, not cast, as the Keras model refuses
+    them) repeated over the exported model's fixed batch."""
+    return np.repeat(
+        checks.one_text_memory_mask("memory_mask", memory_mask, memory_length), batch, 0)
 
 
 def _initial_mask(memory, memory_length, batch, memory_mask=None):

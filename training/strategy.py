@@ -133,6 +133,8 @@ def _configure_cluster_deadline(seconds):
 
     Returns the leader task ("worker 0"), or None where nothing was set up.
     """
+    import re
+
     from tensorflow.python.eager import context
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -146,9 +148,12 @@ def _configure_cluster_deadline(seconds):
         logger.warning("This TensorFlow has no coordination config where keras-txl "
                        "looks for it: --cluster-timeout is not applied.")
         return None
+    from tensorflow.python.distribute import multi_worker_util
+
+    leader = multi_worker_util.coordination_leader(cluster)  # the strategy's choice
     context.context().configure_coordination_service(
         service_type="standalone",
-        service_leader=f"/job:{jobs[0]}/replica:0/task:0",
+        service_leader=leader,
         coordinated_jobs=[pb.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job))
                           for job in jobs],
         cluster_register_timeout_in_ms=int(seconds * 1000),
@@ -159,7 +164,8 @@ def _configure_cluster_deadline(seconds):
                        "barrier: --cluster-timeout may not be applied.")
         return None
     config.cluster_register_with_barrier = True
-    return f"{jobs[0]} 0"
+    job, task = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", leader).groups()
+    return f"{job} {task}"
 
 
 def _stragglers(message):

@@ -259,6 +259,27 @@ def check_sampler(sampler):
         )
 
 
+def sampler_object(sampler):
+    """A sampler name (one of `SAMPLERS`) as keras-hub's sampler; a
+    `keras_hub.samplers.Sampler` as it is; a ValueError naming `sampler`
+    for anything else."""
+    if isinstance(sampler, str) and sampler not in SAMPLERS:
+        raise ValueError(
+            f"`sampler` must be one of {list(SAMPLERS)} or a "
+            f"keras_hub.samplers.Sampler, received sampler={sampler!r}."
+        )
+    if not isinstance(sampler, (str, Sampler)):
+        raise ValueError(
+            "`sampler` must be a sampler name or a "
+            f"keras_hub.samplers.Sampler, received {type(sampler).__name__}."
+        )
+    if isinstance(sampler, str):
+        from keras_hub.samplers import get
+
+        sampler = get(sampler)
+    return sampler
+
+
 def _saved_settings(preset):
     """What a local preset folder says of its statefulness: task.json's
     "stateful"/"batch_size" and the rows of the memory its task weights
@@ -1305,6 +1326,21 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         return model
 
     # --- keras-hub: compile, generate, fit ---------------------------------
+    @property
+    def sampler(self):
+        """The sampler `generate()` uses (None before `compile`)."""
+        return getattr(self, "_sampler", None)
+
+    @sampler.setter
+    def sampler(self, sampler):
+        # keras-hub's `compile` turns a name into a sampler; assigned
+        # directly (`model.sampler = "greedy"`), the string reached
+        # generate() and failed with an AttributeError. And the compiled
+        # generate function kept the sampler it was traced with: a new one
+        # was ignored in silence until the next compile().
+        self._sampler = None if sampler is None else sampler_object(sampler)
+        self.generate_function = None
+
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto",
                 sampler="top_k", **kwargs):
         """keras-hub's `CausalLM.compile`, with the sampler checked here.
@@ -1331,18 +1367,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 f"jit_compile={jit_compile!r}."
             )
         self._generate_jit = jit_compile
-        if isinstance(sampler, str) and sampler not in SAMPLERS:
-            raise ValueError(
-                f"`sampler` must be one of {list(SAMPLERS)} or a "
-                f"keras_hub.samplers.Sampler, received sampler={sampler!r}."
-            )
-        if not isinstance(sampler, (str, Sampler)):
-            raise ValueError(
-                "`sampler` must be a sampler name or a "
-                f"keras_hub.samplers.Sampler, received {type(sampler).__name__}."
-            )
-        if isinstance(sampler, Sampler):
-            check_sampler(sampler)
+        sampler = sampler_object(sampler)
+        check_sampler(sampler)
         if isinstance(loss, str) and loss == "auto":
             loss = TokenCrossEntropy()
         super().compile(

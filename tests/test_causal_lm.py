@@ -324,3 +324,38 @@ def test_save_pretrained_round_trip_and_mismatched_config(tmp_path):
     with pytest.raises(ValueError, match="another config"):
         keras_txl.load_pretrained(str(tmp_path / "m"))
     assert not [p for p in (tmp_path / "m").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_sampler_assigned_by_name_or_after_generate_is_the_one_used():
+    # `model.sampler = "greedy"` (without compile, as keras-hub users do)
+    # reached generate() as a string and failed with an AttributeError; and a
+    # sampler assigned after a generate() was ignored in silence: the
+    # compiled generate function kept the one it was traced with.
+    import keras_hub
+
+    bare = TransformerXLCausalLM(tiny(), compile=False)
+    bare.sampler = "greedy"
+    assert isinstance(bare.sampler, keras_hub.samplers.GreedySampler)
+    model = TransformerXLCausalLM(tiny())
+    model.compile(sampler=keras_hub.samplers.RandomSampler(seed=1, temperature=1e3),
+                  jit_compile=False)
+    prompt = np.array([[1, 2, 3]])
+    # The argmax chain, by hand: one token a step, the memory carried.
+    greedy, memory = list(prompt[0]), None
+    for t in range(9):
+        out = model.call_with_memory(np.array([[greedy[t]]]), memory)
+        memory = out["memory"]
+        if t + 1 == len(greedy):
+            greedy.append(int(np.argmax(out["log_probs"][0, -1])))
+    assert not np.array_equal(model.generate(prompt, max_length=10, stop_token_ids=None)[0],
+                              greedy)
+    model.sampler = "greedy"
+    np.testing.assert_array_equal(
+        model.generate(prompt, max_length=10, stop_token_ids=None)[0], greedy)
+    for bad, message in (("nucleus", r"`sampler` must be one of \['greedy'"),
+                         (3, r"`sampler` must be a sampler name .* received int")):
+        with pytest.raises(ValueError, match=message):
+            model.sampler = bad
+    model.sampler = None
+    with pytest.raises(ValueError, match=r"generate\(\) needs a sampler"):
+        model.generate(prompt, max_length=4)

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
+from keras import tree
 from keras_hub.models import CausalLM
 from keras_hub.samplers import Sampler
 
@@ -72,6 +73,35 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         sample_weight = tf.cast(sample_weight, tf.float32)
         rows = tf.reshape(sample_weight, tf.stack([tf.shape(y_true)[0], -1]))
         return tf.broadcast_to(rows, tf.shape(y_true))
+
+
+class TokenWeightedLoss(keras.metrics.Mean):
+    """`compile`'s "loss" tracker (what `fit`'s History, its progress bar
+    and `evaluate` report): the mean of the batches' losses, each weighted
+    by the number of tokens its loss is the mean over.
+
+    Keras' train and test steps weight each batch by its rows: with a loss
+    that divides by the weights (`TokenCrossEntropy`'s, on padded strings
+    or with a `sample_weight`), a batch of one real token counted as much
+    as a full one, and the epoch's loss was not the mean NLL of its tokens.
+    `TransformerXLCausalLM.compute_loss` gives the batch's count, which the
+    step's `update_state` that follows uses instead of the rows (the rows
+    when no count came from the same graph: a `compute_loss` overridden
+    without calling this one)."""
+
+    def __init__(self, name="loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._count = None
+
+    def next_count(self, count):
+        self._count = count
+
+    def update_state(self, values, sample_weight=None):
+        count, self._count = self._count, None
+        if count is not None and getattr(count, "graph", None) is getattr(
+                values, "graph", None):
+            sample_weight = count
+        return super().update_state(values, sample_weight=sample_weight)
 
 
 class ResetMemory(keras.callbacks.Callback):
@@ -1375,6 +1405,29 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics,
             sampler=sampler, **kwargs,
         )
+        # The tokens a batch's loss is the mean over: the weights' sum for
+        # a loss that divides by it, every position for Keras' default.
+        losses = [v for v in tree.flatten(loss) if v is not None]
+        self._loss_divides_by_weights = len(losses) == 1 and getattr(
+            losses[0], "reduction", None) == "mean_with_sample_weight"
+        self._loss_tracker = TokenWeightedLoss(name="loss")
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        """Keras' `compute_loss`; also hands the "loss" tracker the number
+        of tokens the batch's loss is the mean over (`TokenWeightedLoss`):
+        the weights' sum for a loss that divides by it (the default
+        `TokenCrossEntropy`), every position otherwise. Per replica, as
+        Keras' own tracker: the replicas' sums add up."""
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        tracker = getattr(self, "_loss_tracker", None)
+        if isinstance(tracker, TokenWeightedLoss) and y is not None:
+            if sample_weight is not None and self._loss_divides_by_weights:
+                count = ops.sum(TokenCrossEntropy.token_weights(sample_weight, y))
+            else:
+                count = ops.cast(ops.size(y), "float32")
+            tracker.next_count(count)
+        return loss
 
     def get_compile_config(self):
         """Keras' compile config and the sampler, so that a `.keras` file

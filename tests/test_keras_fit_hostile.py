@@ -135,3 +135,61 @@ def test_ordered_segments_say_how_many_batches_they_hold(drop_remainder):
         model.fit(tf.data.Dataset.from_tensor_slices(["hello world, one long text"] * 4),
                   epochs=2, verbose=0)
     assert not [w for w in caught if "ran out of data" in str(w.message)]
+
+
+def weighted_nll_reference(model, x, y, weights):
+    """The mean NLL over the tokens, each weighted, and the weighted
+    accuracy, from the model's log-probs (by hand, in float64)."""
+    log_probs = np.asarray(model.predict(x, batch_size=len(x), verbose=0), "float64")
+    y = np.asarray(y)
+    nll = -np.take_along_axis(log_probs, y[..., None], -1)[..., 0]
+    hits = log_probs.argmax(-1) == y
+    return (nll * weights).sum() / weights.sum(), (hits * weights).sum() / weights.sum()
+
+
+def test_the_reported_loss_is_the_token_weighted_mean_over_the_batches():
+    # Keras weighted each batch's loss by its rows: with padding or a
+    # sample_weight, a batch of one real token counted as much as a full
+    # one, and the epoch's (and evaluate's) loss was not the mean NLL of the
+    # weighted tokens (3.86 where the tokens said 3.72).
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    x, y = random_ids((6, 4), 31, seed=1), random_ids((6, 4), 31, seed=2)
+    rows = np.array([1.0, 0.0, 2.0, 0.0, 0.0, 5.0])
+    tokens = np.zeros((6, 4))
+    tokens[0, :1] = tokens[3:, :] = 1.0
+    for weights, full in ((rows, rows[:, None] * np.ones((6, 4))), (tokens, tokens)):
+        loss, accuracy = weighted_nll_reference(model, x, y, full)
+        for logs in (model.evaluate(x, y, sample_weight=weights, batch_size=2, verbose=0,
+                                    return_dict=True),
+                     {k: v[0] for k, v in model.fit(x, y, sample_weight=weights,
+                                                    batch_size=2, verbose=0).history.items()}):
+            np.testing.assert_allclose(logs["loss"], loss, rtol=1e-5)
+            np.testing.assert_allclose(logs["sparse_categorical_accuracy"], accuracy,
+                                       rtol=1e-5)
+
+
+def test_the_reported_loss_weights_padded_strings_and_each_replica_by_their_tokens():
+    from testing import mirrored_strategy
+
+    # Padded strings, in batches of different padding.
+    strings = byte_model()
+    strings.compile(optimizer=keras.optimizers.SGD(0.0))
+    texts = ["hi", "a much longer text here ok", "abc", "xyz 123 4567 89"]
+    x, y, weights = strings.preprocessor(texts)
+    loss, _ = weighted_nll_reference(strings, x, y, np.asarray(weights, "float64"))
+    np.testing.assert_allclose(strings.evaluate(texts, batch_size=2, verbose=0,
+                                                return_dict=True)["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(strings.fit(texts, batch_size=2, verbose=0,
+                                           shuffle=False).history["loss"][0], loss, rtol=1e-5)
+    # Each replica's batch has its own weights: their sums add up.
+    strategy = mirrored_strategy()
+    with strategy.scope():
+        mirrored = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+        mirrored.compile(optimizer=keras.optimizers.SGD(0.0))
+    x, y = random_ids((8, 4), 31, seed=1), random_ids((8, 4), 31, seed=2)
+    rows = np.array([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 0.0, 1.0])
+    loss, _ = weighted_nll_reference(mirrored, x, y, rows[:, None] * np.ones((8, 4)))
+    np.testing.assert_allclose(mirrored.evaluate(x, y, sample_weight=rows, batch_size=4,
+                                                 verbose=0, return_dict=True)["loss"],
+                               loss, rtol=1e-5)

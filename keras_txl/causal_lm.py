@@ -1407,7 +1407,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         )
         # The tokens a batch's loss is the mean over: the weights' sum for
         # a loss that divides by it, every position for Keras' default.
-        losses = [v for v in tree.flatten(loss) if v is not None]
+        # (`self.loss`: Keras keeps the previous loss when `loss` is None.)
+        losses = [v for v in tree.flatten(getattr(self, "loss", None)) if v is not None]
         self._loss_divides_by_weights = len(losses) == 1 and getattr(
             losses[0], "reduction", None) == "mean_with_sample_weight"
         self._loss_tracker = TokenWeightedLoss(name="loss")

@@ -310,6 +310,34 @@ def sampler_object(sampler):
     return sampler
 
 
+def check_reads_log_probs(name, values):
+    """Refuses, naming `name`, a loss or metric that reads the model's
+    outputs as probabilities: a cross-entropy with `from_logits=False`, as
+    Keras' string names (`"sparse_categorical_crossentropy"`) and
+    keras-hub's `Perplexity()` default to. On log-probabilities it clipped
+    them to its epsilon and reported a made-up value (3.43 for a mean NLL
+    of 3.90; a perplexity of V), and such a loss trained on near-zero
+    gradients, in silence."""
+    if isinstance(values, str) and values == "auto":
+        return
+    for value in tree.flatten(values):
+        if isinstance(value, str):
+            if "crossentropy" not in value.lower():
+                continue
+            what = repr(value)
+        elif getattr(value, "from_logits", None) is False:
+            what = f"{type(value).__name__}(from_logits=False)"
+        else:
+            continue
+        raise ValueError(
+            f"`{name}`: {what} reads the model's outputs as probabilities, but a "
+            "TransformerXLCausalLM returns log-probabilities (use them as logits): "
+            f"pass from_logits=True (e.g. keras.losses.SparseCategoricalCrossentropy("
+            "from_logits=True), keras_hub.metrics.Perplexity(from_logits=True))"
+            + (", or loss='auto' (TokenCrossEntropy)." if name == "loss" else ".")
+        )
+
+
 def _saved_settings(preset):
     """What a local preset folder says of its statefulness: task.json's
     "stateful"/"batch_size" and the rows of the memory its task weights
@@ -1385,6 +1413,11 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             loss: "auto" (default) is `TokenCrossEntropy`: the mean
                 cross-entropy over the tokens whose weight counts (padding
                 of strings excluded from the sum and from the count).
+                The outputs are log-probabilities: a cross-entropy loss or
+                metric must take them as logits (`from_logits=True`);
+                one that reads probabilities (Keras' string names such as
+                "sparse_categorical_crossentropy", keras-hub's
+                `Perplexity()`) is refused (`check_reads_log_probs`).
             jit_compile: as in Keras ("auto" by default). For `generate()`,
                 "auto" means XLA (see `generate_jit_compile`); `fit` keeps
                 Keras' own resolution (off on a CPU-only host).
@@ -1399,6 +1432,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         self._generate_jit = jit_compile
         sampler = sampler_object(sampler)
         check_sampler(sampler)
+        check_reads_log_probs("loss", loss)
+        check_reads_log_probs("metrics", kwargs.get("metrics"))
+        check_reads_log_probs("weighted_metrics", weighted_metrics)
         if isinstance(loss, str) and loss == "auto":
             loss = TokenCrossEntropy()
         super().compile(

@@ -195,3 +195,35 @@ def test_the_reported_loss_weights_padded_strings_and_each_replica_by_their_toke
     np.testing.assert_allclose(mirrored.evaluate(x, y, sample_weight=rows, batch_size=4,
                                                  verbose=0, return_dict=True)["loss"],
                                loss, rtol=1e-5)
+
+
+def test_losses_and_metrics_that_read_probabilities_are_refused_by_name():
+    # The model returns log-probabilities: Keras' string names and keras-hub's
+    # Perplexity() read them as probabilities (from_logits=False), clipped
+    # them and reported 3.43 for a mean NLL of 3.90, or a perplexity of V,
+    # and such a loss trained on near-zero gradients, in silence.
+    import keras_hub
+
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    for kwargs, message in (
+            (dict(loss="sparse_categorical_crossentropy"),
+             r"`loss`: 'sparse_categorical_crossentropy' reads the model's outputs as "
+             r"probabilities.*from_logits=True.*loss='auto'"),
+            (dict(loss=[keras.losses.SparseCategoricalCrossentropy()]),
+             r"`loss`: SparseCategoricalCrossentropy\(from_logits=False\)"),
+            (dict(metrics=["accuracy", "sparse_categorical_crossentropy"]),
+             r"`metrics`: 'sparse_categorical_crossentropy'"),
+            (dict(weighted_metrics=[keras_hub.metrics.Perplexity()]),
+             r"`weighted_metrics`: Perplexity\(from_logits=False\)")):
+        with pytest.raises(ValueError, match=message):
+            model.compile(optimizer=keras.optimizers.SGD(0.0), **kwargs)
+    # The same with from_logits=True: the numbers of the log-probs.
+    model.compile(optimizer=keras.optimizers.SGD(0.0),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"],
+                  weighted_metrics=[keras_hub.metrics.Perplexity(from_logits=True)])
+    x, y = random_ids((4, 4), 31, seed=1), random_ids((4, 4), 31, seed=2)
+    loss, accuracy = weighted_nll_reference(model, x, y, np.ones((4, 4)))
+    logs = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    np.testing.assert_allclose([logs["loss"], logs["perplexity"], logs["accuracy"]],
+                               [loss, np.exp(loss), accuracy], rtol=1e-5)

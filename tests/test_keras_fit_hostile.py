@@ -227,3 +227,27 @@ def test_losses_and_metrics_that_read_probabilities_are_refused_by_name():
     logs = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
     np.testing.assert_allclose([logs["loss"], logs["perplexity"], logs["accuracy"]],
                                [loss, np.exp(loss), accuracy], rtol=1e-5)
+
+
+def test_the_training_loss_and_bits_metric_weigh_each_token_by_its_sample_weight():
+    # BitsPerCharacter ignored a weighted metric's sample_weight (the padding
+    # counted as text), and TokenNLL divided the weighted sum by every position.
+    from keras_txl.training.metrics import BitsPerCharacter
+    from keras_txl.training.metrics import TokenNLL
+
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=TokenNLL(),
+                  metrics=[BitsPerCharacter(name="all_bpc")],
+                  weighted_metrics=[BitsPerCharacter()])
+    x, y = random_ids((6, 4), 31, seed=1), random_ids((6, 4), 31, seed=2)
+    rows = np.array([1.0, 0.0, 2.0, 0.0, 0.0, 5.0])
+    tokens = np.zeros((6, 4))
+    tokens[0, :1] = tokens[3:, :] = 1.0
+    everything, _ = weighted_nll_reference(model, x, y, np.ones((6, 4)))
+    for weights, full in ((rows, rows[:, None] * np.ones((6, 4))), (tokens, tokens)):
+        loss, _ = weighted_nll_reference(model, x, y, full)
+        logs = model.evaluate(x, y, sample_weight=weights, batch_size=2, verbose=0,
+                              return_dict=True)
+        np.testing.assert_allclose([logs["loss"], logs["bpc"], logs["all_bpc"]],
+                                   [loss, loss / np.log(2), everything / np.log(2)],
+                                   rtol=1e-5)

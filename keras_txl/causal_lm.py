@@ -1430,6 +1430,11 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 f"jit_compile={jit_compile!r}."
             )
         self._generate_jit = jit_compile
+        if "steps_per_execution" in kwargs:
+            # 0 failed at the first fit/evaluate with "range() arg 3 must not
+            # be zero"; a float or a negative number later still.
+            kwargs["steps_per_execution"] = checks.positive_int(
+                "steps_per_execution", kwargs["steps_per_execution"])
         sampler = sampler_object(sampler)
         check_sampler(sampler)
         check_reads_log_probs("loss", loss)

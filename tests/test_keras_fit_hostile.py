@@ -251,3 +251,18 @@ def test_the_training_loss_and_bits_metric_weigh_each_token_by_its_sample_weight
         np.testing.assert_allclose([logs["loss"], logs["bpc"], logs["all_bpc"]],
                                    [loss, loss / np.log(2), everything / np.log(2)],
                                    rtol=1e-5)
+
+
+def test_steps_per_execution_must_be_a_positive_integer_and_runs_the_same_steps():
+    # 0 failed at the first evaluate with "range() arg 3 must not be zero".
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"`steps_per_execution` must be a positive "
+                                             rf"integer. Received: steps_per_execution={bad!r}"):
+            model.compile(optimizer=keras.optimizers.SGD(0.0), steps_per_execution=bad)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), steps_per_execution=2)
+    x, y = random_ids((6, 4), 31, seed=1), random_ids((6, 4), 31, seed=2)
+    rows = np.array([1.0, 0.0, 2.0, 0.0, 0.0, 5.0])
+    loss, _ = weighted_nll_reference(model, x, y, rows[:, None] * np.ones((6, 4)))
+    logs = model.evaluate(x, y, sample_weight=rows, batch_size=2, verbose=0, return_dict=True)
+    np.testing.assert_allclose(logs["loss"], loss, rtol=1e-5)

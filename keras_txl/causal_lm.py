@@ -165,6 +165,12 @@ def _no_targets_with_texts(y, what):
         )
 
 
+def _reads_strings(x):
+    """Strings, or a tf.data.Dataset of strings."""
+    return _holds_strings(x) or (isinstance(x, tf.data.Dataset)
+                                 and _is_string_spec(x.element_spec))
+
+
 def _nothing_made_by_the_preprocessor(**given):
     """The preprocessor makes the targets and the weights of strings:
     keras-hub dropped a `y` or `sample_weight` given with them in silence."""
@@ -1097,6 +1103,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         On ids the stateful model is a stateful Keras RNN: its memory runs
         on from the previous call (`reset_memory()` first to start a text
         over), as in `evaluate` and `fit` on ids."""
+        self._check_preprocessor_for(x, "predict()")
         if self.stateful and isinstance(x, tf.data.Dataset) and _is_string_spec(
                 x.element_spec):
             segments = self._ordered_segments(x, "predict()").map(
@@ -1110,17 +1117,27 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         """keras `evaluate`; for the stateful model a `tf.data.Dataset` of
         strings is cut into ordered segments, as `fit` does, and read from
         a zeroed memory (zeroed again after)."""
+        self._check_preprocessor_for(x, "evaluate()")
         if self.stateful and isinstance(x, tf.data.Dataset) and _is_string_spec(
                 x.element_spec):
             _no_targets_with_texts(y, "evaluate()")
             x = self._ordered_segments(x, "evaluate()")
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
             return keras.Model.evaluate(self, x, None, None, *args, **kwargs)
-        if _holds_strings(x) or (isinstance(x, tf.data.Dataset)
-                                 and _is_string_spec(x.element_spec)):
+        if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         batch_size = self._check_stateful_data(x, batch_size, "evaluates")
         return super().evaluate(x, y, batch_size, *args, **kwargs)
+
+    def _check_preprocessor_for(self, x, what):
+        """Strings need the preprocessor: without one keras-hub said "Calling
+        a model directly ... Use `model.predict(x)`" to a `predict` call."""
+        if self.preprocessor is None and _reads_strings(x):
+            raise ValueError(
+                f"{what} on strings needs a preprocessor (a "
+                "TransformerXLCausalLMPreprocessor with the model's tokenizer, "
+                "`preprocessor=` of the constructor); this model has none. Pass "
+                "token ids, or load the model with its tokenizer (a preset folder).")
 
     def _ordered_segments(self, x, what):
         """A dataset of strings as the stateful model's ordered segments."""
@@ -1876,17 +1893,12 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 "(one weight per row, (batch,), or per token, (batch, "
                 "segment_length)); received class_weight of "
                 f"{type(kwargs['class_weight']).__name__}.")
+        self._check_preprocessor_for(x, "fit()")
         if (
             isinstance(x, tf.data.Dataset)
             and _is_string_spec(x.element_spec)
-            and (self.stateful or self.preprocessor is None)
+            and self.stateful
         ):
-            if self.preprocessor is None:
-                raise ValueError(
-                    "fit() on a dataset of strings needs a preprocessor (a "
-                    "TransformerXLCausalLMPreprocessor with the model's "
-                    "tokenizer); this model has none."
-                )
             _no_targets_with_texts(y, "fit()")
             for steps in ("steps_per_epoch", "validation_steps"):
                 if self.stateful and kwargs.get(steps) is not None:
@@ -1925,8 +1937,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 kwargs["validation_data"] = self._ordered_segments(
                     validation, "validation")
             return keras.Model.fit(self, x, **kwargs)
-        if _holds_strings(x) or (isinstance(x, tf.data.Dataset)
-                                 and _is_string_spec(x.element_spec)):
+        if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         batch_size = self._check_stateful_data(x, batch_size, "fits")
         if self.stateful:

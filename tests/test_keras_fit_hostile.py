@@ -266,3 +266,20 @@ def test_steps_per_execution_must_be_a_positive_integer_and_runs_the_same_steps(
     loss, _ = weighted_nll_reference(model, x, y, rows[:, None] * np.ones((6, 4)))
     logs = model.evaluate(x, y, sample_weight=rows, batch_size=2, verbose=0, return_dict=True)
     np.testing.assert_allclose(logs["loss"], loss, rtol=1e-5)
+
+
+def test_strings_without_a_preprocessor_are_refused_by_name():
+    # keras-hub answered predict(["abc"]) with "Calling a model directly ...
+    # Use `model.predict(x)` ... instead", to a model without a tokenizer.
+    import tensorflow as tf
+
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    texts = ["abc", "def"]
+    for what, call in (("predict", lambda x: model.predict(x, verbose=0)),
+                       ("evaluate", lambda x: model.evaluate(x, verbose=0)),
+                       ("fit", lambda x: model.fit(x, verbose=0))):
+        for x in (texts, np.array(texts), tf.data.Dataset.from_tensor_slices(texts).batch(2)):
+            with pytest.raises(ValueError, match=rf"{what}\(\) on strings needs a "
+                                                 r"preprocessor .* this model has none"):
+                call(x)

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 from keras import tree
+from keras.src.utils import tracking
 from keras_hub.models import CausalLM
 from keras_hub.samplers import Sampler
 
@@ -1469,7 +1470,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         losses = [v for v in tree.flatten(getattr(self, "loss", None)) if v is not None]
         self._loss_divides_by_weights = len(losses) == 1 and getattr(
             losses[0], "reduction", None) == "mean_with_sample_weight"
-        self._loss_tracker = TokenWeightedLoss(name="loss")
+        # Untracked, as Keras' compile assigns its own tracker: tracked, each
+        # compile added one more "loss" to `metrics` (and to evaluate's list).
+        with tracking.DotNotTrackScope():
+            self._loss_tracker = TokenWeightedLoss(name="loss")
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):

@@ -160,6 +160,9 @@ def test_the_reported_loss_is_the_token_weighted_mean_over_the_batches():
     rows = np.array([1.0, 0.0, 2.0, 0.0, 0.0, 5.0])
     tokens = np.zeros((6, 4))
     tokens[0, :1] = tokens[3:, :] = 1.0
+    # One "loss" however often the model was compiled (in its constructor too).
+    assert model.metrics_names == ["loss", "compile_metrics"]
+    assert len(model.evaluate(x, y, batch_size=2, verbose=0)) == 2
     for weights, full in ((rows, rows[:, None] * np.ones((6, 4))), (tokens, tokens)):
         loss, accuracy = weighted_nll_reference(model, x, y, full)
         for logs in (model.evaluate(x, y, sample_weight=weights, batch_size=2, verbose=0,

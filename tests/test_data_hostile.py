@@ -688,3 +688,54 @@ def test_prepare_data_takes_the_workdir_lock_as_txl_prepare_does(tmp_path):
     # Then held by this API: `txl prepare` is refused naming it.
     with WorkdirLock(str(workdir), command="prepare_data"):
         assert main(["prepare", "--data", folder, "--workdir", str(workdir)]) == 2
+
+
+# --- 8. every line ends with <eos>, as the reference reads files ---------------
+def reference_symbols(paths, eos, double_eos=False):
+    """The official `vocabulary.py`: each file read line by line (universal
+    newlines), each line `line.strip().split()` then `<eos>` (or `<S> ... <S>`)."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                words = line.strip().split()
+                out += [eos, *words, eos] if double_eos else [*words, eos]
+    return out
+
+
+def test_a_last_line_without_newline_gets_its_eos_in_memory_and_in_shards(tmp_path):
+    # A file without a final newline lost the <eos> of its last line (the
+    # reference adds one to every line it reads), and LM1B's training files were
+    # joined so that one file's last line ran into the next file's first.
+    folder = tmp_path / "c"
+    folder.mkdir()
+    files = {"train": b"a b\nc d", "valid": b"a\r\nb  c\r\nd", "test": b"a\n\n"}
+    for split, data in files.items():
+        (folder / f"{split}.txt").write_bytes(data)
+    corpus = load_corpus(folder)
+    assert (corpus.train, corpus.valid, corpus.test) == ("a b\nc d\n", "a\nb  c\nd\n", "a\n\n")
+    for chunk_bytes in (1, 2, 3, 5, 64):
+        stream = open_corpus_source(folder, chunk_bytes=chunk_bytes)
+        for split in ("train", "valid", "test"):
+            assert "".join(t for t, _ in stream.chunks(split)) == corpus.split(split)
+    tokenizer, splits = prepare_data(str(folder), str(tmp_path / "w"), "word")
+    words = tokenizer.vocabulary
+    for split in ("train", "valid", "test"):
+        expected = reference_symbols([folder / f"{split}.txt"], "<eos>")
+        assert [words[i] for i in tokenizer.encode(corpus.split(split))] == expected
+        assert [words[i] for i in np.asarray(splits[split])] == expected
+
+    from testing import write_lm1b_release
+
+    release = write_lm1b_release(tmp_path / "lm1b", train=("a b .\nc d", "e f .\n"),
+                                 heldout=("a z .", "c c .\n"))
+    corpus = load_corpus(release)
+    assert corpus.train == "a b .\nc d\ne f .\n" and corpus.valid == "a z .\n"
+    tokenizer, splits = prepare_data(str(release), str(tmp_path / "w2"))
+    words = tokenizer.vocabulary
+    eos = words[tokenizer.eos_id]
+    train_files = sorted((release / "training-monolingual.tokenized.shuffled").iterdir())
+    expected = reference_symbols(train_files, eos, double_eos=True)
+    assert [words[i] for i in tokenizer.encode(corpus.train)] == expected
+    assert [words[i] for i in np.asarray(splits["train"])] == expected
+

@@ -995,7 +995,10 @@ class CorpusSource:
     (the files of a folder) `"\r\n"` and a lone `"\r"` are read as `"\n"`;
     a raw file cut into three (a single file, `text8`) keeps every byte, and
     the bytes of a character that the cut falls inside stay on each side
-    (as `surrogateescape` stand-ins). A raw `enwik8` (`errors=
+    (as `surrogateescape` stand-ins). With `universal_newlines` every file
+    is read as lines, as the reference `vocabulary.py` reads it: a last line
+    without a newline is given one (its `<eos>`), so it never runs into the
+    first line of the next file (LM1B's training files). A raw `enwik8` (`errors=
     "surrogateescape"`) may hold any bytes: the byte tokenizer encodes them
     back exactly.
 
@@ -1202,7 +1205,23 @@ class CorpusSource:
                     del window[:cut]
                     position = part.start + offset
                     offset += cut
-                    yield self._decode(block, part, position), [part_index, offset]
+                    text = self._decode(block, part, position)
+                    if self._universal_newlines and text and not text.endswith("\n"):
+                        # A text file is lines: its last line ends there even
+                        # without a newline, as the reference reads files
+                        # (an <eos> for it; never run into the next file).
+                        if not ended and not window:
+                            # The end of the file? Read on, as the next chunk
+                            # would (at most `size` bytes: the same chunks).
+                            count = size if left is None else min(size, left)
+                            data = handle.read(count)
+                            if left is not None:
+                                left -= len(data)
+                            ended = len(data) < count or left == 0
+                            window += data
+                        if ended and not window:
+                            text += "\n"
+                    yield text, [part_index, offset]
             part_index, offset = part_index + 1, 0
 
     def _uncuttable(self, part, position, kind, double_eos, length) -> ValueError:

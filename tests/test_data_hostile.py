@@ -739,3 +739,35 @@ def test_a_last_line_without_newline_gets_its_eos_in_memory_and_in_shards(tmp_pa
     assert [words[i] for i in tokenizer.encode(corpus.train)] == expected
     assert [words[i] for i in np.asarray(splits["train"])] == expected
 
+
+def test_an_index_whose_tokens_sha256_does_not_match_its_shards_is_refused(tmp_path):
+    # The index's tokens_sha256 (the key checkpoints record) was taken on
+    # trust: shards copied in from another preparation with their sha256s, or
+    # a key edited by hand, gave a key that is not the tokens' own.
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    _, splits = prepare_data(folder, str(workdir), "word")
+    valid = pathlib.Path(splits["valid"].folder)
+    test = pathlib.Path(splits["test"].folder)
+    good_key = shards.ShardedTokens(valid).key
+    assert good_key == "tokens-sha256:" + json.loads(
+        (valid / "index.json").read_text())["tokens_sha256"]
+    # The test split's shards, with their index entries, under valid's key.
+    index = json.loads((valid / "index.json").read_text())
+    other = json.loads((test / "index.json").read_text())
+    for shard in other["shards"]:
+        shutil.copy(test / shard["file"], valid / shard["file"])
+    index.update(shards=other["shards"], num_tokens=other["num_tokens"],
+                 max_id=other["max_id"])
+    (valid / "index.json").write_text(json.dumps(index))
+    message = (r"valid/index\.json: its tokens_sha256 .* is not the sha256 of the "
+               r"tokens its shards hold")
+    opened = shards.ShardedTokens(valid)
+    opened.read(0, 1)  # the shards themselves match their own sha256s
+    with pytest.raises(ValueError, match=message):
+        opened.key  # noqa: B018 (the property checks)
+    with pytest.raises(ValueError, match=message):
+        shards.ShardedTokens(valid).verify()
+    with pytest.raises(ValueError, match=message):
+        prepare_data(folder, str(workdir), "word")
+

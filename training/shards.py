@@ -124,7 +124,10 @@ class ShardedTokens:
     (the index's `tokens_sha256`, the same for any shard size), or the
     index's `key` for an index written before `tokens_sha256` existed.
     Training records it in every checkpoint and refuses to resume on
-    another.
+    another. It is never taken on trust: reading it first runs `verify`
+    (once), which also recomputes `tokens_sha256` from the shards' bytes,
+    so an index edited by hand (or shards copied in from another split with
+    their sha256s) is an error, not a key of other tokens.
 
     Args:
         folder: str. A split folder with an `index.json` (see the module).
@@ -143,7 +146,9 @@ class ShardedTokens:
         self.dtype = np.dtype(index["dtype"])
         self.max_id = int(index.get("max_id", -1))
         content = index.get("tokens_sha256")
-        self.key = f"tokens-sha256:{content}" if content else index.get("key")
+        self._key = f"tokens-sha256:{content}" if content else index.get("key")
+        # Whether `verify` has checked every shard and the whole stream.
+        self._stream_checked = False
         sizes, self._paths = [], []
         for shard in index["shards"]:
             file = os.path.join(self.folder, os.path.basename(shard["file"]))
@@ -167,6 +172,12 @@ class ShardedTokens:
 
     def __len__(self):
         return self.num_tokens
+
+    @property
+    def key(self):
+        """The tokens' identity (see the class), after `verify`."""
+        self.verify()
+        return self._key
 
     def __repr__(self):
         return (f"ShardedTokens({self.folder!r}, {self.num_tokens} tokens, "
@@ -252,10 +263,29 @@ class ShardedTokens:
 
     def verify(self):
         """Hashes every shard not hashed yet against the index now (rather
-        than at its first read, `_fd`); raises if one differs."""
-        for shard, path in enumerate(self._paths):
-            if shard not in self._verified:
-                self._check(shard, sha256_file(path))
+        than at its first read, `_fd`), and the whole token stream against
+        the index's `tokens_sha256` (in the same read, once per object);
+        raises if one differs."""
+        if self._stream_checked:
+            return
+        content = self.index.get("tokens_sha256")
+        if not content:  # an index older than tokens_sha256: shards only
+            for shard, path in enumerate(self._paths):
+                if shard not in self._verified:
+                    self._check(shard, sha256_file(path))
+        else:
+            stream, digests = _stream_digests(self._paths, self.dtype)
+            for shard, digest in enumerate(digests):
+                if shard not in self._verified:
+                    self._check(shard, digest)
+            if stream != content:
+                raise ValueError(
+                    f"{os.path.join(self.folder, INDEX)}: its tokens_sha256 {content} is "
+                    f"not the sha256 of the tokens its shards hold ({stream}): the index "
+                    "was edited, or shards were copied in from elsewhere. Delete "
+                    f"{self.folder} and prepare again (`txl prepare` with the same "
+                    "--data and --workdir).")
+        self._stream_checked = True
 
 
 def tokens_sha256(paths, dtype, expected=None):
@@ -266,21 +296,30 @@ def tokens_sha256(paths, dtype, expected=None):
     `expected`: the sha256 of each file, as recorded when it was written;
     a file that no longer matches is a ValueError (the stream's hash is
     never taken over damaged bytes)."""
+    stream, digests = _stream_digests(paths, dtype)
+    for path, own, recorded in zip(paths, digests, expected or digests):
+        if own != recorded:
+            raise ValueError(
+                f"shard {path} changed after it was written (its sha256 no longer "
+                f"matches the one recorded in {PROGRESS}). Run `txl prepare` again: "
+                "it re-encodes the shards that do not match.")
+    return stream
+
+
+def _stream_digests(paths, dtype):
+    """`(tokens_sha256, [sha256 of each file])` of the shard files `paths`,
+    in one read of each."""
     dtype = np.dtype(dtype)
-    digest = hashlib.sha256()
+    digest, digests = hashlib.sha256(), []
     block = (1 << 22) * dtype.itemsize  # whole tokens: 4M per read
-    for number, path in enumerate(paths):
+    for path in paths:
         own = hashlib.sha256()
         with open(path, "rb") as handle:
             for data in iter(lambda handle=handle: handle.read(block), b""):
                 own.update(data)
                 digest.update(np.frombuffer(data, dtype).astype("<i4").tobytes())
-        if expected is not None and own.hexdigest() != expected[number]:
-            raise ValueError(
-                f"shard {path} changed after it was written (its sha256 no longer "
-                f"matches the one recorded in {PROGRESS}). Run `txl prepare` again: "
-                "it re-encodes the shards that do not match.")
-    return digest.hexdigest()
+        digests.append(own.hexdigest())
+    return digest.hexdigest(), digests
 
 
 def _recorded_shards_intact(folder, shards, dtype, split):
@@ -447,4 +486,7 @@ def write_split(folder, chunks, encode, *, key, dtype, split="split",
                              "tokens_sha256": content, "shards": listed})
     if os.path.exists(progress_path):
         os.remove(progress_path)
-    return ShardedTokens(folder)
+    tokens = ShardedTokens(folder)
+    # The stream was just hashed from these files, each checked: not again.
+    tokens._stream_checked = tokens._key == f"tokens-sha256:{content}"
+    return tokens

@@ -5,10 +5,13 @@ wording of the errors."""
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 from unittest import mock
 
 import numpy as np
@@ -17,6 +20,7 @@ from hypothesis import HealthCheck
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+from testing import REPO
 
 from keras_txl.cli import main
 from keras_txl.tokenizers import UNICODE_WHITESPACE
@@ -770,4 +774,55 @@ def test_an_index_whose_tokens_sha256_does_not_match_its_shards_is_refused(tmp_p
         shards.ShardedTokens(valid).verify()
     with pytest.raises(ValueError, match=message):
         prepare_data(folder, str(workdir), "word")
+
+
+def write_tiny_shards(folder, tokens, shard_tokens):
+    """A finished split of `tokens` cut into shards of `shard_tokens` (the
+    index written directly: no fsync per shard)."""
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True)
+    listed, paths = [], []
+    for number, start in enumerate(range(0, len(tokens), shard_tokens)):
+        data = np.asarray(tokens[start:start + shard_tokens], "<u2").tobytes()
+        path = folder / f"shard-{number:05d}.bin"
+        path.write_bytes(data)
+        paths.append(path)
+        listed.append({"file": path.name, "tokens": len(data) // 2,
+                       "sha256": hashlib.sha256(data).hexdigest(), "max_id": 0})
+    index = {"format": shards.FORMAT, "key": "k", "dtype": "<u2",
+             "num_tokens": len(tokens), "max_id": int(max(tokens)),
+             "tokens_sha256": shards.tokens_sha256(paths, "<u2"), "shards": listed}
+    (folder / "index.json").write_text(json.dumps(index))
+    return str(folder)
+
+
+def test_thousands_of_shards_do_not_run_out_of_file_descriptors(tmp_path):
+    # One descriptor stayed open per shard read: a small --shard-tokens on a
+    # large corpus ran into `ulimit -n` (often 1024) with "Too many open files".
+    tokens = np.arange(3000) % 50_000
+    folder = write_tiny_shards(tmp_path / "s", tokens, 2)  # 1500 shards
+    script = f"""
+import os, resource, sys
+import numpy as np
+from keras_txl.training import shards
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 100, open_now + 100))
+tokens = shards.ShardedTokens({folder!r})
+got = np.asarray(tokens)
+again = tokens.read_windows([0, 1000, 2990], 9)
+print("OK", got.tolist() == (np.arange(3000) % 50_000).tolist(), again[1, 0])
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": "",
+                                                     "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["OK", "True", "1000"]
+    # Shards already hashed are not hashed again when their file is reopened.
+    opened = shards.ShardedTokens(folder)
+    with mock.patch.object(hashlib, "file_digest", wraps=hashlib.file_digest) as hashed:
+        np.asarray(opened)
+        assert hashed.call_count == 1500
+        np.testing.assert_array_equal(np.asarray(opened), tokens)
+        assert hashed.call_count == 1500
+    assert len(opened._fds) <= shards.MAX_OPEN_SHARDS
 

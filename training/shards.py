@@ -41,10 +41,12 @@ token stream: the ordered batches read by offset, never by shard), so
 re-sharding the same tokens keeps a resume exact.
 """
 
+import collections
 import hashlib
 import json
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -57,6 +59,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_SHARD_TOKENS",
     "FORMAT",
+    "MAX_OPEN_SHARDS",
     "MIN_SHARD_TOKENS",
     "ShardedTokens",
     "is_complete",
@@ -71,6 +74,10 @@ DEFAULT_SHARD_TOKENS = 1 << 26  # 64M tokens: 128 MB (uint16) or 256 MB (int32)
 # (and an fsync) per token. `write_split` itself takes any size (tests cut
 # tiny splits into many shards).
 MIN_SHARD_TOKENS = 1024
+# Shard files a `ShardedTokens` keeps open at most (the least recently read
+# is closed past it): a small --shard-tokens on a large corpus makes
+# thousands of shards, more than `ulimit -n` (often 1024) allows open.
+MAX_OPEN_SHARDS = 64
 INDEX = "index.json"
 PROGRESS = "progress.json"
 
@@ -166,7 +173,11 @@ class ShardedTokens:
             self._paths.append(file)
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_tokens = int(self._starts[-1])
-        self._fds = {}
+        # Open shard files, least recently read first (see `_fd`).
+        self._fds = collections.OrderedDict()
+        # `read` looks up a descriptor then reads it, while another thread's
+        # read could close it (`_fd` keeps `MAX_OPEN_SHARDS`).
+        self._lock = threading.Lock()
         # The shards already hashed against the index (see `_fd`).
         self._verified = set()
 
@@ -185,8 +196,13 @@ class ShardedTokens:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_fds"] = {}
+        state["_fds"] = collections.OrderedDict()
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _fd(self, shard):
         """The open file of `shard`. Each shard is hashed against its sha256
@@ -197,18 +213,25 @@ class ShardedTokens:
         At first use rather than at every read: the hash streams the whole
         file (about 1 s per GB), once per process, which the ordered batches
         pay anyway as they read every shard; re-hashing at each read would
-        cost the file per window."""
+        cost the file per window.
+
+        At most `MAX_OPEN_SHARDS` stay open: past it the least recently read
+        one is closed (reopened when read again, not hashed again)."""
         fd = self._fds.get(shard)
-        if fd is None:
-            fd = os.open(self._paths[shard], os.O_RDONLY)
-            try:
-                if shard not in self._verified:
-                    with os.fdopen(os.dup(fd), "rb") as handle:
-                        self._check(shard, hashlib.file_digest(handle, "sha256").hexdigest())
-            except BaseException:
-                os.close(fd)
-                raise
-            self._fds[shard] = fd
+        if fd is not None:
+            self._fds.move_to_end(shard)
+            return fd
+        fd = os.open(self._paths[shard], os.O_RDONLY)
+        try:
+            if shard not in self._verified:
+                with os.fdopen(os.dup(fd), "rb") as handle:
+                    self._check(shard, hashlib.file_digest(handle, "sha256").hexdigest())
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds[shard] = fd
+        while len(self._fds) > MAX_OPEN_SHARDS:
+            os.close(self._fds.popitem(last=False)[1])
         return fd
 
     def _check(self, shard, digest):
@@ -222,7 +245,7 @@ class ShardedTokens:
     def close(self):
         for fd in self._fds.values():
             os.close(fd)
-        self._fds = {}
+        self._fds = collections.OrderedDict()
 
     def __del__(self):
         try:
@@ -241,7 +264,8 @@ class ShardedTokens:
         while start + done < stop:
             base = int(self._starts[shard])
             take = min(stop - start - done, int(self._starts[shard + 1]) - (start + done))
-            data = os.pread(self._fd(shard), take * item, (start + done - base) * item)
+            with self._lock:
+                data = os.pread(self._fd(shard), take * item, (start + done - base) * item)
             if len(data) != take * item:
                 raise ValueError(f"shard {self._paths[shard]} is shorter than its index says.")
             out[done:done + take] = np.frombuffer(data, self.dtype)

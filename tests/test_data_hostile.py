@@ -826,3 +826,31 @@ print("OK", got.tolist() == (np.arange(3000) % 50_000).tolist(), again[1, 0])
         assert hashed.call_count == 1500
     assert len(opened._fds) <= shards.MAX_OPEN_SHARDS
 
+
+def test_a_nul_byte_in_a_text_corpus_is_refused_naming_the_file_and_byte(tmp_path, capsys):
+    # NUL bytes were read as word characters: a binary file, or a UTF-16 file
+    # (valid UTF-8 with a NUL after every ASCII letter), given by mistake was
+    # tokenized in silence.
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "train.txt").write_bytes(b"a b\n" * 40 + b"c\x00d\n")
+    (folder / "valid.txt").write_bytes(b"a\n")
+    (folder / "test.txt").write_bytes("a b\n".encode("utf-16-le"))
+    message = r"train\.txt holds a NUL byte \(at byte 161\)"
+    with pytest.raises(ValueError, match=message):
+        load_corpus(folder)
+    with pytest.raises(ValueError, match=message):
+        list(open_corpus_source(folder, chunk_bytes=8).chunks("train"))
+    with pytest.raises(ValueError, match=r"test\.txt holds a NUL byte \(at byte 1\).*UTF-16"):
+        list(open_corpus_source(folder).chunks("test"))
+    assert main(["prepare", "--data", str(folder), "--workdir", str(tmp_path / "w")]) == 2
+    assert "train.txt holds a NUL byte (at byte 161)" in capsys.readouterr().err
+    assert not (tmp_path / "w" / "tokenizer").exists()
+    single = tmp_path / "book.txt"
+    single.write_bytes(b"x y z\n" * 10 + b"\x00")
+    with pytest.raises(ValueError, match=r"book\.txt holds a NUL byte \(at byte 60\)"):
+        load_corpus(single)
+    # The raw enwik8 is bytes for the byte tokenizer: a NUL there is data.
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "enwik8").write_bytes(b"\x00ab" * 20)
+    assert load_corpus(tmp_path / "e").train.startswith("\x00ab")

@@ -990,8 +990,9 @@ class CorpusSource:
     the same token ids as the whole text (the tokenizers encode line by
     line).
 
-    Text files (`errors="strict"`) must be UTF-8: anything else is a
-    ValueError naming the file and the byte. With `universal_newlines`
+    Text files (`errors="strict"`) must be UTF-8 and hold no NUL byte
+    (a binary or UTF-16 file): anything else is a ValueError naming the
+    file and the byte. With `universal_newlines`
     (the files of a folder) `"\r\n"` and a lone `"\r"` are read as `"\n"`;
     a raw file cut into three (a single file, `text8`) keeps every byte, and
     the bytes of a character that the cut falls inside stay on each side
@@ -1244,6 +1245,15 @@ class CorpusSource:
         `position` (see the class docstring for the rules)."""
         if self._errors == "surrogateescape":
             return block.decode("utf-8", "surrogateescape")
+        nul = block.find(b"\0")
+        if nul >= 0:
+            # Valid UTF-8, but no text: a binary file, or UTF-16 text (a NUL
+            # after every ASCII character), given by mistake.
+            raise ValueError(
+                f"{part.path} holds a NUL byte (at byte {position + nul}): it is not "
+                "text but a binary file, or text saved as UTF-16 (save it as UTF-8). "
+                "Text corpora must be UTF-8 text; only a raw `enwik8` file (or "
+                "enwik8.zip) is read as bytes, for the byte tokenizer.")
         low, high = 0, len(block)
         # A raw file cut at byte positions: the part of a character that a
         # cut falls inside is kept as bytes (not an error) on each side.

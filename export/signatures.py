@@ -763,6 +763,13 @@ def generate_functions(
         with tf.control_dependencies(
             checked(prompts, max_new_tokens, temperature, top_k, top_p)
         ):
+            # Every use of the options goes through these identities, so none
+            # runs before the checks: the graph runs an op as soon as its
+            # inputs are there, and tf.range(max_new_tokens) would otherwise
+            # race them (max_new_tokens=-1 failed in Range, 2**31 - 1
+            # allocated 8 GB before the cap refused it).
+            max_new_tokens, temperature, top_k, top_p = (
+                tf.identity(x) for x in (max_new_tokens, temperature, top_k, top_p))
             tokens = tokenizer.tokenize(prompts)  # (B, None) ragged
         tokens = tf.cast(tokens, tf.int32)
         prompt_lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)

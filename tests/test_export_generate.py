@@ -360,3 +360,24 @@ def test_the_generate_signature_refuses_non_finite_log_probs():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="NaN or \\+Inf log-probabilities"):
         function(**serving.generate_request(["ab"], 3))
+
+
+def test_request_options_are_used_only_after_their_checks(exported):
+    """The graph runs an op once its inputs are there: an option read by an
+    op outside the checks' control dependencies races them. tf.range(
+    max_new_tokens) did: max_new_tokens=-1 failed now and then in Range
+    ("Requires start <= limit"), and 2**31 - 1 allocated 8 GB before the
+    cap refused the request."""
+    model, version_dir, _ = exported
+    function, specs = sig.generate_functions(model)[sig.GENERATE]
+    graph = tf.function(function).get_concrete_function(*specs).graph
+    for name in (sig.MAX_NEW_TOKENS, sig.TEMPERATURE, sig.TOP_K, sig.TOP_P):
+        for op in graph.get_operation_by_name(name).outputs[0].consumers():
+            checked = op.name.startswith(("assert_", "VerifyFinite/"))
+            gated = op.type == "Identity" and op.control_inputs
+            assert checked or gated, f"{name} is read by {op.type} {op.name} unchecked"
+    predictor = serving_doubles.SavedModelPredictor(version_dir)
+    for _ in range(20):
+        with pytest.raises(serving_doubles.PredictError,
+                           match="`max_new_tokens` must be >= 1"):
+            predictor.predict(sig.GENERATE, serving.generate_request(PROMPTS, -1))

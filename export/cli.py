@@ -286,6 +286,12 @@ def _check_writable(out):
 
     existing = os.path.abspath(out)
     while not os.path.isdir(existing):
+        if os.path.lexists(existing) and existing != os.path.abspath(out):
+            # Folders cannot be made inside a file: named here, not as an
+            # "[Errno 20] Not a directory" once the model has been loaded.
+            raise ValueError(
+                f"--out {out!r} is inside {existing!r}, which is a file: --out "
+                "must be a folder (new or existing) for the exports.")
         existing = os.path.dirname(existing)
     try:
         # A probe file, not os.access: that answers for the mode bits, not

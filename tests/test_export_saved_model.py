@@ -390,6 +390,15 @@ def test_cli_reports_missing_model_and_existing_version(exported, tmp_path):
     with pytest.raises(ValueError, match="--out .*afile' is a file: it must be a folder"):
         run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "afile")
     assert (tmp_path / "afile").read_text() == "mine"
+    # A folder below a file was "[Errno 20] Not a directory", after loading.
+    for out in (tmp_path / "afile" / "sub", tmp_path / "afile" / "sub" / "x"):
+        for format in ("saved_model", "tflite"):
+            with pytest.raises(ValueError, match=f"--out '{re.escape(str(out))}' is "
+                               f"inside '{re.escape(str(tmp_path / 'afile'))}', which "
+                               "is a file: --out must be a folder"):
+                run_cli("--workdir", exported.tmp / "run", "--out", out,
+                        "--format", format)
+    assert (tmp_path / "afile").read_text() == "mine"
     assert not (tmp_path / "x").exists()
     # A TFLite file already there was replaced in silence (a re-export of
     # another model over a deployed one); with --format all, refused before

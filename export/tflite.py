@@ -774,10 +774,10 @@ def run_tflite(model_path: str, token_ids, *, num_threads=None) -> np.ndarray:
     runner = TFLiteRunner(model_path, num_threads=num_threads)
     token_ids = np.asarray(token_ids)
     T = runner.segment_length
-    if token_ids.ndim != 2 or token_ids.shape[1] % T:
+    if token_ids.ndim != 2 or not token_ids.shape[1] or token_ids.shape[1] % T:
         raise ValueError(
-            f"`token_ids` must be (batch, n * segment_length) with the model's "
-            f"segment_length={T}, received shape {token_ids.shape}."
+            f"`token_ids` must be (batch, n * segment_length), n >= 1 segments of "
+            f"the model's segment_length={T}, received shape {token_ids.shape}."
         )
     runner.reset()
     pieces = [

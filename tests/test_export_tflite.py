@@ -338,6 +338,9 @@ def test_export_arguments_are_checked(artifacts, tmp_path):
         tflite.TFLiteRunner()
     with pytest.raises(ValueError, match="n \\* segment_length"):
         tflite.run_tflite(artifacts.paths["float32"], artifacts.ids[:, :T + 1])
+    # No segment at all was "need at least one array to concatenate".
+    with pytest.raises(ValueError, match=r"n >= 1 segments .* received shape \(2, 0\)"):
+        tflite.run_tflite(artifacts.paths["float32"], artifacts.ids[:, :0])
     assert os.listdir(tmp_path) == []
 
 

@@ -809,8 +809,11 @@ class TXLServingClient:
                     f"per prompt), received dtype {previous.dtype} and shape "
                     f"{previous.shape}."
                 )
-            if not np.all(np.isfinite(previous)):
-                raise ValueError("`memory` contains NaN or Inf.")
+            # Checked as the float32 it is sent as: a float64 1e39 is finite
+            # before the cast and Inf after.
+            previous = checks.finite_float32(
+                "memory", previous, hint="pass the memory a previous generate "
+                "returned (client.memory).")
             if memory_mask is None and memory is self.memory:
                 memory_mask = self.memory_mask  # the client's own memory's
             if memory_mask is None and self.memory_mask is not None:
@@ -820,7 +823,7 @@ class TXLServingClient:
                     "client.memory_mask returned with that memory, or "
                     f"np.ones(({batch}, {previous.shape[2]}), bool) if every "
                     "slot holds real memory.")
-            inputs[MEMORY] = previous.astype(np.float32)
+            inputs[MEMORY] = previous
             if memory_mask is not None:
                 mask = np.asarray(memory_mask)
                 if mask.dtype != bool or mask.shape != (batch, previous.shape[2]):

@@ -313,6 +313,9 @@ def test_client_generate_checks_its_arguments_before_sending(deployed_text):
         ({"top_p": 0.0}, "top_p"),
         ({"seed": 1.5}, "seed"),
         ({"memory": np.zeros((2, 2, 48, 32), np.float32)}, "batch 1"),
+        # Finite as float64, Inf as the float32 sent: was sent anyway.
+        ({"memory": np.full((1, 2, 48, 32), 1e39)},
+         r"`memory` contains NaN or Inf values \(as float32\)"),
         # An undecodable shell argument (surrogateescape) is not text.
         ({"prompts": ["ok", "bad \udcff"]}, r"`prompts`\[1\] is not valid Unicode"),
     ]:

@@ -298,9 +298,20 @@ def export_saved_model(
         )
         write_side_files(extra, model, tokenizer_dir=tokenizer_dir, info=info)
         if warmup:
+            prompt = serving.WARMUP_PROMPT
+            if generate:
+                prompt = serving.warmup_prompt(model.preprocessor.tokenizer)
+                if prompt is None:
+                    # A warm-up request that fails keeps TF Serving from
+                    # loading the version: none for these signatures.
+                    logger.warning(
+                        "No warm-up requests for the generate signatures: the "
+                        "tokenizer reads neither %r nor the text of its first "
+                        "ids.", serving.WARMUP_PROMPT)
             inputs = serving.warmup_inputs(
                 model.txl_config, batch_size, segment_length,
-                generate=generate,
+                generate=generate and prompt is not None,
+                prompt=prompt or serving.WARMUP_PROMPT,
             )
             requests = [
                 serving.make_predict_request(name, signature, values)

@@ -56,9 +56,43 @@ def docker_run_command(
 # --- warm-up ---------------------------------------------------------------
 
 
+WARMUP_PROMPT = "Hello"
+
+
+def warmup_prompt(tokenizer, limit: int = 256):
+    """A prompt for the `generate` warm-up requests that `tokenizer`
+    turns into at least one token without an error, or None.
+
+    TF Serving does not load a version whose warm-up request fails, and
+    "Hello" is no text for every tokenizer: the official text8 symbols have
+    no capital letters and no unknown symbol, so tokenizing it raises. Then
+    the text of one of the first `limit` ids is tried, id by id.
+    """
+    def candidates():
+        yield WARMUP_PROMPT
+        for token_id in range(min(int(tokenizer.vocabulary_size()), limit)):
+            try:
+                text = tokenizer.detokenize(tf.constant([[token_id]], tf.int32))
+            except (tf.errors.OpError, ValueError, TypeError):
+                continue
+            text = np.asarray(text).reshape(-1)[0]
+            yield text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+
+    for prompt in candidates():
+        if not prompt.strip():
+            continue
+        try:
+            tokens = tokenizer.tokenize(tf.constant([prompt]))
+        except (tf.errors.OpError, ValueError, TypeError):
+            continue
+        if int(tokens.row_lengths()[0]) > 0:
+            return prompt
+    return None
+
+
 def warmup_inputs(
     config, batch_size: int | None = None, segment_length: int | None = None,
-    generate: bool = False,
+    generate: bool = False, prompt: str = WARMUP_PROMPT,
 ) -> dict:
     """`{signature: {input: ndarray}}`: one small request per signature.
 
@@ -66,7 +100,8 @@ def warmup_inputs(
     config's training segment length. Ids are `arange(T) % V`, the memory
     is zeros (and, where the signature table has a `memory_mask` input, the
     mask is all False: an empty memory of a masked model). With
-    `generate`, also the text signatures: one prompt ("Hello"), 4 new
+    `generate`, also the text signatures: one prompt (`prompt`, by default
+    "Hello"; `warmup_prompt` finds one the model's tokenizer reads), 4 new
     tokens, greedy, seed 0.
     """
     B = batch_size or 1
@@ -81,7 +116,7 @@ def warmup_inputs(
         sig.NEXT_TOKEN: {sig.TOKEN_IDS: ids, sig.MEMORY: memory},
     }
     if generate:
-        request = generate_request(["Hello"], 4)
+        request = generate_request([prompt], 4)
         inputs[sig.GENERATE] = request
         inputs[sig.GENERATE_FROM_MEMORY] = {
             **request,

@@ -381,3 +381,35 @@ def test_request_options_are_used_only_after_their_checks(exported):
         with pytest.raises(serving_doubles.PredictError,
                            match="`max_new_tokens` must be >= 1"):
             predictor.predict(sig.GENERATE, serving.generate_request(PROMPTS, -1))
+
+
+def test_the_warmup_prompt_is_one_the_tokenizer_reads(tmp_path):
+    """TF Serving does not load a version whose warm-up request fails. The
+    generate requests sent "Hello", which the official text8 symbols
+    (lower-case letters and "_", no unknown symbol) refuse: an export of
+    the text8 release could not be served."""
+    from testing import tiny_config
+
+    import keras_txl
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import official_tokenizer
+
+    tokenizer = official_tokenizer(list("abcdefghijklmnopqrstuvwxyz") + ["_"], "text8")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not in the text8 vocabulary"):
+        tokenizer.tokenize(tf.constant([serving.WARMUP_PROMPT]))
+    prompt = serving.warmup_prompt(tokenizer)
+    assert prompt and tokenizer.tokenize(tf.constant([prompt])).row_lengths()[0] > 0
+    assert serving.warmup_prompt(byte_causal_lm().preprocessor.tokenizer) == "Hello"
+    keras.utils.set_random_seed(0)
+    model = keras_txl.TransformerXLCausalLM(
+        tiny_config(vocabulary_size=27, memory_length=6),
+        preprocessor=TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=8))
+    version_dir = saved_model.export_saved_model(model, str(tmp_path))
+    replayed = dict(serving_doubles.replay_warmup(version_dir))
+    assert set(sig.GENERATE_SIGNATURES) <= set(replayed)
+    assert replayed[sig.GENERATE][sig.LENGTHS].tolist() == [4]
+    # The same continuation as the model's own greedy generate.
+    model.compile(sampler="greedy")
+    ids = tokenizer.tokenize(tf.constant([prompt])).to_list()[0]
+    new = model.generate([ids], max_length=len(ids) + 4, strip_prompt=True)
+    assert replayed[sig.GENERATE][sig.TOKEN_IDS].tolist() == np.asarray(new).tolist()

@@ -24,7 +24,6 @@ under the final name.
 
 import math
 import os
-import shutil
 
 import numpy as np
 
@@ -59,12 +58,17 @@ def save_pretrained(model, directory, tokenizer=None):
             README.md is kept): another library's model (a Hugging Face
             checkpoint, a keras-hub preset) or other files are refused, not
             overwritten.
-        tokenizer: optional object with `save(directory)`, or a path to an
-            existing tokenizer folder to copy.
+        tokenizer: optional keras-txl tokenizer (`keras_txl.tokenizers`),
+            or the path of a folder holding one (a tokenizer folder or a
+            preset: `load_tokenizer` reads it), written as `tokenizer/`. Its
+            vocabulary must have the model's size, as every loader requires:
+            checked before anything is written.
     """
     from safetensors.numpy import save
 
     directory = folder_path(directory)
+    if tokenizer is not None:
+        tokenizer = _model_tokenizer(tokenizer, model.txl_config.vocabulary_size)
     tensors = {w.path: np.ascontiguousarray(w.numpy()) for w in model.model_weights()}
 
     def write(staging):
@@ -77,16 +81,36 @@ def save_pretrained(model, directory, tokenizer=None):
             (model.txl_config.to_json() + "\n").encode(),
         )
         if tokenizer is not None:
-            target = os.path.join(staging, TOKENIZER_DIR)
-            if isinstance(tokenizer, (str, os.PathLike)):
-                shutil.copytree(tokenizer, target)
-            else:
-                tokenizer.save(target)
+            tokenizer.save(os.path.join(staging, TOKENIZER_DIR))
         # Last: the sizes and sha256s a loader checks (`verify_manifest`).
         write_manifest(staging)
 
     write_preset(directory, write, check_replaceable_weights_folder)
     return directory
+
+
+def _model_tokenizer(tokenizer, vocabulary_size):
+    """The keras-txl tokenizer `save_pretrained` writes beside a model of
+    `vocabulary_size`: `tokenizer`, or the one its folder holds."""
+    from keras_txl.tokenizers import TransformerXLTokenizer
+    from keras_txl.tokenizers import load_tokenizer
+
+    try:
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_tokenizer(tokenizer)
+        elif not isinstance(tokenizer, TransformerXLTokenizer):
+            raise ValueError(
+                "`tokenizer` must be a keras-txl tokenizer (keras_txl.tokenizers; "
+                "the only kind a loader reads back) or the path of a folder "
+                f"holding one, received {type(tokenizer).__name__}."
+            )
+        tokenizer.check_model_vocabulary(vocabulary_size)
+    except ValueError as error:
+        message = str(error)
+        if not message.startswith("`tokenizer`"):
+            message = f"`tokenizer`: {message}"
+        raise ValueError(message) from None
+    return tokenizer
 
 
 def load_preset(directory, stateful=False, batch_size=None, limits=None,

@@ -27,6 +27,8 @@ from keras_txl.export import cli
 from keras_txl.export import saved_model
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
+from keras_txl.tokenizers import build_tokenizer
+from keras_txl.tokenizers import load_tokenizer
 
 HF = FIXTURES / "hf_transfo_xl_tiny"
 B, T, SEGMENTS = 2, 4, 3
@@ -88,9 +90,8 @@ def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("saved_model")
     # M > T, so each memory mixes two segments.
     model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=6))
-    tokenizer = tmp / "tokenizer_src"
-    tokenizer.mkdir()
-    (tokenizer / "vocab.txt").write_text("a\nb\n")
+    tokenizer = tmp / "tokenizer_src"  # 11 ids, as the model
+    build_tokenizer("word", ["a b c d e f g h i"]).save(tokenizer)
     keras_txl.save_pretrained(model, str(tmp / "run" / "model"), tokenizer=str(tokenizer))
     assert run_cli("--workdir", tmp / "run", "--out", tmp / "out") == 0
     ids = np.random.default_rng(0).integers(
@@ -161,7 +162,8 @@ def test_versioned_layout_and_side_files(exported):
     config = keras_txl.TransformerXLConfig.from_json(os.path.join(extra, "config.json"))
     assert config == exported.model.txl_config
     assert saved_model.load_config(version_dir) == config
-    assert open(os.path.join(extra, "tokenizer", "vocab.txt")).read() == "a\nb\n"
+    assert load_tokenizer(os.path.join(extra, "tokenizer")).get_vocabulary() == (
+        load_tokenizer(exported.tmp / "tokenizer_src").get_vocabulary())
     info = json.load(open(os.path.join(extra, "export.json")))
     assert info["batch_size"] is None and info["segment_length"] is None
     assert sorted(info["signatures"]) == sorted(sig.SAVED_MODEL_SIGNATURES)

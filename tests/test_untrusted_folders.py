@@ -4,6 +4,7 @@ within a second and within 100 MB of extra memory, before anything is built."""
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -34,7 +35,7 @@ GIB = 1 << 30
 
 def _tiny_folder(directory):
     model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
-    tokenizer = build_tokenizer("word", ["a b c a b"])
+    tokenizer = build_tokenizer("word", ["a b c d e f g h i"])  # 11 ids, as the model
     save_pretrained(model, str(directory), tokenizer=tokenizer)
     return model
 
@@ -367,6 +368,40 @@ def test_save_pretrained_refuses_to_write_over_another_librarys_folder(tmp_path)
     assert load_pretrained(str(tmp_path / "mine")).txl_config == model.txl_config
 
 
+def test_save_pretrained_checks_its_tokenizer_against_the_model(tmp_path):
+    # The tokenizer was written as given: one of another vocabulary size,
+    # any folder (a whole preset copied in as tokenizer/), and a file or a
+    # missing path was a raw NotADirectoryError / FileNotFoundError.
+    from keras_txl.io import save_preset
+    from keras_txl.io import tokenizer_directory
+
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
+    small = build_tokenizer("word", ["a b c"])  # 5 ids, the model has 11
+    small.save(tmp_path / "small")
+    for given in (small, str(tmp_path / "small")):
+        with pytest.raises(ValueError, match=r"`tokenizer`: .*vocabulary_size=5, but the "
+                                             r"model has vocabulary_size=11"):
+            save_pretrained(model, str(tmp_path / "m"), tokenizer=given)
+    (tmp_path / "notes.txt").write_text("mine")
+    for given in (tmp_path / "notes.txt", tmp_path / "missing", tmp_path):
+        with pytest.raises(ValueError, match=rf"`tokenizer`: no tokenizer in {re.escape(str(given))}"):
+            save_pretrained(model, str(tmp_path / "m"), tokenizer=given)
+    with pytest.raises(ValueError, match=r"`tokenizer` must be a keras-txl tokenizer .*"
+                                         r"received int"):
+        save_pretrained(model, str(tmp_path / "m"), tokenizer=5)
+    assert not (tmp_path / "m").exists()
+    # A preset's tokenizer: only the tokenizer is written, not the preset.
+    good = build_tokenizer("word", ["a b c d e f g h i"])
+    save_preset(model, str(tmp_path / "preset"), tokenizer=good)
+    save_pretrained(model, str(tmp_path / "m"), tokenizer=str(tmp_path / "preset"))
+    written = sorted(str(p.relative_to(tmp_path / "m" / "tokenizer"))
+                     for p in (tmp_path / "m" / "tokenizer").rglob("*") if p.is_file())
+    assert written == ["assets/tokenizer/vocabulary.txt", "tokenizer.json"]
+    loaded = load_tokenizer(tokenizer_directory(str(tmp_path / "m")))
+    assert loaded.get_vocabulary() == good.get_vocabulary()
+    assert load_pretrained(str(tmp_path / "m")).txl_config == model.txl_config
+
+
 def test_a_save_pretrained_that_fails_midway_leaves_the_previous_folder(tmp_path, monkeypatch):
     # save_pretrained wrote its files into the folder one by one: a failure
     # after the weights left new weights beside the old config and manifest,
@@ -382,12 +417,15 @@ def test_a_save_pretrained_that_fails_midway_leaves_the_previous_folder(tmp_path
     keras.utils.set_random_seed(7)
     new = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
 
-    class Broken:
-        def save(self, directory):
-            raise OSError(28, "No space left on device")
+    tokenizer = build_tokenizer("word", ["a b c d e f g h i"])
 
-    with pytest.raises(OSError, match="No space left"):
-        save_pretrained(new, str(tmp_path / "m"), tokenizer=Broken())
+    def disk_full(self, directory):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(tokenizer), "save", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            save_pretrained(new, str(tmp_path / "m"), tokenizer=tokenizer)
     with monkeypatch.context() as patch:
         patch.setattr(keras_txl.io, "write_manifest", lambda d: (_ for _ in ()).throw(
             KeyboardInterrupt("killed")))
@@ -405,7 +443,7 @@ def test_a_save_pretrained_that_fails_midway_leaves_the_previous_folder(tmp_path
     np.testing.assert_array_equal(
         load_pretrained(str(tmp_path / "m")).call_with_memory(ids)["log_probs"],
         new.call_with_memory(ids)["log_probs"])
-    assert load_tokenizer(str(tmp_path / "m" / "tokenizer")).vocabulary_size() == 5
+    assert load_tokenizer(str(tmp_path / "m" / "tokenizer")).vocabulary_size() == 11
     assert (tmp_path / "m" / "README.md").read_text() == "my card"
     (tmp_path / "m" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"holds files that are not a keras-txl weights "

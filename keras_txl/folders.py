@@ -480,7 +480,7 @@ def write_preset(directory, write, check=None):
     directory = os.path.abspath(os.fspath(directory))
     (check or check_replaceable)(directory)
     parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
+    _make_parent(directory, parent)
     remove_stale_temporaries(parent)
     staging = tempfile.mkdtemp(dir=parent, prefix=temporary_prefix("preset"))
     try:
@@ -494,6 +494,22 @@ def write_preset(directory, write, check=None):
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return directory
+
+
+def _make_parent(directory, parent):
+    """Creates `parent`, or a ValueError naming the file in its way
+    (os.makedirs' FileExistsError / NotADirectoryError names neither)."""
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = parent  # the nearest existing path above: not a folder
+        while not os.path.lexists(blocking):
+            blocking = os.path.dirname(blocking)
+        kind = "a symbolic link" if os.path.islink(blocking) else "a file"
+        raise ValueError(
+            f"`directory` {directory!r} cannot be created: {blocking!r} is {kind}, not "
+            "a folder. Pass a path whose parent folders are folders (or missing)."
+        ) from None
 
 
 # keras-hub's model card: not read by a loader, the user's, kept by a save.

@@ -402,6 +402,24 @@ def test_save_pretrained_checks_its_tokenizer_against_the_model(tmp_path):
     assert load_pretrained(str(tmp_path / "m")).txl_config == model.txl_config
 
 
+def test_a_save_under_a_file_names_the_file(tmp_path):
+    # Was a raw FileExistsError / NotADirectoryError from os.makedirs.
+    from keras_txl.io import save_preset
+
+    model = keras_txl.TransformerXLCausalLM(keras_txl.TransformerXLConfig(**TINY))
+    (tmp_path / "afile").write_text("mine")
+    saves = (model.save_to_preset, lambda d: save_preset(model, d),
+             lambda d: save_pretrained(model, d))
+    for save in saves:
+        for target in (tmp_path / "afile" / "sub", tmp_path / "afile" / "sub" / "deeper"):
+            with pytest.raises(ValueError, match=rf"`directory` '{re.escape(str(target))}' "
+                                                 rf"cannot be created: '{re.escape(str(tmp_path))}/afile' "
+                                                 r"is a file, not a folder"):
+                save(str(target))
+    assert (tmp_path / "afile").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 def test_a_save_pretrained_that_fails_midway_leaves_the_previous_folder(tmp_path, monkeypatch):
     # save_pretrained wrote its files into the folder one by one: a failure
     # after the weights left new weights beside the old config and manifest,

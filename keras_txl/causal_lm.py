@@ -1316,12 +1316,6 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             )
         if isinstance(preset, (str, os.PathLike)) and os.path.isdir(preset):
             preset = os.fspath(preset)
-            saved = _saved_settings(preset)
-            if stateful is None:
-                stateful, batch_size = saved["stateful"], saved["batch_size"]
-            # Built as the weights files hold it (a stateful preset's task
-            # weights include its memory), then given the settings asked for.
-            kwargs["stateful"], kwargs["batch_size"] = saved["memory_rows"] is not None, saved["memory_rows"]
             layout = folders.folder_format(preset, limits)
             if layout != "keras-hub":
                 raise ValueError(
@@ -1330,6 +1324,14 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 )
             folders.load_config(preset, limits)
             folders.check_preset_files(preset, limits)
+            # (After the checks: task.json and task.weights.h5 are then
+            # bounded, regular files.)
+            saved = _saved_settings(preset)
+            if stateful is None:
+                stateful, batch_size = saved["stateful"], saved["batch_size"]
+            # Built as the weights files hold it (a stateful preset's task
+            # weights include its memory), then given the settings asked for.
+            kwargs["stateful"], kwargs["batch_size"] = saved["memory_rows"] is not None, saved["memory_rows"]
             if not any(os.path.lexists(os.path.join(preset, name)) for name in (
                     folders.PRESET_TASK_FILE, folders.PRESET_TOKENIZER_FILE)):
                 # A backbone's preset (`TransformerXLBackbone.save_to_preset`):

@@ -19,6 +19,7 @@ from keras_txl.limits import check_config
 from keras_txl.safe_files import atomic_write_bytes
 from keras_txl.safe_files import default_mode
 from keras_txl.safe_files import folder_path
+from keras_txl.safe_files import open_regular_file
 from keras_txl.safe_files import read_json
 from keras_txl.safe_files import remove_stale_temporaries
 from keras_txl.safe_files import resolve_inside
@@ -237,10 +238,11 @@ def verify_manifest(directory, limits=None):
         )
     for relative, entry in sorted(files.items()):
         file = resolve_inside(directory, relative, f"file listed in {path}")
-        if not os.path.isfile(file):
+        if not os.path.lexists(file):
             raise ValueError(
                 f"{file} is listed in {path} but missing: an incomplete copy of the folder?"
             )
+        open_regular_file(file, f"file listed in {path}").close()  # not a FIFO, a device
         size = os.path.getsize(file)
         if size != entry["bytes"]:
             raise ValueError(
@@ -272,11 +274,15 @@ def check_preset_files(directory, limits):
     """Everything keras-hub will read, present and bounded, before loading,
     and matching the folder's manifest where it has one."""
     weights = os.path.join(directory, PRESET_WEIGHTS_FILE)
-    if not os.path.isfile(weights):
+    if not os.path.lexists(weights):
         raise ValueError(
             f"The preset {directory!r} has no {PRESET_WEIGHTS_FILE} (its "
             "weights): an incomplete copy?"
         )
+    for name in sorted(os.listdir(directory)):
+        # h5py would block on a FIFO and read a device as a file.
+        if name.endswith(".weights.h5"):
+            open_regular_file(os.path.join(directory, name), "weights file").close()
     for name in (PRESET_TASK_FILE, PRESET_PREPROCESSOR_FILE, PRESET_TOKENIZER_FILE):
         path = os.path.join(directory, name)
         if os.path.lexists(path):

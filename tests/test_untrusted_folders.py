@@ -194,6 +194,34 @@ def _hostile_folders(root, template):
     return cases
 
 
+def _hostile_presets(root, template):
+    """{case: ("pretrained", preset folder, expected message part)}: files
+    of a keras-hub preset that are no regular files (with and without its
+    manifest.json), named before anything opens them."""
+    cases = {}
+    kinds = {"/dev/zero": "character device", "FIFO": "FIFO", "folder": "directory"}
+    for name in ("model.weights.h5", "task.weights.h5", "task.json"):
+        for kind, message in kinds.items():
+            for manifest in (True, False):
+                if name == "task.json" and kind == "folder":
+                    continue
+                target = root / f"preset_{name}_{kind.strip('/')}_{manifest}".replace("/", "_")
+                shutil.copytree(template, target)
+                path = target / name
+                os.remove(path)
+                if not manifest:
+                    os.remove(target / "manifest.json")
+                if kind == "/dev/zero":
+                    os.symlink("/dev/zero", path)
+                elif kind == "FIFO":
+                    os.mkfifo(path)
+                else:
+                    path.mkdir()
+                what = "with its manifest" if manifest else "no manifest"
+                cases[f"preset {name} {kind} ({what})"] = ("pretrained", target, message)
+    return cases
+
+
 def _with_giant_tensor_from(path, header, template, name):
     """The template's header with tensor `name` moved to the end as 3 GB."""
     source = template / "model.safetensors"
@@ -253,8 +281,12 @@ for name, (loader, folder) in json.load(sys.stdin).items():
 
 def test_hostile_folders_fail_fast_with_little_memory(tmp_path):
     template = tmp_path / "template"
-    _tiny_folder(template)
+    model = _tiny_folder(template)
     cases = _hostile_folders(tmp_path, template)
+    from keras_txl.io import save_preset
+
+    save_preset(model, str(tmp_path / "preset_template"), tokenizer=str(template / "tokenizer"))
+    cases.update(_hostile_presets(tmp_path, tmp_path / "preset_template"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop(keras_txl.limits.ENVIRONMENT_VARIABLE, None)
     request = {name: (loader, str(folder)) for name, (loader, folder, _) in cases.items()}

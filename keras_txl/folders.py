@@ -45,7 +45,8 @@ def folder_format(directory, limits=None):
     """"keras-hub", "keras-txl" or "hugging-face": the layout of a folder.
 
     Raises:
-        ValueError: no folder or no readable `config.json` in it.
+        ValueError: no folder, or no readable `config.json` holding a JSON
+            object in it.
     """
     directory = folder_path(directory)
     if not os.path.isdir(directory):
@@ -57,11 +58,15 @@ def folder_format(directory, limits=None):
             "preset, a keras-txl folder or a Hugging Face TransfoXL folder)."
         )
     data = read_json(path, limits)
-    if isinstance(data, dict) and "class_name" in data and "config" in data:
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path} must be a JSON object (a keras-hub backbone config, a keras-txl "
+            "TransformerXLConfig or a Hugging Face TransfoXL config), received "
+            f"{type(data).__name__}: not a model folder's config."
+        )
+    if "class_name" in data and "config" in data:
         return "keras-hub"
-    if isinstance(data, dict) and (
-        data.get("model_type") == "transfo-xl" or "n_token" in data or "d_model" in data
-    ):
+    if data.get("model_type") == "transfo-xl" or "n_token" in data or "d_model" in data:
         return "hugging-face"
     return "keras-txl"
 

@@ -434,6 +434,19 @@ def test_save_pretrained_checks_its_tokenizer_against_the_model(tmp_path):
     assert load_pretrained(str(tmp_path / "m")).txl_config == model.txl_config
 
 
+@pytest.mark.parametrize("config", ["[1, 2]", '"a string"', "3", "null"])
+def test_a_config_json_that_is_no_object_is_named(tmp_path, config):
+    # A JSON list was classed as a keras-txl folder: from_preset said "load
+    # it with keras_txl.load_pretrained", which then said "A config must be a dict".
+    (tmp_path / "config.json").write_text(config)
+    message = (rf"{re.escape(str(tmp_path / 'config.json'))} must be a JSON object "
+               r"\(a keras-hub backbone config, a keras-txl TransformerXLConfig or a "
+               rf"Hugging Face TransfoXL config\), received {type(json.loads(config)).__name__}")
+    for load in (load_pretrained, keras_txl.TransformerXLCausalLM.from_preset):
+        with pytest.raises(ValueError, match=message):
+            load(str(tmp_path))
+
+
 def test_a_save_under_a_file_names_the_file(tmp_path):
     # Was a raw FileExistsError / NotADirectoryError from os.makedirs.
     from keras_txl.io import save_preset

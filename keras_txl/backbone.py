@@ -443,6 +443,32 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
                 "`keep_memory=True` to read the memory back.")
         return ops.stack(cache["memory"], axis=1)
 
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):
+        """keras-hub's `Backbone.from_preset`, with a local folder checked
+        first as `TransformerXLCausalLM.from_preset` checks it: the config a
+        TransformerXLBackbone's within `limits` (see `keras_txl.limits`),
+        every file keras-hub reads present, regular and bounded, its
+        manifest matched, and the weights floating point and finite; `hf://`
+        and `kaggle://` handles fail by name when they cannot be downloaded.
+
+        Args:
+            preset: a local preset folder (a backbone's or a task's) or a
+                keras-hub handle.
+            load_weights: bool.
+            limits: None, a dict or a `keras_txl.limits.Limits`.
+            **kwargs: passed to keras-hub (e.g. `dtype`).
+        """
+        from keras_txl import folders
+
+        if folders.is_local_preset(preset):
+            preset = os.fspath(preset)
+            folders.check_preset_folder(preset, limits)
+            return folders.load_preset_folder(
+                super().from_preset, preset, load_weights=load_weights, **kwargs)
+        return folders.load_preset_handle(
+            super().from_preset, preset, load_weights=load_weights, **kwargs)
+
     def load_weights(self, filepath, *args, **kwargs):
         """Keras' `load_weights`; a keras-hub preset's weights file is first
         checked against the folder's `manifest.json` where it has one.

@@ -1308,22 +1308,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         batch_size = kwargs.pop("batch_size", None)
         if stateful is not None:
             stateful = checks.boolean("stateful", stateful)
-        if isinstance(preset, (str, os.PathLike)) and os.path.isfile(preset):
-            raise ValueError(
-                f"`preset` must be a preset folder, received the file "
-                f"{os.fspath(preset)!r}; pass its folder "
-                f"{os.path.dirname(os.fspath(preset)) or '.'!r}."
-            )
-        if isinstance(preset, (str, os.PathLike)) and os.path.isdir(preset):
+        if folders.is_local_preset(preset):
             preset = os.fspath(preset)
-            layout = folders.folder_format(preset, limits)
-            if layout != "keras-hub":
-                raise ValueError(
-                    f"`preset`: {preset!r} is a {layout} folder, not a keras-hub "
-                    f"preset; load it with keras_txl.load_pretrained({preset!r})."
-                )
-            folders.load_config(preset, limits)
-            folders.check_preset_files(preset, limits)
+            folders.check_preset_folder(preset, limits)
             # (After the checks: task.json and task.weights.h5 are then
             # bounded, regular files.)
             saved = _saved_settings(preset)
@@ -1339,59 +1326,13 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 # call the preprocessor's constructor without one); the model
                 # reads token ids.
                 kwargs.setdefault("preprocessor", None)
-            folders.check_preset_weights(preset)
-            if kwargs.get("dtype") is None and folders.saved_mixed_policy(preset):
-                # Written before presets held float32 (`save_to_preset`):
-                # keras-hub cannot read the mixed policy's name; resolve it
-                # as it resolves a float dtype, to the current policy.
-                kwargs["dtype"] = keras.config.dtype_policy()
-            try:
-                model = super().from_preset(preset, load_weights=load_weights, **kwargs)
-            except (OSError, KeyError) as error:
-                raise ValueError(
-                    f"Could not read the preset {preset!r}: {error} (a missing, "
-                    "truncated or corrupted file?)"
-                ) from None
-            except ValueError as error:
-                if "could not be loaded" not in str(error):
-                    raise
-                # Keras names the layer, not the file (a shape or a variable
-                # count that differs from what config.json builds).
-                files = sorted(n for n in os.listdir(preset) if n.endswith(".weights.h5"))
-                raise ValueError(
-                    f"The preset {preset!r}: the weights in {' and '.join(files)} "
-                    "are not those of the model its config.json describes "
-                    f"(another model's weights, or a damaged file). Keras: {error}"
-                ) from None
-            if load_weights:
-                checks.finite_weights(model, f"The preset {preset!r}")
+            model = folders.load_preset_folder(
+                super().from_preset, preset, load_weights=load_weights, **kwargs)
             if stateful != model.stateful or (stateful and batch_size != model.batch_size):
                 model = model.with_settings(stateful=stateful, batch_size=batch_size)
         else:
-            from keras_txl.presets import PRESETS
-
-            if isinstance(preset, str) and preset in PRESETS:
-                # keras-hub would say "Unknown preset identifier": these are
-                # architectures, with no weights to load.
-                raise ValueError(
-                    f"`preset` {preset!r} is a keras-txl architecture (a "
-                    "TransformerXLConfig preset), not a folder of weights: build it "
-                    f"with TransformerXLCausalLM(TransformerXLConfig.from_preset({preset!r})), "
-                    "or pass a preset folder (save_preset / txl train's WORKDIR/model)."
-                )
-            if isinstance(preset, str) and preset.startswith(folders.HF_PREFIX):
-                folders.check_hf_handle(preset)
-            try:
-                model = super().from_preset(preset, load_weights=load_weights, **kwargs)
-            except (OSError, ValueError) as error:  # ConnectionError, requests' errors
-                if not (isinstance(preset, str) and "://" in preset):
-                    raise
-                raise ValueError(
-                    f"Could not load the preset {preset!r}: {type(error).__name__}: "
-                    f"{error}. keras-hub downloads hf:// and kaggle:// handles; "
-                    "without network access, download the preset where there is "
-                    "one and pass its local folder."
-                ) from error
+            model = folders.load_preset_handle(
+                super().from_preset, preset, load_weights=load_weights, **kwargs)
             if stateful is not None and (
                 stateful != model.stateful
                 or (stateful and batch_size != model.batch_size)

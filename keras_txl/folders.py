@@ -464,6 +464,103 @@ def check_hf_handle(preset):
         ) from None
 
 
+def is_local_preset(preset):
+    """True when `preset` is a local folder (checked before keras-hub reads
+    it), False for a keras-hub handle; a file is refused, naming its folder."""
+    if not isinstance(preset, (str, os.PathLike)):
+        return False
+    if os.path.isfile(preset):
+        raise ValueError(
+            f"`preset` must be a preset folder, received the file "
+            f"{os.fspath(preset)!r}; pass its folder "
+            f"{os.path.dirname(os.fspath(preset)) or '.'!r}."
+        )
+    return os.path.isdir(preset)
+
+
+def check_preset_folder(preset, limits=None):
+    """A local keras-hub preset of a TransformerXLBackbone, its config within
+    `limits` and every file keras-hub will read present, regular and
+    bounded (`check_preset_files`), before a layer is built."""
+    layout = folder_format(preset, limits)
+    if layout != "keras-hub":
+        raise ValueError(
+            f"`preset`: {preset!r} is a {layout} folder, not a keras-hub "
+            f"preset; load it with keras_txl.load_pretrained({preset!r})."
+        )
+    load_config(preset, limits)
+    check_preset_files(preset, limits)
+
+
+def load_preset_folder(load, preset, load_weights=True, **kwargs):
+    """`load(preset, load_weights=load_weights, **kwargs)` (keras-hub's
+    `from_preset` of a task or backbone class) on a folder that
+    `check_preset_folder` admitted: its weights checked to be floating point
+    before, finite after, and keras-hub's errors naming the preset."""
+    import keras
+
+    from keras_txl.checks import finite_weights
+
+    check_preset_weights(preset)
+    if kwargs.get("dtype") is None and saved_mixed_policy(preset):
+        # Written before presets held float32 (`save_to_preset`):
+        # keras-hub cannot read the mixed policy's name; resolve it
+        # as it resolves a float dtype, to the current policy.
+        kwargs["dtype"] = keras.config.dtype_policy()
+    try:
+        model = load(preset, load_weights=load_weights, **kwargs)
+    except (OSError, KeyError) as error:
+        raise ValueError(
+            f"Could not read the preset {preset!r}: {error} (a missing, "
+            "truncated or corrupted file?)"
+        ) from None
+    except ValueError as error:
+        if "could not be loaded" not in str(error):
+            raise
+        # Keras names the layer, not the file (a shape or a variable
+        # count that differs from what config.json builds).
+        files = sorted(n for n in os.listdir(preset) if n.endswith(".weights.h5"))
+        raise ValueError(
+            f"The preset {preset!r}: the weights in {' and '.join(files)} "
+            "are not those of the model its config.json describes "
+            f"(another model's weights, or a damaged file). Keras: {error}"
+        ) from None
+    if load_weights:
+        finite_weights(model, f"The preset {preset!r}")
+    return model
+
+
+def load_preset_handle(load, preset, load_weights=True, **kwargs):
+    """`load(preset, ...)` (keras-hub's `from_preset`) for what is no local
+    folder: a keras-txl architecture's name is refused, an `hf://` handle
+    is checked first (`check_hf_handle`), and a download's failure is a
+    ValueError naming the handle."""
+    from keras_txl.presets import PRESETS
+
+    if isinstance(preset, str) and preset in PRESETS:
+        # keras-hub would say "Unknown preset identifier": these are
+        # architectures, with no weights to load.
+        raise ValueError(
+            f"`preset` {preset!r} is a keras-txl architecture (a "
+            "TransformerXLConfig preset), not a folder of weights: build it "
+            f"with TransformerXLCausalLM(TransformerXLConfig.from_preset({preset!r})), "
+            "or pass a preset folder (save_preset / txl train's WORKDIR/model)."
+        )
+    if isinstance(preset, str) and preset.startswith(HF_PREFIX):
+        check_hf_handle(preset)
+    try:
+        return load(preset, load_weights=load_weights, **kwargs)
+    except (OSError, ValueError) as error:  # ConnectionError, requests' errors
+        if not (isinstance(preset, str) and "://" in preset):
+            raise
+        raise ValueError(
+            f"Could not load the preset {preset!r}: {type(error).__name__}: "
+            f"{error}. keras-hub downloads hf:// and kaggle:// handles; "
+            "without network access, download the preset where there is "
+            "one and pass its local folder."
+        ) from error
+
+
 def model_weights_file(directory):
     """The weights file of a model folder (a preset's `model.weights.h5` or a
     keras-txl folder's `model.safetensors`), or None."""

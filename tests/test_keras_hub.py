@@ -560,6 +560,45 @@ def test_a_wrong_field_in_a_preset_config_is_named_with_its_file(tmp_path, field
             load(str(folder))
 
 
+def test_backbone_from_preset_checks_the_folder_as_the_causal_lm_does(tmp_path):
+    # TransformerXLBackbone.from_preset was keras-hub's own loader: no
+    # limits, no JSON bounds, and a config naming another class_name (with
+    # keras-txl's registered_name) loaded.
+    import json
+
+    model = TransformerXLCausalLM(tiny_config())
+    ids = random_ids((2, 4))
+    for folder, save in ((tmp_path / "task", model.save_to_preset),
+                         (tmp_path / "backbone", model.backbone.save_to_preset)):
+        save(str(folder))
+        loaded = TransformerXLBackbone.from_preset(str(folder))
+        assert isinstance(loaded, TransformerXLBackbone)
+        for a, b in zip(model.backbone.weights, loaded.weights):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_array_equal(keras.tree.flatten(loaded(ids))[0],
+                                      keras.tree.flatten(model.backbone(ids))[0])
+        with pytest.raises(ValueError, match="exceeds the limit max_parameters=10"):
+            TransformerXLBackbone.from_preset(str(folder), limits={"max_parameters": 10})
+    folder = tmp_path / "task"
+    with pytest.raises(ValueError, match="must be a preset folder, received the file"):
+        TransformerXLBackbone.from_preset(str(folder / "config.json"))
+    with pytest.raises(ValueError, match="'tiny' is a keras-txl architecture"):
+        TransformerXLBackbone.from_preset("tiny")
+    data = json.loads((folder / "config.json").read_text())
+    data["class_name"] = "GPT2Backbone"
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="describes a 'GPT2Backbone', not a TransformerXLBackbone"):
+        TransformerXLBackbone.from_preset(str(folder))
+    (folder / "config.json").write_text('{"a":' * 1000 + "1" + "}" * 1000)
+    with pytest.raises(ValueError, match="more than the 64 allowed"):
+        TransformerXLBackbone.from_preset(str(folder))
+    weights = tmp_path / "backbone" / "model.weights.h5"
+    weights.unlink()
+    weights.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="model.weights.h5' is a character device"):
+        TransformerXLBackbone.from_preset(str(tmp_path / "backbone"))
+
+
 def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
     model = TransformerXLCausalLM(tiny_config())
     keras_txl.save_pretrained(model, str(tmp_path / "weights"))

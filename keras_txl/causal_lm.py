@@ -1292,7 +1292,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         that is not in the Hugging Face cache fails at once, by name, when
         the Hub cannot be reached or `HF_HUB_OFFLINE` is set
         (`folders.check_hf_handle`) instead of after huggingface_hub's
-        retries.
+        retries, and a `kaggle://` one when Kaggle cannot be reached
+        (`folders.check_kaggle_handle`, unless a versioned handle is in the
+        kagglehub cache).
 
         Args:
             preset: a local preset folder or a keras-hub handle.

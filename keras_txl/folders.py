@@ -548,6 +548,8 @@ def load_preset_handle(load, preset, load_weights=True, **kwargs):
         )
     if isinstance(preset, str) and preset.startswith(HF_PREFIX):
         check_hf_handle(preset)
+    if isinstance(preset, str) and preset.startswith(KAGGLE_PREFIX):
+        check_kaggle_handle(preset)
     try:
         return load(preset, load_weights=load_weights, **kwargs)
     except (OSError, ValueError) as error:  # ConnectionError, requests' errors
@@ -559,6 +561,66 @@ def load_preset_handle(load, preset, load_weights=True, **kwargs):
             "without network access, download the preset where there is "
             "one and pass its local folder."
         ) from error
+
+
+KAGGLE_PREFIX = "kaggle://"
+# How long the reachability probe of Kaggle may take, name resolution included.
+KAGGLE_PROBE_SECONDS = 10.0
+
+
+def check_kaggle_handle(preset):
+    """Fails fast, naming the cause, where keras-hub's download of a
+    `kaggle://` preset would not: kagglehub asks the Kaggle API once per
+    file keras-hub reads (each a name lookup, and a connection without a
+    timeout), so an offline or unreachable Kaggle took tens of seconds, or
+    hung, before an error that named the API call. A versioned handle in
+    the kagglehub cache is left to keras-hub (kagglehub reads it without
+    the network), as is every answer of Kaggle itself (a missing or gated
+    model): only Kaggle's reachability is checked here, with one request
+    bounded by `KAGGLE_PROBE_SECONDS`."""
+    import threading
+
+    try:
+        import requests
+        from kagglehub.cache import Cache
+        from kagglehub.config import get_cache_folder
+        from kagglehub.handle import parse_model_handle
+        from kagglesdk.kaggle_env import get_endpoint
+        from kagglesdk.kaggle_env import get_env
+    except ImportError:
+        return  # keras-hub says what to install
+    try:
+        handle = parse_model_handle(preset[len(KAGGLE_PREFIX):])
+        endpoint = get_endpoint(get_env())
+    except Exception:  # not a model handle: keras-hub names the handle's form
+        return
+    cache = Cache()
+    if handle.is_versioned() and cache.load_from_cache(handle, CONFIG_FILE):
+        return
+    failure = []
+
+    def probe():
+        try:
+            requests.head(endpoint, timeout=(5, 5), allow_redirects=False)
+        except Exception as error:  # no connection, a timeout: not Kaggle's answer
+            failure.append(f"{type(error).__name__}: {error}")
+
+    thread = threading.Thread(target=probe, daemon=True)  # a name lookup has no timeout
+    thread.start()
+    thread.join(KAGGLE_PROBE_SECONDS)
+    if thread.is_alive():
+        failure.append(f"no answer within {KAGGLE_PROBE_SECONDS:g} s")
+    if failure:
+        if handle.is_versioned():
+            cached = f"it is not in the kagglehub cache ({cache.get_path(handle)})"
+        else:
+            cached = ("a handle without a version (…/variant/N) is looked up online even "
+                      f"when cached (kagglehub cache: {get_cache_folder()})")
+        raise ValueError(
+            f"Could not reach Kaggle ({endpoint}) to download `preset` {preset!r} "
+            f"({failure[0]}), and {cached}. Without network access, download the "
+            "preset where there is one and pass its local folder."
+        )
 
 
 def model_weights_file(directory):

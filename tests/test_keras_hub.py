@@ -610,6 +610,31 @@ def test_from_preset_on_other_folders_says_what_to_use(tmp_path):
         TransformerXLCausalLM.from_preset("tiny")
 
 
+def test_a_kaggle_handle_without_network_fails_at_once(tmp_path, monkeypatch):
+    # kagglehub asked the Kaggle API once per file keras-hub reads, each
+    # connection without a timeout: ~35 s offline before an error.
+    import time
+
+    import kagglehub
+    from kagglesdk import kaggle_env
+
+    monkeypatch.setenv("KAGGLEHUB_CACHE", str(tmp_path / "kaggle"))
+    monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "TEST")
+    monkeypatch.setitem(kaggle_env._env_to_endpoint, kaggle_env.KaggleEnv.TEST,
+                        "http://127.0.0.1:9")  # a refused port, no network
+    downloads = []
+    monkeypatch.setattr(kagglehub, "model_download", lambda *a, **k: downloads.append(a))
+    for handle in ("kaggle://someone/txl/keras/tiny", "kaggle://someone/txl/keras/tiny/2"):
+        start = time.monotonic()
+        for load in (TransformerXLCausalLM.from_preset, TransformerXLBackbone.from_preset):
+            with pytest.raises(ValueError, match=re.escape(
+                    f"Could not reach Kaggle (http://127.0.0.1:9) to download `preset` "
+                    f"'{handle}' (ConnectionError")):
+                load(handle)
+        assert time.monotonic() - start < 10
+    assert downloads == []  # failed before kagglehub's first request
+
+
 def test_an_hf_handle_without_network_fails_at_once_and_a_cached_one_loads(
         tmp_path, monkeypatch):
     # No network: huggingface_hub retried each file missing from its cache

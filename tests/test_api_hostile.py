@@ -389,13 +389,18 @@ def test_bad_sampler_settings_are_refused(model, sampler, match):
 
 def test_a_remote_preset_that_cannot_be_fetched_is_a_value_error(monkeypatch):
     # keras-hub's loader raised requests' bare ConnectionError for a
-    # kaggle:// handle without network access.
+    # kaggle:// handle without network access. (The reachability probe that
+    # runs first, `folders.check_kaggle_handle`, has its own test in
+    # test_keras_hub.py; left out here, the loader's own failure is wrapped.)
     import keras_hub
+
+    from keras_txl import folders
 
     def offline(cls, preset, **kwargs):
         raise ConnectionError(f"Failed to resolve host for {preset}")
 
     monkeypatch.setattr(keras_hub.models.CausalLM, "from_preset", classmethod(offline))
+    monkeypatch.setattr(folders, "check_kaggle_handle", lambda preset: None)
     with pytest.raises(ValueError, match=r"Could not load the preset 'kaggle://a/b/c/d': "
                                          r"ConnectionError: Failed to resolve .*without "
                                          r"network access, download the preset"):

@@ -693,18 +693,26 @@ _PRESET_ENTRY = re.compile(
 )
 
 
-def check_replaceable(directory):
-    """`save_preset` replaces `directory` only when nothing would be lost:
-    when it is missing, an empty folder or a keras-hub preset."""
+def _entries_to_replace(directory, expected, alternative):
+    """The entries of the folder `directory` that a save would replace
+    ([] when it is missing or empty); a ValueError when it is a file or a
+    symbolic link, which a save never replaces (`expected`: what it should
+    be, `alternative`: the third thing a save may replace)."""
     if not os.path.lexists(directory):
-        return
+        return []
     if os.path.islink(directory) or not os.path.isdir(directory):
         kind = "a symbolic link" if os.path.islink(directory) else "a file"
         raise ValueError(
-            f"`directory` {directory!r} is {kind}, not a preset folder: refusing to "
-            "replace it. Pass a new folder, an empty one or an existing preset."
+            f"`directory` {directory!r} is {kind}, not {expected}: refusing to "
+            f"replace it. Pass a new folder, an empty one or {alternative}."
         )
-    entries = os.listdir(directory)
+    return os.listdir(directory)
+
+
+def check_replaceable(directory):
+    """`save_preset` replaces `directory` only when nothing would be lost:
+    when it is missing, an empty folder or a keras-hub preset."""
+    entries = _entries_to_replace(directory, "a preset folder", "an existing preset")
     if not entries:
         return
     try:
@@ -739,15 +747,7 @@ _WEIGHTS_FOLDER_ENTRY = re.compile(
 def check_replaceable_weights_folder(directory):
     """`save_pretrained` replaces `directory` only when nothing would be lost:
     when it is missing, an empty folder or a keras-txl weights folder."""
-    if not os.path.lexists(directory):
-        return
-    if os.path.islink(directory) or not os.path.isdir(directory):
-        kind = "a symbolic link" if os.path.islink(directory) else "a file"
-        raise ValueError(
-            f"`directory` {directory!r} is {kind}, not a folder: refusing to replace "
-            "it. Pass a new folder, an empty one or a keras-txl weights folder."
-        )
-    entries = os.listdir(directory)
+    entries = _entries_to_replace(directory, "a folder", "a keras-txl weights folder")
     if not entries:
         return
     try:

@@ -85,22 +85,27 @@ def test_sigkill_during_training_then_resume_gives_the_same_losses(corpus_dir, t
         assert resumed[step] == pytest.approx(reference[step], rel=1e-6), step
 
 
+def start_two_workers(corpus, workdir, extra, stdout):
+    """Two `txl train --strategy multi_worker` processes of one local cluster."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    processes = []
+    for index in range(2):
+        worker_env = {**env(), "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        processes.append(subprocess.Popen(
+            train_command(corpus, workdir, *extra, "--strategy", "multi_worker"),
+            env=worker_env, stdout=stdout, stderr=subprocess.PIPE))
+    return processes
+
+
 def test_two_workers_with_multi_worker_mirrored_match_one_process(corpus_dir, tmp_path):
     extra = ["--steps", "3", "--set", "dropout=0.0", "--set", "checkpoint_every=0",
              "--set", "warmup_steps=1"]
     single = tmp_path / "single"
     subprocess.run(train_command(corpus_dir, single, *extra), env=env(), check=True,
                    capture_output=True, timeout=300)
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     workdir = tmp_path / "multi"
-    processes = []
-    for index in range(2):
-        worker_env = {**env(), "TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        processes.append(subprocess.Popen(
-            train_command(corpus_dir, workdir, *extra, "--strategy", "multi_worker"),
-            env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    processes = start_two_workers(corpus_dir, workdir, extra, subprocess.PIPE)
     outputs = [p.communicate(timeout=300) for p in processes]
     for p, (_, err) in zip(processes, outputs):
         assert p.returncode == 0, err.decode()[-3000:]
@@ -116,20 +121,13 @@ def test_a_multi_worker_task_that_dies_stops_the_others_with_a_clear_error(corpu
                                                                           tmp_path):
     # TensorFlow's coordination service notices the dead task (heartbeats);
     # the step's UnavailableError was a page-long traceback.
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     workdir = tmp_path / "multi"
-    processes = []
-    for index in range(2):
-        worker_env = {**env(), "TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        processes.append(subprocess.Popen(
-            train_command(corpus_dir, workdir, "--steps", "100000", "--set",
-                          "warmup_steps=1", "--strategy", "multi_worker"),
-            env=worker_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    chief, other = processes
+    chief, other = start_two_workers(corpus_dir, workdir, ["--steps", "100000", "--set",
+                                                           "warmup_steps=1"],
+                                     subprocess.DEVNULL)
     metrics = workdir / "metrics.jsonl"
     deadline = time.time() + 240
+
     def steps_logged():  # the records of the chief's first steps, line by line
         return metrics.read_text().count('"split": "train"') if metrics.exists() else 0
 

@@ -854,3 +854,95 @@ def test_a_nul_byte_in_a_text_corpus_is_refused_naming_the_file_and_byte(tmp_pat
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "enwik8").write_bytes(b"\x00ab" * 20)
     assert load_corpus(tmp_path / "e").train.startswith("\x00ab")
+
+
+def as_an_older_version_left_it(workdir, folder, rules1_text):
+    """Rewrites a workdir prepared now as keras-txl with text rules 1 left it:
+    no "text_rules" in source.json, the key without it, and the shards of
+    `rules1_text` (split -> the text rules 1 read) under that key."""
+    from keras_txl.tokenizers import load_tokenizer
+
+    data = pathlib.Path(workdir) / "data"
+    meta = json.loads((data / "source.json").read_text())
+    meta.pop("text_rules", None)
+    fields = {k: meta[k] for k in ("sha256", "identity", "tokenizer_sha256",
+                                   "shard_tokens", "dtype")}
+    meta["key"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer"))
+    for split, text in rules1_text.items():
+        shutil.rmtree(data / split)
+        shards.write_split(str(data / split), lambda cursor, text=text: [(text, 1)],
+                           tokenizer.encode, key=meta["key"], dtype=meta["dtype"],
+                           shard_tokens=meta["shard_tokens"])
+    (data / "source.json").write_text(json.dumps(meta))
+    return meta
+
+
+def test_shards_of_older_text_rules_are_noticed_never_reused_in_silence(tmp_path, capsys):
+    # The rules that read a corpus changed (a last line without a newline got
+    # its <eos>), but a workdir prepared before kept its shards: its key held
+    # the source and the tokenizer, not how text is read, so `txl prepare` and
+    # `txl train` reused shards that the same corpus no longer gives.
+    folder = tmp_path / "c"
+    write_corpus(folder)
+    (folder / "valid.txt").write_bytes((folder / "valid.txt").read_bytes().rstrip(b"\n"))
+    workdir = str(tmp_path / "w")
+    prepare_data(str(folder), workdir, "word", shard_tokens=1024)
+    now = data_files(workdir)
+    read = {s: (folder / f"{s}.txt").read_text() for s in ("train", "valid", "test")}
+    as_an_older_version_left_it(workdir, folder, read)  # valid: rules 1, no last <eos>
+    old = data_files(workdir)
+    assert old != now
+    # Without --data: refused, saying to pass it.
+    with pytest.raises(ValueError, match=r"encoded under the text rules of an older "
+                       r"keras-txl \(version 1; this one reads text by version 2\).*"
+                       rf"Pass --data {folder} "):
+        prepare_data(None, workdir)
+    # With it: encoded again, other tokens in valid: refused, the workdir as it was.
+    with pytest.raises(ValueError, match=r"older keras-txl, which read text by other "
+                       r"rules \(version 1; .*its valid shards hold other tokens .*"
+                       r"train in a new --workdir"):
+        prepare_data(str(folder), workdir)
+    assert data_files(workdir) == old
+    assert main(["prepare", "--data", str(folder), "--workdir", workdir]) == 2
+    assert "its valid shards hold other tokens" in capsys.readouterr().err
+    # A corpus whose files end with newlines reads the same by both rules: the
+    # old shards are kept (the same tokens) and recorded under the current rules.
+    folder2 = tmp_path / "c2"
+    write_corpus(folder2, seed=1)
+    workdir2 = str(tmp_path / "w2")
+    _, before = prepare_data(str(folder2), workdir2, "word", shard_tokens=1024)
+    keys = {s: t.key for s, t in before.items()}
+    as_an_older_version_left_it(
+        workdir2, folder2, {s: (folder2 / f"{s}.txt").read_text() for s in keys})
+    _, after = prepare_data(str(folder2), workdir2)
+    assert {s: t.key for s, t in after.items()} == keys
+    assert not (pathlib.Path(workdir2) / "data" / ".text-rules-check").exists()
+    meta = json.loads((pathlib.Path(workdir2) / "data" / "source.json").read_text())
+    assert meta["text_rules"] == corpora.TEXT_RULES and meta["finished"]
+    # Now current: reused without encoding anything, with and without --data.
+    written = []
+    _, again = prepare_data(str(folder2), workdir2, after_shard=written.append)
+    assert written == [] and {s: t.key for s, t in again.items()} == keys
+    _, again = prepare_data(None, workdir2)
+    assert {s: t.key for s, t in again.items()} == keys
+
+
+def test_an_unfinished_preparation_of_older_text_rules_starts_over(tmp_path):
+    folder = tmp_path / "c"
+    write_corpus(folder)
+    (folder / "train.txt").write_bytes((folder / "train.txt").read_bytes().rstrip(b"\n"))
+    workdir = tmp_path / "w"
+    prepare_data(str(folder), str(workdir), "word", shard_tokens=1024)
+    as_an_older_version_left_it(str(workdir), folder, {"train": (folder / "train.txt").read_text()})
+    data = workdir / "data"
+    meta = json.loads((data / "source.json").read_text())
+    meta["finished"] = False
+    (data / "source.json").write_text(json.dumps(meta))
+    shutil.rmtree(data / "test")  # killed before the last split
+    _, splits = prepare_data(str(folder), str(workdir))
+    fresh_tokenizer, fresh = prepare_data(str(folder), str(tmp_path / "fresh"), "word",
+                                          shard_tokens=1024)
+    for split in ("train", "valid", "test"):
+        assert np.array_equal(np.asarray(splits[split]), np.asarray(fresh[split]))
+    assert np.asarray(splits["train"])[-1] == fresh_tokenizer.eos_id

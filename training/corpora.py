@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_STDLIB_DOCS_CHARS",
     "SPLITS",
+    "TEXT_RULES",
     "Corpus",
     "CorpusSource",
     "build_local_tfds",
@@ -74,6 +75,15 @@ __all__ = [
 ]
 
 SPLITS = ("train", "valid", "test")
+# The version of the rules that turn a corpus's bytes into the text the
+# tokenizer encodes (line ends, a byte order mark, the newline given to a last
+# line without one, ...). Prepared shards record it (`txl prepare`'s
+# `data/source.json` and the key of every split's index.json), so shards
+# encoded under other rules are noticed, never reused in silence. Raise it with
+# any change that can change the text read from the same bytes.
+#   1: (not recorded) before 2.
+#   2: a last line without a newline is given one (its <eos>).
+TEXT_RULES = 2
 _TEXT_FILES = {split: f"{split}.txt" for split in SPLITS}
 _WIKITEXT_FILES = {split: f"wiki.{split}.tokens" for split in SPLITS}
 _WIKITEXT_RAW_FILES = {split: f"wiki.{split}.raw" for split in SPLITS}

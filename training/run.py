@@ -243,8 +243,12 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
 
 
 # What decides the shards besides the source and the tokenizer: changing
-# one of these starts them over.
+# one of these starts them over. (How text is read from the corpus's bytes has
+# its own version, `corpora.TEXT_RULES`: see `_prepare_data`.)
 DATA_FORMAT = "keras-txl-data/2"
+# A split's shards encoded again to compare them with the shards of an older
+# TEXT_RULES (`_prepare_data`), in WORKDIR/data/.
+_RULES_CHECK = ".text-rules-check"
 
 
 def _read_meta(meta_path):
@@ -338,6 +342,7 @@ def _discard_unfinished(data_cache, tokenizer_dir):
         old = os.path.join(data_cache, f"{split}.npy")
         if os.path.exists(old):
             os.remove(old)
+    shutil.rmtree(os.path.join(data_cache, _RULES_CHECK), ignore_errors=True)
     shutil.rmtree(tokenizer_dir, ignore_errors=True)
     meta_path = os.path.join(data_cache, "source.json")
     if os.path.exists(meta_path):
@@ -676,7 +681,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
     (`training/shards.py`); a killed preparation resumes where it stopped.
     `WORKDIR/data/source.json` keys the shards: the source (path; size,
     mtime, ctime and inode; the content sha256), the tokenizer's kind, options and
-    files' sha256. A different `--data` (by content) or a changed
+    files' sha256, and the version of the text rules (`corpora.TEXT_RULES`:
+    shards of older rules are encoded again and kept only if the tokens are
+    the same). A different `--data` (by content) or a changed
     tokenizer is refused with a message, unless the workdir's preparation
     never finished (see `_check_source`). A split with no text is refused
     before anything is written.
@@ -725,6 +732,7 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     """
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.training import shards
+    from keras_txl.training.corpora import TEXT_RULES
     from keras_txl.training.corpora import open_corpus_source
     from keras_txl.training.vocab import build_streaming_tokenizer
 
@@ -745,6 +753,12 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     meta = _read_meta(meta_path)
     if meta is not None and meta.get("format") != DATA_FORMAT:
         meta = None  # an older workdir's cache: prepared again below
+    # Shards encoded under older text rules (no "text_rules": version 1): the
+    # same corpus may give other tokens now.
+    old_rules = None
+    if meta is not None and meta.get("text_rules", 1) != TEXT_RULES:
+        old_rules = meta.get("text_rules", 1)
+    recheck = False  # encode again beside them and compare (below)
     corpus_source = sha = stat = None
     use_workdir_tokenizer = True
     if source is not None:
@@ -767,6 +781,21 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
         stat = corpus_source.stat_key()
         if meta is not None:
             sha = _check_source(workdir, meta, corpus_source, data_cache, stat)
+            if sha is not None and old_rules is not None:
+                if _finished(meta, data_cache):
+                    # Shards that may have been trained on: kept if the
+                    # current rules give the same tokens, else refused.
+                    recheck = write
+                    logger.warning(
+                        "%s was encoded under the text rules of an older keras-txl "
+                        "(version %s, now %s): encoding --data %s again to compare.",
+                        data_cache, old_rules, TEXT_RULES, source)
+                elif meta.get("built_tokenizer"):
+                    logger.warning(
+                        "%s holds an unfinished preparation under the text rules of an "
+                        "older keras-txl (version %s, now %s): preparing --data %s from "
+                        "the start.", data_cache, old_rules, TEXT_RULES, source)
+                    sha = None  # as an unfinished preparation of other content
             if sha is None:  # an unfinished preparation from other content
                 if write:
                     _discard_unfinished(data_cache, tokenizer_dir)
@@ -793,6 +822,14 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 "delete the data folder to re-encode, or restore the tokenizer."
             )
     if source is None:
+        if old_rules is not None and tokenizer is not None:
+            raise ValueError(
+                f"{workdir}'s shards were encoded under the text rules of an older "
+                f"keras-txl (version {old_rules}; this one reads text by version "
+                f"{TEXT_RULES}), so they may hold other tokens than this version encodes "
+                f"from the same corpus. Pass --data {meta.get('source')} (the corpus "
+                "they were prepared from) once: they are encoded again and kept if the "
+                "tokens are the same, else the run says what to do.")
         if meta is not None and tokenizer is not None and all(
                 shards.is_complete(os.path.join(data_cache, s), meta["key"]) for s in SPLITS):
             logger.info("No --data: using the shards prepared from %s.", meta.get("source"))
@@ -832,7 +869,8 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
 
             os.makedirs(data_cache, exist_ok=True)
             atomic_write_bytes(meta_path, json.dumps({
-                "format": DATA_FORMAT, "source": _where(source), "key": None,
+                "format": DATA_FORMAT, "text_rules": TEXT_RULES,
+                "source": _where(source), "key": None,
                 "stat": stat, "sha256": sha, "identity": corpus_source.identity(),
                 "built_tokenizer": built_tokenizer, "finished": False,
                 "tokenizer": _tokenizer_record(kind, options)}, indent=2).encode())
@@ -855,6 +893,7 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                     or shards.DEFAULT_SHARD_TOKENS)
     size = tokenizer.vocabulary_size()
     key_fields = {"sha256": sha, "identity": corpus_source.identity(),
+                  "text_rules": TEXT_RULES,
                   "tokenizer_sha256": tokenizer_sha, "shard_tokens": shard_tokens,
                   "dtype": shards.dtype_for(size)}
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()
@@ -881,7 +920,10 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
         logger.info("Non-chief worker: preparing its own copy of the shards in %s", target)
     else:
         os.makedirs(data_cache, exist_ok=True)
-        if meta is None or any(meta.get(k) != new_meta[k] for k in new_meta):
+        # Under recheck the old record stays until the comparison is done: a
+        # kill or a refusal leaves the workdir as the older version left it.
+        if not recheck and (meta is None or any(meta.get(k) != new_meta[k]
+                                                for k in new_meta)):
             from keras_txl.io import atomic_write_bytes
 
             atomic_write_bytes(meta_path, json.dumps(new_meta, indent=2).encode())
@@ -899,8 +941,10 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
         tokenizer_dir if tokenizer_reused and not built_tokenizer else None)
     unk_id = tokenizer.unk_id if foreign else None
     out, encoded = {}, []
+    folders = {split: os.path.join(target, _RULES_CHECK, split) if recheck
+               else os.path.join(target, split) for split in SPLITS}
     for split in SPLITS:
-        folder = os.path.join(target, split)
+        folder = folders[split]
         if write and os.path.isfile(os.path.join(folder, shards.INDEX)) and \
                 not shards.is_complete(folder, key):
             import shutil
@@ -949,7 +993,7 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
             import shutil
 
             for split in encoded:
-                shutil.rmtree(os.path.join(target, split), ignore_errors=True)
+                shutil.rmtree(folders[split], ignore_errors=True)
             before = {entry[0]: entry for entry in stat}
             changed = [entry[0] for entry in now if before.pop(entry[0], None) != entry]
             changed += list(before)  # removed since
@@ -958,12 +1002,61 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 "its shards could mix the old and the new text, so they were removed. "
                 "Run again once the corpus no longer changes (a copy still being "
                 "written?).")
-    if write and (not new_meta["finished"] or new_meta["stat"] != stat):
+    if recheck:
+        out = _adopt_rechecked(workdir, data_cache, tokenizer_dir, out, old_rules, source)
+    if write and (recheck or not new_meta["finished"] or new_meta["stat"] != stat):
         from keras_txl.io import atomic_write_bytes
 
         atomic_write_bytes(meta_path, json.dumps({**new_meta, "finished": True},
                                                  indent=2).encode())
     return tokenizer, out
+
+
+def _adopt_rechecked(workdir, data_cache, tokenizer_dir, rechecked, old_rules, source):
+    """Compares the shards encoded again under the current text rules
+    (`rechecked`, in `data/.text-rules-check/`) with the finished shards of
+    an older version: the same tokens replace them (the tokens key, which
+    checkpoints record, is unchanged); other tokens are refused, leaving the
+    old shards and record as they were."""
+    import shutil
+
+    from keras_txl.training import shards
+    from keras_txl.training.corpora import TEXT_RULES
+
+    check = os.path.join(data_cache, _RULES_CHECK)
+    try:
+        differ = []
+        for split, new in rechecked.items():
+            old = shards.ShardedTokens(os.path.join(data_cache, split))
+            content = shards.tokens_sha256(
+                old._paths, old.dtype, expected=[s["sha256"] for s in old.index["shards"]])
+            if content != new.index["tokens_sha256"]:
+                differ.append(split)
+    except Exception:
+        shutil.rmtree(check, ignore_errors=True)
+        raise
+    if differ:
+        shutil.rmtree(check, ignore_errors=True)
+        raise ValueError(
+            f"{workdir} was prepared by an older keras-txl, which read text by other "
+            f"rules (version {old_rules}; this one reads by version {TEXT_RULES}, "
+            "where a last line without a newline gets its <eos>): its "
+            f"{', '.join(differ)} shards hold other tokens than this version encodes "
+            f"from --data {_where(source)}. Its tokenizer and shards, and the "
+            "checkpoints and model trained on them, belong to the old reading: train in "
+            f"a new --workdir (or, to start this one over, delete {data_cache}, "
+            f"{tokenizer_dir} and its checkpoints/ and model/; or keep using this "
+            "workdir with the older keras-txl).")
+    out = {}
+    for split in rechecked:
+        folder = os.path.join(data_cache, split)
+        shutil.rmtree(folder)
+        os.replace(os.path.join(check, split), folder)
+        out[split] = shards.ShardedTokens(folder)
+    shutil.rmtree(check, ignore_errors=True)
+    logger.info("%s: the text rules of this version give the same tokens; shards "
+                "recorded under them.", data_cache)
+    return out
 
 
 def match_vocabulary(model_dict, tokenizer, explicit):

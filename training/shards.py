@@ -33,7 +33,7 @@ next chunk. A killed run restarts from the last recorded shard, so it
 finishes with the same bytes as an uninterrupted run.
 
 Two identities: the index's `key` says what the shards were made from and
-how (the source, the tokenizer and the shard size: `txl prepare` rewrites
+how (the source, the text rules, the tokenizer and the shard size: `txl prepare` rewrites
 shards of another key); `ShardedTokens.key` says which tokens they hold,
 `tokens-sha256:<tokens_sha256>`, the same for any shard size. A
 checkpoint records the second (its data position is an offset in the

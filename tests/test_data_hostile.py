@@ -260,6 +260,37 @@ def test_tfds_text_that_is_not_utf8_is_refused(tmp_path, capsys):
     assert "--download" in err and "--data-dir" in err and "download=True" not in err
 
 
+def test_tfds_text_with_a_nul_byte_is_refused_as_in_a_file(tmp_path, capsys):
+    # A NUL byte in a file corpus is refused, naming the file and the byte; the
+    # same byte in a TFDS example (a binary feature, UTF-16 text stored as bytes)
+    # was tokenized in silence.
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    data_dir = tmp_path / "tfds"
+    lines = {"train": [b"hello world", b"hello world", "hi\n".encode("utf-16-le")],
+             "validation": [b"fine"], "test": [b"fine \x00 here"]}
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="nul_bytes", version="1.0.0",
+        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+        split_datasets={s: tf.data.Dataset.from_tensor_slices(v).map(
+            lambda line: {"text": line}) for s, v in lines.items()},
+        data_dir=str(data_dir), disable_shuffling=True)
+    with pytest.raises(ValueError, match=r"'nul_bytes' split 'train': example 2 \(counting "
+                       r"from 0\) holds a NUL byte \(at byte 1 of the example: "
+                       r"b'h\\x00i\\x00.*UTF-16"):
+        load_corpus("tfds:nul_bytes", data_dir=str(data_dir))
+    source = open_corpus_source("tfds:nul_bytes", data_dir=str(data_dir))
+    with pytest.raises(ValueError, match=r"split 'test': example 0 .* NUL byte \(at byte 5 "):
+        list(source.chunks("test"))
+    workdir = tmp_path / "w"
+    assert main(["prepare", "--data", "tfds:nul_bytes", "--data-dir", str(data_dir),
+                 "--workdir", str(workdir), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    assert "example 2 (counting from 0) holds a NUL byte (at byte 1" in err
+    assert not (workdir / "tokenizer").exists()
+
+
 # --- 5. empty splits, and an unfinished preparation ------------------------
 def test_an_empty_split_is_refused_before_any_work(tmp_path, capsys):
     folder = pathlib.Path(write_corpus(tmp_path / "c"))

@@ -540,15 +540,24 @@ def _read_tfds_text(tfds, builder, split, feature, max_examples) -> str:
 
 
 def _tfds_text(value: bytes, name: str, split: str, example: int) -> str:
-    """One TFDS example's text, which must be UTF-8 as every text corpus."""
+    """One TFDS example's text, which must be UTF-8 text with no NUL byte, as
+    every text corpus (`CorpusSource._decode`)."""
+    where = f"TFDS dataset {name!r} split {split!r}: example {example} (counting from 0)"
     try:
-        return value.decode("utf-8")
+        text = value.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(
-            f"TFDS dataset {name!r} split {split!r}: example {example} (counting from 0) "
-            f"is not valid UTF-8 text (byte {error.start} of the example: "
+            f"{where} is not valid UTF-8 text (byte {error.start} of the example: "
             f"{value[max(0, error.start - 8):error.start + 8]!r}). Text corpora must be "
             "UTF-8; fix the dataset (or its source) and prepare it again.") from None
+    nul = value.find(b"\0")
+    if nul >= 0:
+        raise ValueError(
+            f"{where} holds a NUL byte (at byte {nul} of the example: "
+            f"{value[max(0, nul - 8):nul + 8]!r}): it is not text but binary data, or text "
+            "stored as UTF-16. Text corpora must be UTF-8 text; fix the dataset (or its "
+            "source) and prepare it again.")
+    return text
 
 
 def _load_tfds(

@@ -946,6 +946,10 @@ def test_shards_of_older_text_rules_are_noticed_never_reused_in_silence(tmp_path
     keys = {s: t.key for s, t in before.items()}
     as_an_older_version_left_it(
         workdir2, folder2, {s: (folder2 / f"{s}.txt").read_text() for s in keys})
+    # A run killed while it replaced them: train moved aside, not yet replaced.
+    check = pathlib.Path(workdir2) / "data" / ".text-rules-check"
+    check.mkdir()
+    os.replace(pathlib.Path(workdir2) / "data" / "train", check / "old-train")
     _, after = prepare_data(str(folder2), workdir2)
     assert {s: t.key for s, t in after.items()} == keys
     assert not (pathlib.Path(workdir2) / "data" / ".text-rules-check").exists()

@@ -1027,6 +1027,10 @@ def _adopt_rechecked(workdir, data_cache, tokenizer_dir, rechecked, old_rules, s
     try:
         differ = []
         for split, new in rechecked.items():
+            if not os.path.lexists(os.path.join(data_cache, split)):
+                # Nothing to compare (deleted, or moved aside by a run killed
+                # while it replaced them below): encoded as a missing split is.
+                continue
             old = shards.ShardedTokens(os.path.join(data_cache, split))
             content = shards.tokens_sha256(
                 old._paths, old.dtype, expected=[s["sha256"] for s in old.index["shards"]])
@@ -1050,7 +1054,9 @@ def _adopt_rechecked(workdir, data_cache, tokenizer_dir, rechecked, old_rules, s
     out = {}
     for split in rechecked:
         folder = os.path.join(data_cache, split)
-        shutil.rmtree(folder)
+        if os.path.lexists(folder):  # moved aside, not deleted: a kill never
+            # leaves a split half removed (a missing one is encoded again)
+            os.replace(folder, os.path.join(check, f"old-{split}"))
         os.replace(os.path.join(check, split), folder)
         out[split] = shards.ShardedTokens(folder)
     shutil.rmtree(check, ignore_errors=True)

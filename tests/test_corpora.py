@@ -186,6 +186,17 @@ def test_folder_errors_name_the_path(tmp_path):
         ),
     ):
         corpora.load_corpus(partial)
+    # A split "missing" as a file but there as something else is said so.
+    (partial / "test.txt").mkdir()
+    with pytest.raises(ValueError, match=re.escape(
+            f"is missing {partial / 'test.txt'} (a folder, not a file).")):
+        corpora.load_corpus(partial)
+    (partial / "test.txt").rmdir()
+    (partial / "test.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(ValueError, match=re.escape(
+            f"is missing {partial / 'test.txt'} (a symbolic link to "
+            f"'{tmp_path / 'gone.txt'}', which does not exist).")):
+        corpora.open_corpus_source(partial)
 
     hollow = _write_splits(tmp_path / "hollow", TXT, ["a\n", " \n\n", "c\n"])
     with pytest.raises(

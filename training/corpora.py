@@ -277,11 +277,17 @@ def _complete_layout(folder, files: Mapping[str, str]):
     present = [split for split, path in paths.items() if path.is_file()]
     if not present:
         return None
-    missing = [str(paths[split]) for split in SPLITS if split not in present]
-    if missing:
+    absent = [paths[split] for split in SPLITS if split not in present]
+    if absent:
+        # Not a file: say what is there instead (a folder, a broken link).
+        what = [f"{path} (a folder, not a file)" if path.is_dir()
+                else f"{path} (a symbolic link to {os.readlink(path)!r}, which does "
+                "not exist)" if path.is_symlink() and not path.exists()
+                else f"{path} (not a regular file)" if os.path.lexists(path)
+                else str(path) for path in absent]
         raise ValueError(
             f"corpus folder {folder} has {files[present[0]]} but is missing "
-            f"{', '.join(missing)}."
+            f"{', '.join(what)}."
         )
     return paths
 

@@ -181,6 +181,31 @@ def test_a_damaged_or_unfinished_split_is_refused(tmp_path):
         shards.ShardedTokens(sharded.folder)
 
 
+@pytest.mark.parametrize("edit,why", [
+    (lambda index: index.pop("shards"), '"shards" is NoneType, expected a list'),
+    (lambda index: index.update(shards=5), '"shards" is int, expected a list'),
+    (lambda index: index.update(dtype="zz"), '"dtype" is \'zz\', expected "<u2" or "<i4"'),
+    (lambda index: index.pop("dtype"), '"dtype" is None'),
+    (lambda index: index["shards"][1].update(tokens="300"), "shard 1 is {"),
+    (lambda index: index["shards"][0].pop("file"), "shard 0 is {"),
+    (lambda index: index["shards"][2].update(tokens=-1), "shard 2 is {"),
+])
+def test_an_index_edited_into_another_shape_is_named(tmp_path, edit, why):
+    # A hand-edited index.json failed with a bare KeyError or TypeError
+    # ('shards', "'int' object is not iterable", "data type 'zz' not understood").
+    sharded = make_shards(tmp_path, np.arange(1000, dtype=np.int32), shard_tokens=300)
+    path = os.path.join(sharded.folder, "index.json")
+    with open(path) as f:
+        index = json.load(f)
+    edit(index)
+    with open(path, "w") as f:
+        json.dump(index, f)
+    with pytest.raises(ValueError) as raised:
+        shards.ShardedTokens(sharded.folder)
+    assert str(raised.value).startswith(f"{path} is not an index of shards: {why}")
+    assert str(raised.value).endswith(f"Delete {sharded.folder} and prepare again.")
+
+
 # --- kill and resume ------------------------------------------------------
 KILLER = """
 import os, signal, sys

@@ -105,6 +105,31 @@ def _read_json(path):
     return data
 
 
+def _check_index(path, index):
+    """The fields `ShardedTokens` reads from an index.json, with their types:
+    an index edited by hand (or written by something else) is a ValueError
+    naming it, not a KeyError or TypeError from deep inside."""
+    why = None
+    listed = index.get("shards")
+    if index.get("dtype") not in ("<u2", "<i4"):
+        why = f'"dtype" is {index.get("dtype")!r}, expected "<u2" or "<i4"'
+    elif not isinstance(listed, list):
+        why = f'"shards" is {type(listed).__name__}, expected a list'
+    else:
+        for number, shard in enumerate(listed):
+            tokens = shard.get("tokens") if isinstance(shard, dict) else None
+            if not (isinstance(shard, dict) and isinstance(shard.get("file"), str)
+                    and isinstance(shard.get("sha256"), str)
+                    and isinstance(tokens, int) and not isinstance(tokens, bool)
+                    and tokens >= 0):
+                why = (f'shard {number} is {shard!r}, expected {{"file": str, '
+                       '"tokens": int >= 0, "sha256": str}')
+                break
+    if why:
+        raise ValueError(f"{path} is not an index of shards: {why}. Delete "
+                         f"{os.path.dirname(path)} and prepare again.")
+
+
 def dtype_for(vocabulary_size):
     """`"<u2"` for up to 65,536 ids, else `"<i4"`."""
     return "<u2" if vocabulary_size <= 1 << 16 else "<i4"
@@ -149,6 +174,7 @@ class ShardedTokens:
         index = _read_json(path)
         if index.get("format") != FORMAT:
             raise ValueError(f"{path} has format {index.get('format')!r}, expected {FORMAT!r}.")
+        _check_index(path, index)
         self.index = index
         self.dtype = np.dtype(index["dtype"])
         self.max_id = int(index.get("max_id", -1))

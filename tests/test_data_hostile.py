@@ -955,6 +955,15 @@ def test_shards_of_older_text_rules_are_noticed_never_reused_in_silence(tmp_path
     assert not (pathlib.Path(workdir2) / "data" / ".text-rules-check").exists()
     meta = json.loads((pathlib.Path(workdir2) / "data" / "source.json").read_text())
     assert meta["text_rules"] == corpora.TEXT_RULES and meta["finished"]
+    # txl eval / recl without --data score the workdir's test shards: refused
+    # while they are of older rules, read once they were checked.
+    from keras_txl.training.run import check_workdir_tokens
+
+    with pytest.raises(ValueError, match=r"data was encoded under the text rules of an "
+                       r"older keras-txl \(version 1; .*its test tokens may not be .*"
+                       rf"txl prepare --data {folder} --workdir {workdir}"):
+        check_workdir_tokens(workdir, "test", "model", "", "")
+    check_workdir_tokens(workdir2, "test", "model", "", "")
     # Now current: reused without encoding anything, with and without --data.
     written = []
     _, again = prepare_data(str(folder2), workdir2, after_shard=written.append)

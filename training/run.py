@@ -1406,6 +1406,17 @@ def check_workdir_tokens(workdir, split, model_kind, model_source, tokenizer_dir
     remedy = (f"Pass --data to encode the {split} split with the model's tokenizer, or "
               f"prepare {data_cache} again with it.")
     meta = _read_meta(os.path.join(data_cache, "source.json"))
+    from keras_txl.training.corpora import TEXT_RULES
+
+    if (isinstance(meta, dict) and meta.get("format") == DATA_FORMAT
+            and meta.get("text_rules", 1) != TEXT_RULES):
+        raise ValueError(
+            f"{data_cache} was encoded under the text rules of an older keras-txl "
+            f"(version {meta.get('text_rules', 1)}; this one reads text by version "
+            f"{TEXT_RULES}), so its {split} tokens may not be what this version encodes "
+            f"from the corpus. Pass --data to encode the {split} split by this version's "
+            f"rules, or run `txl prepare --data {meta.get('source')} --workdir {workdir}` "
+            "once to check the shards (kept if the tokens are the same).")
     recorded = meta.get("tokenizer_sha256") if isinstance(meta, dict) else None
     if recorded is not None and (not os.path.isdir(data_tokenizer)
                                  or recorded != sha256_tree(data_tokenizer)):

@@ -413,3 +413,52 @@ def test_a_tiny_temperature_decodes_greedily(temperature):
     assert isinstance(generation.sampler_from_options(temperature),
                       keras_hub.samplers.GreedySampler)
     assert isinstance(generation.sampler_from_options(1e-5), keras_hub.samplers.RandomSampler)
+
+
+def test_generate_ids_reuses_its_trace_and_draws_as_a_new_sampler():
+    # Each call made a new tf.function: a loop over generate_ids retraced
+    # (and XLA-compiled) the whole decoding loop at every call.
+    model = id_model()
+    model.compile(sampler="greedy", jit_compile=False)  # graph mode: faster to trace
+    traces = []
+    step = model.generate_step
+
+    def counting_step(*args, **kwargs):
+        traces.append(1)
+        return step(*args, **kwargs)
+
+    model.generate_step = counting_step
+    prompts = [[1, 2, 3], [4]]
+
+    def reference(**options):
+        """A new sampler and a new function, as every call built before."""
+        model.compile(sampler=generation.sampler_from_options(vocabulary_size=V, **options),
+                      jit_compile=False)
+        out = model.generate(prompts, max_length=8, stop_token_ids=None, strip_prompt=True)
+        return [np.asarray(row)[:5] for row in out]
+
+    greedy = [generation.generate_ids(model, prompts, 5, temperature=0) for _ in range(3)]
+    assert len(traces) == 1
+    sampled = {seed: [generation.generate_ids(model, prompts, 5, top_k=4, seed=seed)
+                      for _ in range(2)] for seed in (1, 2)}
+    again = generation.generate_ids(model, prompts, 5, top_k=4, seed=1)
+    assert len(traces) == 2  # one per sampler setting, whatever the seed
+    free = [generation.generate_ids(model, prompts, 5, temperature=3.0, seed=None)
+            for _ in range(4)]
+    assert len(traces) == 3
+    for out in greedy:
+        for a, b in zip(out, reference(temperature=0)):
+            np.testing.assert_array_equal(a, b)
+    for seed, outs in sampled.items():
+        for out in outs + ([again] if seed == 1 else []):
+            for a, b in zip(out, reference(top_k=4, seed=seed)):
+                np.testing.assert_array_equal(a, b)
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(sampled[1], sampled[2]))
+    # seed=None draws anew at every call, not the first call's tokens again.
+    assert len({tuple(np.concatenate(out)) for out in free}) > 1
+    # Another XLA setting is another function.
+    model.compile(sampler="greedy", jit_compile=True)
+    count = len(traces)
+    for _ in range(2):
+        generation.generate_ids(model, prompts, 5, temperature=0)
+    assert len(traces) == count + 1

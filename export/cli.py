@@ -261,6 +261,12 @@ def check_arguments(args):
                 "--batch-size and --segment-length.")
     # What would be replaced, refused before anything is loaded or written
     # (with --format all, a half-done export is worse than none).
+    if args.format in ("saved_model", "all"):
+        from keras_txl.export.saved_model import check_version_path
+
+        base = os.path.join(args.out, args.name)
+        check_version_path(base, os.path.join(base, str(args.version)),
+                           flags=("--version", "--name or --out"))
     if not args.overwrite:
         targets = []
         if args.format in ("saved_model", "all"):

@@ -35,6 +35,7 @@ from keras_txl.export import serving
 from keras_txl.export import signatures as sig
 from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import remove_path
 from keras_txl.safe_files import remove_stale_temporaries
 from keras_txl.safe_files import temporary_prefix
 
@@ -263,6 +264,7 @@ def export_saved_model(
     checks.positive_int("segment_length", segment_length, allow_none=True)
     base = os.path.join(out_dir, name)
     final = os.path.join(base, str(version))
+    check_version_path(base, final)
     if os.path.exists(final) and not overwrite:
         raise ValueError(
             f"{final} already exists; export a new `version` (TF Serving "
@@ -333,12 +335,33 @@ def export_saved_model(
             os.rename(final, old)
         os.rename(staging, final)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_path(old)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     logger.debug("SavedModel written to %s", final)  # `txl export` prints it
     return final
+
+
+def check_version_path(base: str, final: str, flags=("`version`", "`name`")) -> None:
+    """A ValueError, before anything is written, when the model base path
+    `base` or the version `final` is a file or a symbolic link.
+
+    An export writes version folders only: `overwrite` moved a file (or a
+    link) at the version aside under a `.tmp-` name and left it there (it
+    removed the old version as a folder), and a file at the base path was
+    an "[Errno 17] File exists" after the model was traced. `flags`: the
+    names of the version and the model name for the message (the CLI's
+    `--version` and `--name`).
+    """
+    for path, flag in ((base, flags[1]), (final, flags[0])):
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            kind = "a symbolic link" if os.path.islink(path) else "a file"
+            what = "version" if path == final else "model base path"
+            raise ValueError(
+                f"{path} is {kind}, not a SavedModel {what} folder: refusing to "
+                f"write over it, also with overwrite. Move it away, or choose "
+                f"another {flag}.")
 
 
 def load_config(version_dir: str):

@@ -562,3 +562,40 @@ def test_format_all_refuses_what_tflite_would_refuse_before_writing_the_saved_mo
         run_cli("--workdir", exported.tmp / "run", "--out", tmp_path / "b", "--format",
                 "all", "--stateful", "--batch-size", 10**8)
     assert not (tmp_path / "b" / "txl").exists()
+
+
+def test_a_file_or_link_at_the_version_is_refused_before_anything_is_written(tmp_path):
+    # With overwrite, a file at the version moved aside under a ".tmp-1_old-"
+    # name and stayed there (the old version was removed as a folder).
+    model = keras_txl.TransformerXLCausalLM(tiny_config())
+    out = tmp_path / "out"
+    (out / "txl").mkdir(parents=True)
+    (out / "txl" / "1").write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", out / "txl" / "2")
+    for version, kind in ((1, "a file"), (2, "a symbolic link")):
+        for overwrite in (True, False):
+            with pytest.raises(ValueError, match=(
+                    f"txl/{version} is {kind}, not a SavedModel version folder: refusing "
+                    "to write over it, also with overwrite. Move it away, or choose "
+                    "another `version`.")):
+                saved_model.export_saved_model(model, str(out), version=version,
+                                               warmup=False, overwrite=overwrite)
+        # The CLI, before loading a model (there is none at --workdir).
+        with pytest.raises(ValueError, match=f"txl/{version} is {kind}, .* choose another "
+                                             "--version"):
+            run_cli("--workdir", tmp_path / "none", "--out", out, "--version", version,
+                    "--overwrite")
+    assert sorted(os.listdir(out / "txl")) == ["1", "2"]
+    assert (out / "txl" / "1").read_text() == "mine"
+    assert os.listdir(tmp_path / "elsewhere") == []
+    # A file at the model's base path: "[Errno 17] File exists" once traced.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "txl").write_text("mine")
+    with pytest.raises(ValueError, match="txl is a file, not a SavedModel model base path "
+                                         "folder.*choose another `name`"):
+        saved_model.export_saved_model(model, str(tmp_path / "other"), warmup=False)
+    with pytest.raises(ValueError, match="choose another --name or --out"):
+        run_cli("--workdir", tmp_path / "none", "--out", tmp_path / "other",
+                "--format", "all", "--overwrite")
+    assert os.listdir(tmp_path / "other") == ["txl"]

@@ -267,6 +267,11 @@ def check_arguments(args):
         base = os.path.join(args.out, args.name)
         check_version_path(base, os.path.join(base, str(args.version)),
                            flags=("--version", "--name or --out"))
+    if args.format in ("tflite", "all"):
+        from keras_txl.export.tflite import check_tflite_targets
+
+        check_tflite_targets({args.quantize: os.path.join(
+            args.out, tflite_file_name(args.name, args.quantize, args.stateful))})
     if not args.overwrite:
         targets = []
         if args.format in ("saved_model", "all"):

@@ -286,6 +286,23 @@ def _check_stems(out_paths):
                 "name the file otherwise (`txl export --name`).")
 
 
+def check_tflite_targets(out_paths):
+    """A folder where a TFLite file or its export record goes is refused
+    before anything is converted or written: it was an "[Errno 21] Is a
+    directory" after the conversion (minutes), and with `txl export
+    --format all --overwrite` after the SavedModel and the side files had
+    been written."""
+    for path in out_paths.values():
+        stem = os.path.splitext(os.path.basename(path))[0]
+        record = os.path.join(os.path.dirname(os.path.abspath(path)), f"{stem}.json")
+        for target, what in ((path, "the TFLite file"), (record, "its export record")):
+            if os.path.isdir(target):
+                raise ValueError(
+                    f"{target} is a folder, where {what} of {path} goes: refusing to "
+                    "write over it, also with overwrite. Move it away, or name the "
+                    "file otherwise (`txl export --name` or --out).")
+
+
 def check_tflite_export(model, out_paths: dict, *, batch_size: int, segment_length: int,
                         stateful: bool = False, tokenizer_dir: str | None = None) -> None:
     """What `export_tflite_variants` refuses before it converts, checked
@@ -302,6 +319,7 @@ def check_tflite_export(model, out_paths: dict, *, batch_size: int, segment_leng
     _check_memory(model, stateful)
     _check_sizes(model.txl_config, batch_size, segment_length)
     _check_stems(out_paths)
+    check_tflite_targets(out_paths)
     with tempfile.TemporaryDirectory(prefix="txl-tflite-check-") as tmp:
         _stage_side_files(model, tmp, tokenizer_dir)
         for directory in sorted({os.path.dirname(os.path.abspath(p))
@@ -376,6 +394,7 @@ def export_tflite_variants(
     _check_memory(model, stateful)
     _check_sizes(model.txl_config, batch_size, segment_length)
     _check_stems(out_paths)
+    check_tflite_targets(out_paths)
     directories = sorted({os.path.dirname(os.path.abspath(p)) for p in out_paths.values()})
     for directory in directories:
         os.makedirs(directory, exist_ok=True)

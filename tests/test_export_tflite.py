@@ -453,3 +453,34 @@ def test_a_model_whose_tokenizer_has_lookup_tables_exports_to_tflite(tmp_path, k
     np.testing.assert_allclose(out["log_probs"], model.call_with_memory(ids)["log_probs"],
                                atol=1e-4)
     assert model.preprocessor is not None  # the user's model is left as it was
+
+
+def test_a_folder_where_the_tflite_file_goes_is_refused_before_anything_is_written(tmp_path):
+    # An "[Errno 21] Is a directory" after the conversion; with `txl export
+    # --format all --overwrite`, after the SavedModel and its side files were
+    # written: a half-done export.
+    model = keras_txl.TransformerXLCausalLM(tiny_config(memory_length=2))
+    out = tmp_path / "out"
+    (out / "txl.tflite").mkdir(parents=True)
+    (out / "txl.tflite" / "x").write_text("mine")
+    with pytest.raises(ValueError, match=re.escape(
+            f"{out / 'txl.tflite'} is a folder, where the TFLite file of "
+            f"{out / 'txl.tflite'} goes: refusing to write over it, also with overwrite. "
+            "Move it away, or name the file otherwise (`txl export --name` or --out).")):
+        tflite.export_tflite(model, str(out / "txl.tflite"), batch_size=1, segment_length=T)
+    (tmp_path / "other" / "m.json").mkdir(parents=True)
+    with pytest.raises(ValueError, match=re.escape(
+            f"{tmp_path / 'other' / 'm.json'} is a folder, where its export record of "
+            f"{tmp_path / 'other' / 'm.tflite'} goes")):
+        tflite.export_tflite(model, str(tmp_path / "other" / "m.tflite"), batch_size=1,
+                             segment_length=T)
+    parser = cli.add_arguments(argparse.ArgumentParser())
+    for format in ("tflite", "all"):
+        with pytest.raises(ValueError, match="txl.tflite is a folder, where the TFLite file"):
+            # Before a model is loaded: there is none at --workdir.
+            cli.run(parser.parse_args(["--workdir", str(tmp_path / "none"), "--out", str(out),
+                                       "--format", format, "--overwrite"]))
+    assert os.listdir(out) == ["txl.tflite"]
+    assert os.listdir(out / "txl.tflite") == ["x"]
+    assert os.listdir(tmp_path / "other") == ["m.json"]
+

@@ -278,7 +278,8 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
         temperature, top_k, top_p, seed: as
             `keras_txl.generation.sampler_from_options` (a keras-hub
             sampler; temperature 0: greedy).
-        stop_token_ids: ids that end the continuation (kept), or None.
+        stop_token_ids: None, an id or a tuple of ids in [0, V) that end
+            the continuation (kept).
         memory: (1, L, M, D) memory to start from, or None (the empty
             memory: zeros, and masked slots for a model exported with
             `empty_memory="masked"`).
@@ -300,6 +301,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             memory without its mask (masked model), or a mask for a model
             that takes none.
     """
+    from keras_txl.decoding import stop_token_id_tuple
     from keras_txl.generation import check_sampling
     from keras_txl.generation import sample_next
     from keras_txl.generation import sampler_from_options
@@ -324,7 +326,14 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             "`max_new_tokens` must be an integer >= 0, received "
             f"max_new_tokens={max_new_tokens!r}."
         )
-    stops = set(int(i) for i in (stop_token_ids or ()))
+    if on_token is not None and not callable(on_token):
+        # Checked before anything runs, not at the first new id.
+        raise ValueError(
+            "`on_token` must be None or a callable taking each new id, "
+            f"received {type(on_token).__name__}.")
+    # An id was a TypeError ("'int' object is not iterable"), an id outside
+    # the vocabulary never stopped anything, in silence.
+    stops = set(stop_token_id_tuple(stop_token_ids, runner.vocabulary_size) or ())
     batch = runner.batch_size
     mask_shape = getattr(runner, "memory_mask_shape", None)
     if mask_shape is None and memory_mask is not None:

@@ -30,6 +30,7 @@ from keras_txl.decoding import clamp_top_k
 from keras_txl.decoding import decode_loop
 from keras_txl.decoding import initial_cache
 from keras_txl.decoding import mask_after_stop
+from keras_txl.decoding import stop_token_id_tuple
 from keras_txl.memory import update_memory_mask
 
 # initial_memory() refuses to allocate more than this by default (4 GiB).
@@ -1651,28 +1652,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 self.preprocessor.tokenizer, "end_token_id", None
             )
             return None if end is None else (int(end),)
-        if stop_token_ids is None:
-            return None
-        if isinstance(stop_token_ids, (numbers.Integral, np.integer)):
-            ids = (stop_token_ids,)
-        elif isinstance(stop_token_ids, (list, tuple)) or (
-            isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim == 1
-        ):
-            ids = tuple(stop_token_ids)
-        else:
-            ids = None
-        if ids is None or not all(
-            isinstance(i, (numbers.Integral, np.integer))
-            and not isinstance(i, (bool, np.bool_))
-            and 0 <= i < vocabulary_size
-            for i in ids
-        ):
-            raise ValueError(
-                '`stop_token_ids` must be "auto", None, an id or a tuple of '
-                f"ids in [0, vocabulary_size={vocabulary_size}), received "
-                f"stop_token_ids={stop_token_ids!r}."
-            )
-        return tuple(int(i) for i in ids) or None
+        return stop_token_id_tuple(stop_token_ids, vocabulary_size, allow_auto=True)
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto",
                  strip_prompt=False, memory=None, return_memory=False,

@@ -56,6 +56,38 @@ def clamp_top_k(sampler, vocabulary_size):
     return sampler
 
 
+def stop_token_id_tuple(stop_token_ids, vocabulary_size, allow_auto=False):
+    """`stop_token_ids` (None, an id, or a list, tuple or 1-D array of ids
+    in [0, vocabulary_size)) as a tuple of ints, or None for None or no
+    ids; a ValueError naming it otherwise (`allow_auto`: the message lists
+    "auto", which the caller resolved before)."""
+    import numpy as np
+
+    if stop_token_ids is None:
+        return None
+    if isinstance(stop_token_ids, (numbers.Integral, np.integer)):
+        ids = (stop_token_ids,)
+    elif isinstance(stop_token_ids, (list, tuple)) or (
+        isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim == 1
+    ):
+        ids = tuple(stop_token_ids)
+    else:
+        ids = None
+    if ids is None or not all(
+        isinstance(i, (numbers.Integral, np.integer))
+        and not isinstance(i, (bool, np.bool_))
+        and 0 <= i < vocabulary_size
+        for i in ids
+    ):
+        allowed = '"auto", None' if allow_auto else "None"
+        raise ValueError(
+            f"`stop_token_ids` must be {allowed}, an id or a tuple of "
+            f"ids in [0, vocabulary_size={vocabulary_size}), received "
+            f"stop_token_ids={stop_token_ids!r}."
+        )
+    return tuple(int(i) for i in ids) or None
+
+
 def stop_mask(token_ids, stop_token_ids):
     """(B,) bool: `token_ids` (B,) is one of `stop_token_ids` (a tuple)."""
     hit = ops.zeros_like(token_ids, "bool")

@@ -484,3 +484,36 @@ def test_a_folder_where_the_tflite_file_goes_is_refused_before_anything_is_writt
     assert os.listdir(out / "txl.tflite") == ["x"]
     assert os.listdir(tmp_path / "other") == ["m.json"]
 
+
+def test_tflite_generate_checks_stop_token_ids_and_on_token_before_running():
+    # An id was a TypeError ("'int' object is not iterable"), "auto" an
+    # int('a') ValueError, an id outside the vocabulary never stopped
+    # anything in silence, and a bad on_token failed after the prompt ran.
+    from keras_txl.export.generation import tflite_generate
+
+    V = 11
+    calls = []
+
+    def run(name, token_ids, memory):
+        """Greedy continues with token + 1 (mod V)."""
+        calls.append(int(token_ids[0, 0]))
+        log_probs = np.full((1, V), -10.0, np.float32)
+        log_probs[0, (int(token_ids[0, 0]) + 1) % V] = 0.0
+        return {sig.LOG_PROBS: log_probs, sig.MEMORY: memory}
+
+    runner = types.SimpleNamespace(stateful=False, segment_length=1, batch_size=1,
+                                   vocabulary_size=V, memory_shape=(1, 2, 3, 8), run=run)
+    for stop in (5, np.int64(5), (9, 5), [5], np.array([5])):
+        ids, _ = tflite_generate(runner, [1, 2], 8, temperature=0, stop_token_ids=stop)
+        assert ids.tolist() == [3, 4, 5]
+    assert tflite_generate(runner, [1], 3, stop_token_ids=())[0].tolist() == [2, 3, 4]
+    calls.clear()
+    for stop in (11, (-1,), (3, 99), "auto", 2.0, True):
+        with pytest.raises(ValueError, match=re.escape(
+                "`stop_token_ids` must be None, an id or a tuple of ids in "
+                f"[0, vocabulary_size=11), received stop_token_ids={stop!r}.")):
+            tflite_generate(runner, [1, 2], 4, stop_token_ids=stop)
+    with pytest.raises(ValueError, match="`on_token` must be None or a callable taking "
+                                         "each new id, received int"):
+        tflite_generate(runner, [1, 2], 4, on_token=3)
+    assert calls == []

@@ -64,6 +64,11 @@ def _initial_mask(memory, memory_length, batch, memory_mask=None):
     return np.full((batch, memory_length), memory is not None, bool)
 
 
+def _shown(value, limit=80):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class SavedModelBackend:
     """Runs an exported SavedModel through its `next_token` signature.
 
@@ -94,6 +99,8 @@ class SavedModelBackend:
                 info = json.load(f)
         self.batch_size = info.get("batch_size") or 1
         self.segment_length = info.get("segment_length")
+        # The `generate` signature's caps (export.json), None if unrecorded.
+        self.max_new_tokens = (info.get("generate_caps") or {}).get("max_new_tokens")
         tokenizer = os.path.join(extra, "tokenizer")
         self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
         register_text_ops()  # its text signatures may use tensorflow-text's ops
@@ -146,6 +153,29 @@ class SavedModelBackend:
                 f"{sig.GENERATE!r} signature (export a model with a "
                 "preprocessor); use the id-level loop instead."
             )
+        from keras_txl.generation import check_sampling
+        from keras_txl.generation import check_seed
+
+        # Checked here, before the numpy casts of `generate_request`: a
+        # string was read as one prompt per character, 2.5 new tokens or
+        # top_k=2.5 cut to 2, and a seed or length past the int dtypes was
+        # numpy's OverflowError.
+        if (not isinstance(prompts, (list, tuple)) or not prompts
+                or not all(isinstance(p, (str, bytes)) for p in prompts)):
+            raise ValueError(
+                "`prompts` must be a non-empty list of strings, received "
+                f"{_shown(prompts)}.")
+        max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
+        # The export's cap; unrecorded, the int32 of the request (the
+        # signature refuses more than its own cap).
+        cap = self.max_new_tokens or 2**31 - 1
+        if max_new_tokens > cap:
+            raise ValueError(
+                f"`max_new_tokens` must be <= {cap} (the cap of this export's "
+                f"generate signature), received max_new_tokens={max_new_tokens}.")
+        temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+        top_k = min(top_k, self.vocabulary_size)  # as the signature clamps it
+        seed = check_seed(seed)
         if seed is None:  # as the host loop: a new seed each call
             seed = int(np.random.default_rng().integers(2**62))
         inputs = generate_request(prompts, max_new_tokens, temperature,

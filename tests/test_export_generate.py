@@ -10,6 +10,7 @@ deterministic for a seed; bad requests fail with messages naming the input.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -413,3 +414,38 @@ def test_the_warmup_prompt_is_one_the_tokenizer_reads(tmp_path):
     ids = tokenizer.tokenize(tf.constant([prompt])).to_list()[0]
     new = model.generate([ids], max_length=len(ids) + 4, strip_prompt=True)
     assert replayed[sig.GENERATE][sig.TOKEN_IDS].tolist() == np.asarray(new).tolist()
+
+
+def test_the_backend_checks_a_generate_request_before_casting_it(exported):
+    # SavedModelBackend.generate_texts("Hello", ...) generated five one-letter
+    # prompts; 2.5 new tokens or top_k=2.5 were cut to 2, and a seed past
+    # int64 or a top_k past int32 was numpy's OverflowError.
+    from keras_txl.export.generation import SavedModelBackend
+
+    _, version_dir, _ = exported
+    backend = SavedModelBackend(version_dir)
+    assert backend.max_new_tokens == sig.MAX_NEW_TOKENS_CAP  # from its export.json
+    for prompts in ("Hello", b"Hello", [], ["a", 3], None):
+        with pytest.raises(ValueError, match="`prompts` must be a non-empty list of strings, "
+                                             f"received {re.escape(repr(prompts))}"):
+            backend.generate_texts(prompts, 2)
+    for options, message in [
+        ({"max_new_tokens": 2.5}, "`max_new_tokens` must be a positive integer"),
+        ({"max_new_tokens": 2**31},
+         f"`max_new_tokens` must be <= {sig.MAX_NEW_TOKENS_CAP} .* received max_new_tokens=2147"),
+        ({"max_new_tokens": sig.MAX_NEW_TOKENS_CAP + 1},
+         f"`max_new_tokens` must be <= {sig.MAX_NEW_TOKENS_CAP} \\(the cap of this export's "
+         "generate signature\\)"),
+        ({"top_k": 2.5}, "`top_k` must be an integer >= 0"),
+        ({"top_p": True}, r"`top_p` must be in \(0, 1\]"),
+        ({"temperature": "0.5"}, "`temperature` must be a finite number"),
+        ({"seed": 2**64}, r"`seed` must be None or an integer in \[0, 2\*\*63 - 1"),
+        ({"seed": 1.5}, r"`seed` must be None or an integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            backend.generate_ids(PROMPTS[:1], **{"max_new_tokens": 2, **options})
+    # A top_k past int32 keeps every id, as top_k = V (the signature clamps it).
+    options = dict(temperature=1.0, seed=3)
+    np.testing.assert_array_equal(
+        backend.generate_ids(PROMPTS[:1], 4, top_k=2**40, **options)[0],
+        backend.generate_ids(PROMPTS[:1], 4, top_k=256, **options)[0])

@@ -469,6 +469,24 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
         return folders.load_preset_handle(
             super().from_preset, preset, load_weights=load_weights, **kwargs)
 
+    def save_to_preset(self, preset_dir, max_shard_size=10):
+        """keras-hub's `save_to_preset`, written atomically with a
+        `manifest.json` (`keras_txl.folders.save_preset_part`): the preset
+        is written beside `preset_dir` under a temporary name and renamed
+        into place, so a failed or killed save leaves the previous folder as
+        it was, and a later load checks every file against the manifest.
+        The previous backbone's files (config, metadata, weights and weight
+        shards) are replaced; a tokenizer or preprocessor saved there is
+        kept. `preset_dir` must be new, an empty folder or a keras-hub
+        preset (of a TransformerXLBackbone, or of a tokenizer alone).
+        """
+        from keras_txl import folders
+
+        folders.save_preset_part(
+            preset_dir,
+            lambda folder: Backbone.save_to_preset(self, folder, max_shard_size=max_shard_size),
+            folders.BACKBONE_ENTRIES)
+
     def load_weights(self, filepath, *args, **kwargs):
         """Keras' `load_weights`; a keras-hub preset's weights file is first
         checked against the folder's `manifest.json` where it has one.

@@ -123,6 +123,17 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
             kwargs["tokenizer"] = loader.load_tokenizer(tokenizers.TransformerXLTokenizer)
         return super()._add_missing_kwargs(loader, kwargs)
 
+    def save_to_preset(self, preset_dir):
+        """keras-hub's `save_to_preset` (`preprocessor.json` and the
+        tokenizer's files), written atomically with a `manifest.json` into
+        the preset, as `TransformerXLBackbone.save_to_preset` writes
+        (`keras_txl.folders.save_preset_part`)."""
+        from keras_txl import folders
+
+        folders.save_preset_part(
+            preset_dir, lambda folder: CausalLMPreprocessor.save_to_preset(self, folder),
+            folders.PREPROCESSOR_ENTRIES)
+
     def __init__(self, tokenizer, sequence_length=128, add_start_token=False,
                  add_end_token=False, **kwargs):
         if tokenizer is None or not hasattr(tokenizer, "detokenize"):

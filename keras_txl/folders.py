@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 
 from keras_txl.config import TransformerXLConfig
@@ -636,16 +637,30 @@ def model_weights_file(directory):
 # === Writing a preset folder whole ===
 
 
-def write_preset(directory, write, check=None):
+# The staging folders `write_preset` is writing in this thread: a part's
+# `save_to_preset` called on one (keras-hub's `Task.save_to_preset` saves its
+# backbone and preprocessor into the task's folder) writes there directly.
+_STAGING = threading.local()
+
+
+def _staging_folders():
+    if not hasattr(_STAGING, "folders"):
+        _STAGING.folders = set()
+    return _STAGING.folders
+
+
+def write_preset(directory, write, check=None, keep=None):
     """Writes a model folder with `write(folder)` beside `directory`, under a
     temporary name, then renames it into place (`TransformerXLCausalLM.
-    save_to_preset`, hence `save_preset`, and `save_pretrained`): a killed
-    or failed writer leaves the previous folder (or nothing), never half of
-    one.
+    save_to_preset`, hence `save_preset`, `save_pretrained` and the parts'
+    `save_preset_part`): a killed or failed writer leaves the previous folder
+    (or nothing), never half of one.
 
     `directory` must be one `check` admits (default `check_replaceable`: new,
     an empty folder or a keras-hub preset), which is replaced; its model
-    card (`README.md`) is kept unless `write` wrote one.
+    card (`README.md`) is kept unless `write` wrote one, and so are the
+    entries (top-level names) for which `keep(name)` is true, copied into
+    the new folder before `write` runs.
     """
     directory = os.path.abspath(os.fspath(directory))
     (check or check_replaceable)(directory)
@@ -653,9 +668,18 @@ def write_preset(directory, write, check=None):
     _make_parent(directory, parent)
     remove_stale_temporaries(parent)
     staging = tempfile.mkdtemp(dir=parent, prefix=temporary_prefix("preset"))
+    writing = _staging_folders()
     try:
         os.chmod(staging, default_mode(directory=True))
-        write(staging)
+        if keep is not None and os.path.isdir(directory):
+            for name in sorted(os.listdir(directory)):
+                if name != _MODEL_CARD and keep(name):
+                    _copy_entry(os.path.join(directory, name), os.path.join(staging, name), directory)
+        writing.add(staging)
+        try:
+            write(staging)
+        finally:
+            writing.discard(staging)
         card = os.path.join(directory, _MODEL_CARD)
         if os.path.isfile(card) and not os.path.lexists(os.path.join(staging, _MODEL_CARD)):
             shutil.copy2(card, os.path.join(staging, _MODEL_CARD))
@@ -664,6 +688,67 @@ def write_preset(directory, write, check=None):
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return directory
+
+
+def _copy_entry(source, target, directory):
+    """Copies a file or a folder of the preset `directory` (its regular
+    files, read as `open_regular_file` reads them: a FIFO or a device is
+    refused, not read forever; a symbolic link to a folder is refused, as a
+    link loop would recurse without end)."""
+    if os.path.isdir(source):
+        if os.path.islink(source):
+            raise ValueError(
+                f"{source} is a symbolic link to a folder: a save into the preset "
+                f"{directory!r} copies its files and folders, not links to folders."
+            )
+        os.mkdir(target)
+        os.chmod(target, default_mode(directory=True))
+        for name in sorted(os.listdir(source)):
+            _copy_entry(os.path.join(source, name), os.path.join(target, name), directory)
+        return
+    with open_regular_file(source, "preset file") as reader:
+        with open(target, "wb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 20)
+    os.chmod(target, default_mode())
+
+
+# What each part's keras-hub `save_to_preset` writes into a preset folder,
+# replacing the previous part's files (sharded weights and their index too:
+# keras-hub loads `model.weights.json` first when there is one).
+BACKBONE_ENTRIES = re.compile(
+    r"config\.json|metadata\.json|model\.weights\.(h5|json)|model_\d+\.weights\.h5")
+TOKENIZER_ENTRIES = re.compile(r"tokenizer\.json|assets")
+PREPROCESSOR_ENTRIES = re.compile(r"preprocessor\.json|tokenizer\.json|assets")
+
+
+def save_preset_part(directory, write, entries):
+    """keras-hub's `save_to_preset` of a part of a preset (a backbone, a
+    preprocessor, a tokenizer: `write(folder)`), written as
+    `TransformerXLCausalLM.save_to_preset` writes a whole one: the preset
+    is copied beside `directory` under a temporary name without the part's
+    previous files (`entries`, a compiled pattern of top-level names), the
+    part written there with a new `manifest.json`, and the folder renamed
+    into place (`write_preset`). A failed or killed save leaves the previous
+    folder as it was; the other parts' files are kept, as keras-hub keeps
+    them. Called on a folder `write_preset` is writing (keras-hub's
+    `save_task` saves its backbone and preprocessor so), the part is
+    written there directly.
+
+    `directory` must be new, an empty folder or a keras-hub preset folder of
+    a TransformerXLBackbone (or of a tokenizer or preprocessor alone).
+    """
+    directory = folder_path(directory, "preset_dir")
+    if os.path.abspath(directory) in _staging_folders():
+        write(directory)
+        return directory
+
+    def staged(staging):
+        write(staging)
+        write_manifest(staging)
+
+    return write_preset(
+        directory, staged, check=check_replaceable_part,
+        keep=lambda name: name != MANIFEST_FILE and not entries.fullmatch(name))
 
 
 def _make_parent(directory, parent):
@@ -709,9 +794,11 @@ def _entries_to_replace(directory, expected, alternative):
     return os.listdir(directory)
 
 
-def check_replaceable(directory):
+def check_replaceable(directory, part=False):
     """`save_preset` replaces `directory` only when nothing would be lost:
-    when it is missing, an empty folder or a keras-hub preset."""
+    when it is missing, an empty folder or a keras-hub preset. With `part`
+    (`check_replaceable_part`), a preset folder without a `config.json` (a
+    tokenizer's or preprocessor's alone) is admitted too."""
     entries = _entries_to_replace(directory, "a preset folder", "an existing preset")
     if not entries:
         return
@@ -720,6 +807,8 @@ def check_replaceable(directory):
     except ValueError:
         layout = None
     others = sorted(e for e in entries if not _PRESET_ENTRY.fullmatch(e))
+    if part and not others and not os.path.lexists(os.path.join(directory, CONFIG_FILE)):
+        return
     if layout != "keras-hub" or others:
         others = others or sorted(entries)
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
@@ -737,6 +826,11 @@ def check_replaceable(directory):
             f"({backbone!r}, not 'TransformerXLBackbone'): refusing to replace it. "
             "Pass a new folder, an empty one or a Transformer-XL preset."
         )
+
+
+def check_replaceable_part(directory):
+    """`check_replaceable` for a part's save (`save_preset_part`)."""
+    check_replaceable(directory, part=True)
 
 
 # What `save_pretrained` writes into a keras-txl weights folder.

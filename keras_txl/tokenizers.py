@@ -1012,6 +1012,18 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     def load_assets(self, dir_path):
         pass
 
+    def save_to_preset(self, preset_dir):
+        """keras-hub's `save_to_preset` (`tokenizer.json` and the assets),
+        written atomically with a `manifest.json` into the preset, as
+        `TransformerXLBackbone.save_to_preset` writes
+        (`keras_txl.folders.save_preset_part`)."""
+        from keras_txl import folders
+
+        folders.save_preset_part(
+            preset_dir,
+            lambda folder: keras_hub.tokenizers.Tokenizer.save_to_preset(self, folder),
+            folders.TOKENIZER_ENTRIES)
+
     def load_preset_assets(self, preset):
         # keras-hub's version needs at least one asset file (the byte
         # tokenizer has none).

@@ -924,6 +924,83 @@ def test_a_save_to_preset_killed_midway_leaves_the_previous_preset(tmp_path, mon
     assert TransformerXLCausalLM.from_preset(str(folder)).preprocessor.sequence_length == 5
 
 
+def test_a_parts_save_to_preset_is_atomic_and_checked(tmp_path, monkeypatch):
+    # TransformerXLBackbone's (and the preprocessor's and tokenizer's)
+    # save_to_preset were keras-hub's own: written file by file into the
+    # folder (a failure after config.json left the new config beside the old
+    # weights) and without a manifest (a changed byte loaded in silence).
+    import json
+
+    keras.utils.set_random_seed(0)
+    old = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+    ids = random_ids((1, 6), 256)
+
+    def outputs(backbone):
+        return keras.tree.flatten(backbone(ids))[0]
+
+    folder = tmp_path / "preset"
+    old.backbone.save_to_preset(str(folder))
+    byte_preprocessor().save_to_preset(str(folder))  # keras-hub's way to add one
+    assert json.loads((folder / "manifest.json").read_text())["files"].keys() >= {
+        "config.json", "model.weights.h5", "preprocessor.json", "tokenizer.json"}
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    keras.utils.set_random_seed(1)
+    new = TransformerXLCausalLM(tiny_config(vocabulary_size=256, num_layers=3, init_std=0.5))
+
+    def failing(self, *args, **kwargs):
+        raise OSError("No space left on device")
+
+    for save in (lambda: new.backbone.save_to_preset(str(folder)),
+                 lambda: byte_preprocessor(sequence_length=5).save_to_preset(str(folder)),
+                 lambda: byte_preprocessor().tokenizer.save_to_preset(str(folder))):
+        with monkeypatch.context() as patch:
+            # After config.json is written (the backbone), or the preprocessor's JSON.
+            patch.setattr(TransformerXLBackbone, "save_weights", failing)
+            patch.setattr(keras_txl.tokenizers.ByteTokenizer, "save_assets", failing)
+            with pytest.raises(OSError, match="No space left"):
+                save()
+        after = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        assert after == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["preset"]
+    # A complete save replaces the backbone and keeps the preprocessor; keras-hub's
+    # own loaders read it, and a changed byte is found.
+    new.backbone.save_to_preset(str(folder))
+    for load in (keras_hub.models.Backbone.from_preset, TransformerXLBackbone.from_preset):
+        np.testing.assert_array_equal(outputs(load(str(folder))), outputs(new.backbone))
+    loaded = keras_hub.models.CausalLM.from_preset(str(folder))
+    assert loaded.preprocessor.sequence_length == 8
+    np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                  new.call_with_memory(ids)["log_probs"])
+    path = folder / "model.weights.h5"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model.weights.h5 does not match the sha256"):
+        keras_hub.models.Backbone.from_preset(str(folder))
+    # The tokenizer first, then the backbone: both kept.
+    other = tmp_path / "other"
+    byte_preprocessor().tokenizer.save_to_preset(str(other))
+    old.backbone.save_to_preset(str(other))
+    loaded = keras_hub.models.CausalLM.from_preset(str(other))
+    assert loaded.preprocessor.tokenizer.vocabulary_size() == 256
+    np.testing.assert_array_equal(outputs(loaded.backbone), outputs(old.backbone))
+    # Saved again as shards, the previous unsharded weights (which keras-hub
+    # loads first) are gone; and a task's save still writes one manifest.
+    new.backbone.save_to_preset(str(other), max_shard_size=1e-5)
+    assert not (other / "model.weights.h5").exists() and (other / "model.weights.json").exists()
+    np.testing.assert_array_equal(
+        outputs(keras_hub.models.Backbone.from_preset(str(other))), outputs(new.backbone))
+    old.save_to_preset(str(other))
+    np.testing.assert_array_equal(
+        outputs(TransformerXLCausalLM.from_preset(str(other)).backbone), outputs(old.backbone))
+    # What a part's save copies is read as a loader reads it: a FIFO is named.
+    (other / "metadata.json").unlink()
+    os.mkfifo(other / "metadata.json")
+    with pytest.raises(ValueError, match=r"The preset file '.*/metadata.json' is a FIFO"):
+        byte_preprocessor().tokenizer.save_to_preset(str(other))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "preset"]
+
+
 def test_replacing_a_preset_keeps_its_model_card(tmp_path):
     # README.md (keras-hub's model card) is admitted in a preset folder, and
     # was deleted with the old preset when a save replaced it.

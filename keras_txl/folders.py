@@ -626,10 +626,17 @@ def check_kaggle_handle(preset):
 
 def model_weights_file(directory):
     """The weights file of a model folder (a preset's `model.weights.h5` or a
-    keras-txl folder's `model.safetensors`), or None."""
+    keras-txl folder's `model.safetensors`), or None when it has neither.
+
+    Raises:
+        ValueError: naming the file, when it is there but no regular file (a
+            FIFO, a device, a folder, a dangling link), as the loaders refuse
+            it: not "no model".
+    """
     for name in (PRESET_WEIGHTS_FILE, WEIGHTS_FILE):
         path = os.path.join(directory, name)
-        if os.path.isfile(path):
+        if os.path.lexists(path):
+            open_regular_file(path, "weights file").close()
             return path
     return None
 

@@ -144,6 +144,32 @@ def test_a_damaged_model_folder_falls_back_to_the_newest_intact_checkpoint(tmp_p
         workdir_model_source(str(tmp_path))
 
 
+def test_a_model_weights_file_that_is_no_regular_file_is_named(tmp_path, caplog):
+    # workdir_model_source tested os.path.isfile: a FIFO (or a link to
+    # /dev/zero) as WORKDIR/model/model.weights.h5 read as "No model in
+    # .../model/ ... train first", or the checkpoint was used in silence.
+    import shutil
+
+    from keras_txl.training.checkpoint import workdir_model_source
+
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())
+    path = tmp_path / "model" / "model.weights.h5"
+    path.unlink()
+    os.mkfifo(path)
+    with caplog.at_level(logging.WARNING):
+        kind, found = workdir_model_source(str(tmp_path))
+    assert (kind, os.path.basename(found)) == ("checkpoint", "ckpt-00000002")
+    assert "model.weights.h5' is a FIFO" in caplog.text
+    shutil.rmtree(tmp_path / "checkpoints")
+    with pytest.raises(ValueError, match=r"The weights file '.*/model/model.weights.h5' is a FIFO"):
+        workdir_model_source(str(tmp_path))
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=r"model.weights.h5' is a character device"):
+        workdir_model_source(str(tmp_path))
+
+
 def test_an_invalid_state_json_names_its_file(tmp_path):
     run = trainer(tmp_path, steps=2)
     run.train(corpus())

@@ -451,12 +451,19 @@ def workdir_model_source(workdir, checkpoint=None):
         CheckpointManager.verify(path)
         return "checkpoint", path
     model_dir = os.path.join(workdir, "model")
-    weights = model_weights_file(model_dir)
     directory = os.path.join(workdir, "checkpoints")
     newest = None
     if os.path.isdir(directory):
         found = CheckpointManager(directory).newest_intact()
         newest = found[0] if found else None
+    try:
+        weights = model_weights_file(model_dir)
+    except ValueError as error:  # a FIFO, a device: damaged, not missing
+        if newest is None:
+            raise
+        logger.warning("The model folder is damaged (%s); using the newest "
+                       "intact checkpoint %s instead.", error, newest)
+        return "checkpoint", newest
     if weights is not None:
         if newest is None or os.path.getmtime(weights) >= os.path.getmtime(
             os.path.join(newest, STATE)

@@ -576,6 +576,32 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
         )
 
 
+def _check_lm_head(header, hf, weights_path):
+    """A TransfoXL LM head's checkpoint (`TransfoXLLMHeadModel`) always holds
+    its adaptive softmax (`crit.out_layers.*.bias` at least): a base
+    `TransfoXLModel`'s (saved without the `transformer.` prefix, no `crit.`
+    tensor) would fail at its first tensor as "missing tensor
+    'transformer.word_emb...'", which named neither what the folder is nor
+    what to load instead."""
+    if any(name.startswith("crit.") for name in header):
+        return
+    architectures = hf.get("architectures")
+    said = ""
+    if isinstance(architectures, list) and architectures:
+        said = (f" (its config.json says architectures={architectures!r}"
+                + (": the head's tensors are missing)" if "TransfoXLLMHeadModel" in architectures
+                   else ")"))
+    raise ValueError(
+        f"{weights_path} holds no adaptive softmax ('crit.' tensors): a base "
+        f"TransfoXLModel checkpoint without the LM head{said}, from which no "
+        "language model can be built (the softmax's biases and cluster weights "
+        "are not in it). Pass the folder of a TransfoXLLMHeadModel checkpoint "
+        "(e.g. transfo-xl/transfo-xl-wt103, or "
+        "`TransfoXLLMHeadModel.from_pretrained(...).save_pretrained(out, "
+        "safe_serialization=True)`)."
+    )
+
+
 def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
                        **changes):
     """Builds a `TransformerXLCausalLM` from a Hugging Face TransfoXL folder.
@@ -650,6 +676,7 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             )
     if shards is None:
         header = read_safetensors_header(weights_path, limits)
+    _check_lm_head(header, hf, weights_path)
     # Before building: HF files hold the parameters plus copies of tied
     # tables, projections and shared biases, so never more than twice the
     # parameters (plus per-layer bias copies and inv_freq).

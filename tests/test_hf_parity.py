@@ -123,6 +123,44 @@ def test_truncated_safetensors_is_a_clear_error(tmp_path):
         keras_txl.load_hf_checkpoint(str(tmp_path))
 
 
+def test_a_base_model_without_the_lm_head_is_named(tmp_path):
+    # A TransfoXLModel checkpoint (no LM head: names without "transformer.",
+    # no "crit." tensors) failed as "missing tensor
+    # 'transformer.word_emb.emb_layers.0.weight'".
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    hf = json.loads((SHARED / "config.json").read_text())
+    hf["architectures"] = ["TransfoXLModel"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    tensors = load_file(str(SHARED / "model.safetensors"))
+    base = {name.removeprefix("transformer."): value for name, value in tensors.items()
+            if not name.startswith("crit.")}
+    save_file(base, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"model.safetensors holds no adaptive softmax \('crit.' "
+                       r"tensors\): a base TransfoXLModel checkpoint without the LM head \(its "
+                       r"config.json says architectures=\['TransfoXLModel'\]\).*Pass the folder "
+                       r"of a TransfoXLLMHeadModel checkpoint"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))
+    hf["architectures"] = ["TransfoXLLMHeadModel"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match=r"without the LM head \(its config.json says "
+                       r"architectures=\['TransfoXLLMHeadModel'\]: the head's tensors are missing\)"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))
+    # Sharded as transformers saves it, and with "transformer." kept: the same.
+    del hf["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    (tmp_path / "model.safetensors").unlink()
+    save_file({name: value for name, value in tensors.items() if not name.startswith("crit.")},
+              str(tmp_path / "model-00001-of-00001.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {name: "model-00001-of-00001.safetensors"
+                        for name in tensors if not name.startswith("crit.")}}))
+    with pytest.raises(ValueError, match=r"index.json holds no adaptive softmax .*without the LM "
+                                         r"head, from which"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))
+
+
 def test_weights_of_another_config_are_rejected(tmp_path):
     hf = json.loads((SHARED / "config.json").read_text())
     hf["d_inner"] = 96

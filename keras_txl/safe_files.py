@@ -159,6 +159,13 @@ def parse_json(data, source, limits=None):
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{source} is not valid JSON: {e}") from None
+    except ValueError as e:
+        # An integer of more digits than Python converts (4300 by default):
+        # its message named neither the file nor the cause.
+        raise ValueError(
+            f"{source} could not be read as JSON: {e} (a number no keras-txl "
+            "file holds: a damaged or hostile file?)"
+        ) from None
 
 
 def read_json(path, limits=None, what=None):

@@ -447,6 +447,19 @@ def test_a_config_json_that_is_no_object_is_named(tmp_path, config):
             load(str(tmp_path))
 
 
+def test_a_number_of_too_many_digits_in_a_json_file_is_named(tmp_path):
+    # Python refuses to convert an integer of more than 4300 digits: the
+    # ValueError ("Exceeds the limit (4300 digits) for integer string
+    # conversion") named no file.
+    (tmp_path / "config.json").write_text('{"vocabulary_size": 1' + "0" * 5000 + "}")
+    message = (rf"{re.escape(str(tmp_path / 'config.json'))} could not be read as JSON: "
+               r"Exceeds the limit \(4300 digits\)")
+    for load in (load_pretrained, keras_txl.TransformerXLCausalLM.from_preset,
+                 keras_txl.TransformerXLBackbone.from_preset):
+        with pytest.raises(ValueError, match=message):
+            load(str(tmp_path))
+
+
 def test_a_save_under_a_file_names_the_file(tmp_path):
     # Was a raw FileExistsError / NotADirectoryError from os.makedirs.
     from keras_txl.io import save_preset

@@ -467,16 +467,43 @@ def check_hf_handle(preset):
 
 def is_local_preset(preset):
     """True when `preset` is a local folder (checked before keras-hub reads
-    it), False for a keras-hub handle; a file is refused, naming its folder."""
+    it), False for a keras-hub handle; a file is refused, naming its folder,
+    and so is a path that leads to no folder (a dangling symbolic link, a
+    link loop, a FIFO, or a missing path that no keras-hub handle can be:
+    a `pathlib.Path`, or a str with a folder separator and no `scheme://`),
+    which keras-hub reported as "Unknown preset identifier" with a list of
+    handle forms."""
     if not isinstance(preset, (str, os.PathLike)):
         return False
-    if os.path.isfile(preset):
+    path = os.fspath(preset)
+    if os.path.isfile(path):
         raise ValueError(
             f"`preset` must be a preset folder, received the file "
-            f"{os.fspath(preset)!r}; pass its folder "
-            f"{os.path.dirname(os.fspath(preset)) or '.'!r}."
+            f"{path!r}; pass its folder "
+            f"{os.path.dirname(path) or '.'!r}."
         )
-    return os.path.isdir(preset)
+    if os.path.isdir(path):
+        return True
+    if os.path.lexists(path):
+        if os.path.islink(path):
+            what = "a symbolic link that leads to no folder (dangling, or a loop of links)"
+        else:
+            what = f"{_kind_of(path)}, not a folder"
+        raise ValueError(f"`preset` {path!r} is {what}: pass a preset folder.")
+    if isinstance(preset, os.PathLike) or (
+            "://" not in path and (os.sep in path or path.startswith(("~", ".")))):
+        raise ValueError(
+            f"`preset` {path!r}: no such folder (a local preset folder was expected"
+            + (f"; ~ is not expanded: pass {os.path.expanduser(path)!r}" if path.startswith("~")
+               else "") + ")."
+        )
+    return False
+
+
+def _kind_of(path):
+    from keras_txl.safe_files import _kind
+
+    return _kind(os.stat(path).st_mode)
 
 
 def check_preset_folder(preset, limits=None):

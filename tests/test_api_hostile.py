@@ -239,6 +239,34 @@ def test_from_preset_of_a_file_names_its_folder(preset):
         TransformerXLCausalLM.from_preset(os.path.join(preset, "config.json"))
 
 
+def test_from_preset_of_a_path_to_no_folder_names_it(tmp_path):
+    # A dangling link, a link loop or a missing path went to keras-hub as a
+    # handle: "Unknown preset identifier. A preset must be a one of: 1) a
+    # built-in preset identifier ..." for what was plainly a path.
+    import pathlib
+
+    from keras_txl import TransformerXLBackbone
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    os.mkfifo(tmp_path / "fifo")
+    cases = [
+        (str(tmp_path / "dangling"), "dangling' is a symbolic link that leads to no folder"),
+        (str(tmp_path / "loop"), "loop' is a symbolic link that leads to no folder"),
+        (str(tmp_path / "fifo"), r"fifo' is a FIFO \(named pipe\), not a folder"),
+        (str(tmp_path / "typo" / "model"), r"typo/model': no such folder \(a local preset folder"),
+        (pathlib.Path("model"), r"`preset` 'model': no such folder"),
+        ("~/no-such-preset", r"~ is not expanded: pass '/"),
+    ]
+    for load in (TransformerXLCausalLM.from_preset, TransformerXLBackbone.from_preset):
+        for path, says in cases:
+            with pytest.raises(ValueError, match=says):
+                load(path)
+    # A handle is still keras-hub's to read.
+    with pytest.raises(ValueError, match="Unknown preset identifier"):
+        TransformerXLCausalLM.from_preset("no_such_builtin_preset")
+
+
 # --- 5. cache arguments ------------------------------------------------------
 
 def test_call_with_cache_checks_the_cache(model):

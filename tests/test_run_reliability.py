@@ -170,6 +170,34 @@ def test_a_model_weights_file_that_is_no_regular_file_is_named(tmp_path, caplog)
         workdir_model_source(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["manifest.json", "state.json", "state.safetensors"])
+def test_a_checkpoint_file_that_is_a_fifo_is_named_not_read_forever(tmp_path, name):
+    # CheckpointManager opened manifest.json and state.json with open():
+    # a FIFO there blocked a resume (or txl eval --workdir) forever.
+    import signal
+
+    from keras_txl.training.checkpoint import CheckpointError
+    from keras_txl.training.checkpoint import CheckpointManager
+
+    run = trainer(tmp_path, steps=2)
+    run.train(corpus())
+    path = run.checkpoints.latest()
+    os.remove(os.path.join(path, name))
+    os.mkfifo(os.path.join(path, name))
+
+    def hung(*args):
+        raise TimeoutError(f"reading the checkpoint blocked on the FIFO {name}")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(CheckpointError, match=rf"{name}' is a FIFO \(named pipe\)"):
+            CheckpointManager.read(path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_an_invalid_state_json_names_its_file(tmp_path):
     run = trainer(tmp_path, steps=2)
     run.train(corpus())

@@ -33,6 +33,7 @@ from keras_txl.io import atomic_write_bytes
 from keras_txl.io import sha256_file
 from keras_txl.limits import check_config
 from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import open_regular_file
 from keras_txl.safe_files import remove_path
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def _written_with_manifest(tensors_path):
     import struct
 
     try:
-        with open(tensors_path, "rb") as f:
+        with open_regular_file(tensors_path, "checkpoint file") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
                 return False
@@ -334,7 +335,8 @@ class CheckpointManager:
                 manifest_path,
             )
         try:
-            with open(manifest_path, "rb") as f:
+            # (A FIFO would block the read forever, a device never end.)
+            with open_regular_file(manifest_path, "checkpoint manifest") as f:
                 manifest = json.loads(f.read())
             files = manifest["files"]
             if not isinstance(files, dict) or not all(
@@ -354,6 +356,10 @@ class CheckpointManager:
                 )
             if not os.path.exists(file):
                 raise CheckpointError(f"Checkpoint file {file} is missing.", file)
+            try:
+                open_regular_file(file, "checkpoint file").close()
+            except ValueError as e:
+                raise CheckpointError(str(e), file) from None
             size = os.path.getsize(file)
             if size != files[name].get("bytes", size):
                 raise CheckpointError(
@@ -380,7 +386,7 @@ class CheckpointManager:
         CheckpointManager.verify(path)
         state_path = os.path.join(path, STATE)
         try:
-            with open(state_path, "rb") as f:
+            with open_regular_file(state_path, "checkpoint file") as f:
                 state = json.loads(f.read())
             int(state["step"])
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -539,7 +545,7 @@ def check_checkpoint_tokenizer(path, workdir, remedy=None):
 
     tokenizer_dir = os.path.join(workdir, "tokenizer")
     try:
-        with open(os.path.join(path, STATE), "rb") as f:
+        with open_regular_file(os.path.join(path, STATE), "checkpoint file") as f:
             state = json.loads(f.read())
     except (OSError, ValueError):
         return  # `read` names a damaged state.json

@@ -488,8 +488,9 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
             folders.BACKBONE_ENTRIES)
 
     def load_weights(self, filepath, *args, **kwargs):
-        """Keras' `load_weights`; a keras-hub preset's weights file is first
-        checked against the folder's `manifest.json` where it has one.
+        """Keras' `load_weights`; a keras-hub preset's weights file (or the
+        index of its weight shards) is first checked against the folder's
+        `manifest.json` where it has one.
         keras-hub's own loaders (`keras_hub.models.CausalLM.from_preset`)
         read a preset's weights through here, never through
         `TransformerXLCausalLM.from_preset`, which checks the same."""
@@ -497,7 +498,7 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
 
         if isinstance(filepath, (str, os.PathLike)):
             directory, name = os.path.split(os.path.abspath(os.fspath(filepath)))
-            if (name == folders.PRESET_WEIGHTS_FILE
+            if (name in (folders.PRESET_WEIGHTS_FILE, folders.PRESET_SHARD_INDEX)
                     and os.path.isfile(os.path.join(directory, folders.CONFIG_FILE))):
                 folders.verify_manifest(directory)
         return super().load_weights(filepath, *args, **kwargs)

@@ -34,6 +34,9 @@ PRESET_WEIGHTS_FILE = "model.weights.h5"
 PRESET_TASK_FILE = "task.json"
 PRESET_TOKENIZER_FILE = "tokenizer.json"
 PRESET_PREPROCESSOR_FILE = "preprocessor.json"
+# keras-hub's sharded weights (`save_to_preset(..., max_shard_size=...)`): an
+# index naming the `model_NNNNN.weights.h5` shards, in place of the one file.
+PRESET_SHARD_INDEX = "model.weights.json"
 # The size and sha256 of every file of a model folder keras-txl wrote.
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "keras-txl-model-folder"
@@ -280,11 +283,15 @@ def check_preset_files(directory, limits):
     """Everything keras-hub will read, present and bounded, before loading,
     and matching the folder's manifest where it has one."""
     weights = os.path.join(directory, PRESET_WEIGHTS_FILE)
+    index = os.path.join(directory, PRESET_SHARD_INDEX)
     if not os.path.lexists(weights):
-        raise ValueError(
-            f"The preset {directory!r} has no {PRESET_WEIGHTS_FILE} (its "
-            "weights): an incomplete copy?"
-        )
+        if not os.path.lexists(index):
+            raise ValueError(
+                f"The preset {directory!r} has no {PRESET_WEIGHTS_FILE} (its "
+                f"weights) nor {PRESET_SHARD_INDEX} (the index of its weight "
+                "shards): an incomplete copy?"
+            )
+        _check_shard_index(directory, index, limits)
     for name in sorted(os.listdir(directory)):
         # h5py would block on a FIFO and read a device as a file.
         if name.endswith(".weights.h5"):
@@ -306,6 +313,34 @@ def check_preset_files(directory, limits):
     # Last: the specific checks above name what is wrong with a hand-made
     # or foreign folder; this one names a damaged or changed file.
     verify_manifest(directory, limits)
+
+
+def _check_shard_index(directory, index, limits):
+    """A sharded preset's index (keras-hub reads it when there is no
+    `model.weights.h5`): a JSON object whose "weight_map" names, for each
+    layer, shard files that are inside the folder, present and regular."""
+    data = read_json(index, limits)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    names = set()
+    for value in (weight_map.values() if isinstance(weight_map, dict) else ()):
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(name, str) for name in values):
+            weight_map = None
+            break
+        names.update(values)
+    if not names:
+        raise ValueError(
+            f"{index} is not an index of weight shards (a JSON object whose "
+            '"weight_map" maps each layer to its shard files): a damaged preset?'
+        )
+    for name in sorted(names):
+        path = resolve_inside(directory, name, f"shard named in {index}")
+        if not os.path.lexists(path):
+            raise ValueError(
+                f"{index} names the weight shard {name!r}, which is not in the "
+                f"preset {directory!r}: an incomplete copy?"
+            )
+        open_regular_file(path, "weights file").close()
 
 
 def check_preset_weights(directory):

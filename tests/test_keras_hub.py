@@ -1001,6 +1001,59 @@ def test_a_parts_save_to_preset_is_atomic_and_checked(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "preset"]
 
 
+def test_a_sharded_preset_loads_and_its_shards_are_checked(tmp_path):
+    # save_to_preset(..., max_shard_size=...) writes model.weights.json and
+    # model_NNNNN.weights.h5 shards: keras-txl's own loaders refused the
+    # preset it had just written ("has no model.weights.h5 (its weights):
+    # an incomplete copy?"); keras-hub's loaded it.
+    import json
+
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+    ids = random_ids((1, 6), 256)
+    expected = model.call_with_memory(ids)["log_probs"]
+    folder = tmp_path / "sharded"
+    model.save_to_preset(str(folder), max_shard_size=1e-5)
+    assert not (folder / "model.weights.h5").exists()
+    shards = sorted(p.name for p in folder.glob("model_*.weights.h5"))
+    assert len(shards) > 1
+    for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained,
+                 keras_hub.models.CausalLM.from_preset):
+        np.testing.assert_array_equal(load(str(folder)).call_with_memory(ids)["log_probs"], expected)
+    backbone = TransformerXLBackbone.from_preset(str(folder))
+    np.testing.assert_array_equal(keras.tree.flatten(backbone(ids))[0],
+                                  keras.tree.flatten(model.backbone(ids))[0])
+    # A changed shard is found by keras-hub's own loader too.
+    path = folder / shards[-1]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    for load in (TransformerXLCausalLM.from_preset, keras_hub.models.CausalLM.from_preset):
+        with pytest.raises(ValueError, match=rf"{shards[-1]} does not match the sha256"):
+            load(str(folder))
+    # Without a manifest: a missing shard, a name leaving the folder, a FIFO.
+    (folder / "manifest.json").unlink()
+    path.unlink()
+    with pytest.raises(ValueError, match=rf"model.weights.json names the weight shard "
+                                         rf"'{shards[-1]}', which is not in the preset"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    os.mkfifo(path)
+    with pytest.raises(ValueError, match=rf"{shards[-1]}' is a FIFO"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    index = json.loads((folder / "model.weights.json").read_text())
+    index["weight_map"]["/vars"] = ["../../etc/passwd"]
+    (folder / "model.weights.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"'../../etc/passwd' leaves the folder"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    (folder / "model.weights.json").write_text('{"weight_map": {}}')
+    with pytest.raises(ValueError, match=r"model.weights.json is not an index of weight shards"):
+        TransformerXLCausalLM.from_preset(str(folder))
+    (folder / "model.weights.json").unlink()
+    with pytest.raises(ValueError, match=r"has no model.weights.h5 \(its weights\) nor "
+                                         r"model.weights.json"):
+        TransformerXLCausalLM.from_preset(str(folder))
+
+
 def test_replacing_a_preset_keeps_its_model_card(tmp_path):
     # README.md (keras-hub's model card) is admitted in a preset folder, and
     # was deleted with the old preset when a save replaced it.

@@ -428,6 +428,7 @@ def _check_task(path, config, limits):
             f"({field}={theirs.get(field)!r} there, {ours[field]!r} in "
             f"{CONFIG_FILE}): a damaged or hand-edited preset."
         )
+    _check_task_preprocessor(task.get("preprocessor"), path)
     if task.get("stateful"):
         batch_size = task.get("batch_size")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -445,6 +446,30 @@ def _check_task(path, config, limits):
             )
 
 
+
+
+def _check_task_preprocessor(preprocessor, path):
+    """task.json's preprocessor (and its tokenizer), which keras-hub builds
+    from there: null, or Keras serializations of keras-txl classes. Another
+    class, or a damaged entry, failed inside Keras with a TypeError naming
+    neither the file nor the entry ("TransformerXLCausalLM could not be
+    deserialized properly")."""
+    if preprocessor is None:
+        return
+    config = preprocessor.get("config") if isinstance(preprocessor, dict) else None
+    tokenizer = config.get("tokenizer") if isinstance(config, dict) else None
+    for key, entry in (("preprocessor", preprocessor), ("preprocessor's tokenizer", tokenizer)):
+        module = entry.get("module") if isinstance(entry, dict) else None
+        if (not isinstance(module, str) or not module.startswith("keras_txl.")
+                or not isinstance(entry.get("class_name"), str)
+                or not isinstance(entry.get("config"), dict)):
+            found = (f"module={module!r}, class_name={entry.get('class_name')!r}"
+                     if isinstance(entry, dict) else f"{type(entry).__name__} {entry!r:.80}")
+            raise ValueError(
+                f"{path}: its {key} must be a serialized keras-txl layer "
+                '({"module": "keras_txl....", "class_name": ..., "config": {...}}), '
+                f"received {found}: a damaged or hand-edited preset?"
+            )
 
 
 HF_PREFIX = "hf://"

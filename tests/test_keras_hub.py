@@ -1111,6 +1111,32 @@ def test_a_preset_task_config_must_match_its_config(tmp_path):
         TransformerXLCausalLM.from_preset(str(folder))
 
 
+@pytest.mark.parametrize("entry, says", [
+    ({"module": "os", "class_name": "system", "config": "touch pwned"},
+     r"its preprocessor must be a serialized keras-txl layer .*received module='os', "
+     r"class_name='system'"),
+    ("text", r"its preprocessor must be .*received str 'text'"),
+    ({"module": "keras_txl.causal_lm_preprocessor", "class_name": "TransformerXLCausalLMPreprocessor",
+      "config": {"tokenizer": {"module": "builtins", "class_name": "eval", "config": {}}}},
+     r"its preprocessor's tokenizer must be .*received module='builtins', class_name='eval'"),
+])
+def test_a_preset_task_preprocessor_of_another_class_is_named(tmp_path, entry, says):
+    # keras-hub builds the preprocessor from task.json: another class there
+    # failed inside Keras with "TypeError: <class 'keras_txl.causal_lm.
+    # TransformerXLCausalLM'> could not be deserialized properly", no file named.
+    import json
+
+    _, folder = word_preset(tmp_path)
+    (folder / "manifest.json").unlink()  # a foreign folder (a changed file is found by it)
+    task = json.loads((folder / "task.json").read_text())
+    task["config"]["preprocessor"] = entry
+    (folder / "task.json").write_text(json.dumps(task))
+    for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained):
+        with pytest.raises(ValueError, match=r"task.json: " + says):
+            load(str(folder))
+    assert not (tmp_path / "pwned").exists()
+
+
 @pytest.mark.parametrize("damage", ["nan", "int", "shape"])
 def test_a_preset_with_non_finite_or_integer_weights_is_refused(tmp_path, damage):
     import h5py

@@ -34,18 +34,33 @@ class _TableHelpFormatter(_HelpFormatter, argparse.RawDescriptionHelpFormatter):
     """`_HelpFormatter` that prints the description and epilog as written."""
 
 
-def _positive_int_flag(flag):
-    """An argparse `type` for a flag that takes an integer >= 1."""
+def _int_flag(flag, low, high=None):
+    """An argparse `type` for a flag that takes an integer in [low, high]
+    (no bound above when `high` is None): a bad value is named by its flag
+    at once, before TensorFlow loads or the data is prepared."""
     def parse(text):
         try:
             value = int(text)
         except ValueError:
-            value = 0
-        if value < 1:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            expected = f"in [{low}, {high}]" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(
-                f"{flag} must be an integer >= 1, received {text!r}")
+                f"{flag} must be an integer {expected}, received {text!r}")
         return value
     return parse
+
+
+def _positive_int_flag(flag):
+    """An argparse `type` for a flag that takes an integer >= 1."""
+    return _int_flag(flag, 1)
+
+
+def _count_flag(flag):
+    """A step or batch count: TrainConfig's range."""
+    from keras_txl.training.config import MAX_COUNT
+
+    return _int_flag(flag, 1, MAX_COUNT)
 
 
 def _positive_seconds_flag(flag):
@@ -186,13 +201,16 @@ def build_parser():
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable); prefix "
                    "model./train./eval.")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=_count_flag("--steps"), default=None,
                    help="optimizer steps (default: from --preset/--config)")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=None,
+    p.add_argument("--batch-size", dest="batch_size", type=_count_flag("--batch-size"),
+                   default=None,
                    help="global batch, all replicas (default: from --preset/--config)")
-    p.add_argument("--segment-length", dest="segment_length", type=int,
+    p.add_argument("--segment-length", dest="segment_length",
+                   type=_int_flag("--segment-length", 1),
                    default=None, help="tokens per segment (default: from --preset/--config)")
-    p.add_argument("--memory-length", dest="memory_length", type=int,
+    p.add_argument("--memory-length", dest="memory_length",
+                   type=_int_flag("--memory-length", 0),
                    default=None, help="memory per layer (default: from --preset/--config)")
     p.add_argument("--tokenizer", default=None,
                    choices=["char", "byte", "word", "sentencepiece", "wordpiece"],

@@ -745,3 +745,38 @@ def test_a_memory_of_another_shape_is_said_when_a_pass_resumes_without_it(tmp_pa
         assert trainer(tmp_path, steps=3, checkpoint_every=3).restore() == 3
     assert re.search(r"holds a memory of shape \(2, .*this run needs a memory of shape "
                      r"\(4, .*continues from a zero memory", caplog.text)
+
+
+def test_bad_sizes_are_named_by_flag_before_the_data_is_prepared(tmp_path, capsys):
+    # --segment-length 0 or --set num_layers=0 failed only after the corpus was
+    # tokenized and encoded into the new workdir (data/, tokenizer/ left
+    # behind); --steps 0 named `steps`, after TensorFlow had loaded.
+    corpus_dir = write_corpus(tmp_path / "c", 0)
+    base = ["train", "--data", corpus_dir, "--preset", "tiny", "--steps", "1"]
+    for flags, message in ((["--steps", "0"], "--steps must be an integer in [1, 2147483647], "
+                            "received '0'"),
+                           (["--steps", "-3"], "--steps must be an integer in [1, "),
+                           (["--batch-size", "0"], "--batch-size must be an integer in [1, "),
+                           (["--segment-length", "0"], "--segment-length must be an integer "
+                            ">= 1, received '0'"),
+                           (["--memory-length", "-1"], "--memory-length must be an integer "
+                            ">= 0, received '-1'"),
+                           (["--steps", "x"], "--steps must be an integer in [1, ")):
+        workdir = tmp_path / f"w{flags[1]}"
+        with pytest.raises(SystemExit) as stop:
+            main(base + ["--workdir", str(workdir)] + flags)
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err, flags
+        assert not workdir.exists()
+    for flags, message in ((["--set", "num_layers=0"], "`num_layers` must be a positive integer"),
+                           (["--set", "dropout=1.5"], "`dropout` must be in [0, 1)"),
+                           (["--set", "cutoffs=[5,3]"], "`cutoffs` must be strictly increasing"),
+                           (["--set", "vocabulary_size=5", "--set", "cutoffs=[5]"],
+                            "`cutoffs` must lie strictly between 0 and vocabulary_size=5")):
+        workdir = tmp_path / "w"
+        assert main(base + ["--workdir", str(workdir)] + flags) == 2
+        assert message in capsys.readouterr().err, flags
+        assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
+    # Cutoffs are checked against the tokenizer's vocabulary once it is known.
+    assert resolve_configs("tiny", None, ["cutoffs=[300]"])[0]["cutoffs"] == [300]
+

@@ -239,7 +239,26 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
             "warmup_steps=%d (a tenth of the run, rounded down; pass --set "
             "warmup_steps=N to choose).", warmup, steps, train["warmup_steps"],
         )
-    return model, TrainConfig.from_dict(train), evaluation, explicit
+    train_config = TrainConfig.from_dict(train)
+    check_model_settings(model, explicit)
+    return model, train_config, evaluation, explicit
+
+
+def check_model_settings(model, explicit):
+    """The model settings' types and ranges, checked before the data is
+    prepared (a bad one failed only after the corpus was tokenized and
+    encoded into the workdir). The vocabulary size is the tokenizer's
+    unless set, so cutoffs are checked against it once it is known
+    (`match_vocabulary`); here only against a set one."""
+    probe = dict(model)
+    if "vocabulary_size" not in explicit:
+        cutoffs = probe.get("cutoffs") or ()
+        try:
+            top = max((int(c) for c in cutoffs), default=0) + 1
+        except (TypeError, ValueError):
+            top = 0  # the config names the bad cutoffs
+        probe["vocabulary_size"] = max(top, 256)
+    TransformerXLConfig.from_dict(probe)
 
 
 # What decides the shards besides the source and the tokenizer: changing

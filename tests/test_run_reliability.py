@@ -780,3 +780,56 @@ def test_bad_sizes_are_named_by_flag_before_the_data_is_prepared(tmp_path, capsy
     # Cutoffs are checked against the tokenizer's vocabulary once it is known.
     assert resolve_configs("tiny", None, ["cutoffs=[300]"])[0]["cutoffs"] == [300]
 
+
+
+def test_a_full_disk_anywhere_in_a_run_names_the_file_and_the_intact_checkpoint(
+        tmp_path, monkeypatch):
+    # A full disk while creating the checkpoint's temporary folder, appending
+    # to metrics.jsonl or writing the model folder ended `txl train` with a
+    # bare "[Errno 28] No space left on device": no file, no checkpoint named.
+    import builtins
+    import errno
+    import tempfile
+
+    from keras_txl.training import loop
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = builtins.open
+
+    def full_metrics(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    run = trainer(tmp_path, steps=2, checkpoint_every=2)
+    run.train(corpus())
+    intact = str(tmp_path / "checkpoints" / "ckpt-00000002")
+    for name, target, fake, message in (
+            ("folder", (tempfile, "mkdtemp"), no_space,
+             f"Writing checkpoint {tmp_path / 'checkpoints' / 'ckpt-00000004'} failed "
+             "([Errno 28] No space left on device); the previous checkpoint is intact."),
+            ("metrics", (builtins, "open"), full_metrics,
+             f"Writing {tmp_path / 'metrics.jsonl'} failed at step 3 (No space left on "
+             f"device); the newest checkpoint, {intact} (step 2), is intact: free some "
+             "space and resume with the same `txl train` command."),
+            ("model", (loop, "save_preset"), no_space,
+             f"Writing the model folder {tmp_path / 'model'} failed at step 4 (No space left "
+             f"on device); the newest checkpoint, {tmp_path / 'checkpoints' / 'ckpt-00000004'}"
+             " (step 4), is intact: free some space and resume with the same `txl train` "
+             "command.")):
+        again = trainer(tmp_path, steps=4, checkpoint_every=2)
+        assert again.restore() == 2
+        with monkeypatch.context() as patch:
+            patch.setattr(*target, fake)
+            with pytest.raises(OSError) as error:
+                again.train(corpus())
+        assert str(error.value) == message, name
+        manager = CheckpointManager(str(tmp_path / "checkpoints"))
+        assert manager.newest_intact(warn=False)[0] == manager.latest()
+        if name != "model":
+            assert os.path.basename(manager.latest()) == "ckpt-00000002"
+        assert not [f for f in os.listdir(tmp_path / "checkpoints") if ".tmp-" in f]
+        if name == "model":  # the previous model folder stays as it was
+            assert (tmp_path / "model" / "config.json").is_file()

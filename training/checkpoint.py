@@ -229,9 +229,12 @@ class CheckpointManager:
             )
         name = f"ckpt-{step:08d}"
         final = os.path.join(self.directory, name)
-        tmp = tempfile.mkdtemp(dir=self.directory, prefix=f".{name}.tmp-")
-        os.chmod(tmp, default_mode(directory=True))
+        tmp = None
         try:
+            # Inside the try: a full disk or a read-only folder fails here
+            # already (was a bare "[Errno 28] No space left on device").
+            tmp = tempfile.mkdtemp(dir=self.directory, prefix=f".{name}.tmp-")
+            os.chmod(tmp, default_mode(directory=True))
             files = {
                 TENSORS: _write_synced(
                     os.path.join(tmp, TENSORS),
@@ -259,13 +262,15 @@ class CheckpointManager:
             os.replace(tmp, final)
             _fsync_dir(self.directory)
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise OSError(
                 f"Writing checkpoint {final} failed ({e}); the previous "
                 "checkpoint is intact."
             ) from e
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
         write_json_atomic(
             os.path.join(self.directory, "latest.json"), {"name": name, "step": step}

@@ -645,8 +645,30 @@ class Trainer:
     def save_model(self):
         """Writes the model folder (what eval, export and generate read)."""
         if self.workdir and self.chief:
-            save_preset(self.model, os.path.join(self.workdir, "model"),
-                        tokenizer=self.tokenizer)
+            folder = os.path.join(self.workdir, "model")
+            try:
+                save_preset(self.model, folder, tokenizer=self.tokenizer)
+            except OSError as e:
+                raise self._write_failed(f"the model folder {folder}", e) from e
+
+    def _append_metrics(self, row):
+        path = os.path.join(self.workdir, "metrics.jsonl")
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:
+            raise self._write_failed(path, e) from e
+
+    def _write_failed(self, what, error):
+        """The error of a write that failed mid-run (a full disk): what was
+        written, and the checkpoint a resume starts from (a bare
+        "[Errno 28] No space left on device" named neither)."""
+        latest = self.checkpoints.latest() if self.checkpoints else None
+        kept = (f"the newest checkpoint, {latest} (step {checkpoint_step(latest)}), "
+                "is intact" if latest else "no checkpoint was written yet")
+        return OSError(
+            f"Writing {what} failed at step {self.step} ({error.strerror or error}); "
+            f"{kept}: free some space and resume with the same `txl train` command.")
 
     def _evaluate_or_stop(self, valid_tokens, eval_settings, writer, signals, total):
         """An evaluation that a SIGINT/SIGTERM cuts short (after the current
@@ -790,8 +812,7 @@ class Trainer:
                     with np.errstate(over="ignore"):
                         value = np.float32(record[key])
                     tf.summary.scalar(f"train/{key}", value)
-            with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps({"split": "train", **record}) + "\n")
+            self._append_metrics({"split": "train", **record})
 
     def _evaluate_and_log(self, valid_tokens, eval_settings, writer, stop=None):
         settings = dict(eval_settings or {})
@@ -809,8 +830,7 @@ class Trainer:
             with writer.as_default(step=self.step):
                 for key in ("loss", "ppl", self.bits_name):
                     tf.summary.scalar(f"valid/{key}", result[key])
-            with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps({"split": "valid", **result}) + "\n")
+            self._append_metrics({"split": "valid", **result})
         return result
 
 

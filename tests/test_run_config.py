@@ -161,3 +161,36 @@ def test_a_preset_config_json_is_read_as_its_model_config(tmp_path):
     other = write(tmp_path, {"class_name": "GPT2Backbone", "config": {}}, "gpt2.json")
     with pytest.raises(ValueError, match=r"describes a 'GPT2Backbone', not a TransformerXLBackbone"):
         resolve_configs(config_path=other)
+
+
+def test_the_fit_loop_refuses_what_it_would_ignore_before_anything_runs(
+        tmp_path, capsys, monkeypatch):
+    # `--loop fit` with --set eval_every=2 (eval_max_segments, on_non_finite,
+    # report_bpc) trained without them in silence; with --strategy multi_worker
+    # each task waited for its cluster (up to --cluster-timeout, 600 s), then
+    # prepared the data and built the model before fit refused the strategy.
+    from keras_txl.training.config import TrainConfig
+
+    for changes, named in (({"eval_every": 2}, "eval_every=2"),
+                           ({"eval_max_segments": 5}, "eval_max_segments=5"),
+                           ({"on_non_finite": "skip"}, "on_non_finite='skip'"),
+                           ({"report_bpc": True}, "report_bpc=True")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"loop='fit' (--loop fit) does not read {named}: only the custom loop does")):
+            TrainConfig(loop="fit", **changes)
+        TrainConfig(loop="custom", **changes)
+    with pytest.raises(ValueError, match=re.escape(
+            "loop='fit' (--loop fit) does not run under strategy='multi_worker'")):
+        TrainConfig(loop="fit", strategy="multi_worker")
+    TrainConfig(loop="fit", strategy="mirrored")
+    base = ["train", "--data", str(tmp_path), "--preset", "tiny", "--steps", "2",
+            "--loop", "fit", "--workdir", str(tmp_path / "w")]
+    assert main(base + ["--set", "eval_every=1", "--set", "eval_max_segments=3"]) == 2
+    assert ("txl train: error: loop='fit' (--loop fit) does not read eval_every=1, "
+            "eval_max_segments=3: only the custom loop does") in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0}}))
+    assert main(base + ["--strategy", "multi_worker", "--cluster-timeout", "30"]) == 2
+    assert "does not run under strategy='multi_worker'" in capsys.readouterr().err
+    assert not (tmp_path / "w" / "data").exists()

@@ -15,6 +15,10 @@ NON_FINITE = ("stop", "skip")
 
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")
+# Settings only the custom loop reads, with their defaults: `loop="fit"`
+# refuses other values (they were ignored in silence).
+FIT_IGNORES = {"eval_every": 0, "eval_max_segments": 0, "on_non_finite": "stop",
+               "report_bpc": False}
 # Fields that take true, false or "auto".
 BOOL_OR_AUTO = ("jit_compile",)
 
@@ -155,6 +159,23 @@ class TrainConfig:
                 f"received precision={self.precision!r}: drop the setting, "
                 "or pass --precision mixed_float16."
             )
+        if self.loop == "fit":
+            if self.strategy == "multi_worker":
+                # Refused here, before a task waits for its cluster.
+                raise ValueError(
+                    "loop='fit' (--loop fit) does not run under strategy='multi_worker': "
+                    "Keras 3's fit is broken there (tensorflow/tensorflow#72388). Use "
+                    "--loop custom with --strategy multi_worker."
+                )
+            ignored = [f"{name}={getattr(self, name)!r}" for name in FIT_IGNORES
+                       if getattr(self, name) != FIT_IGNORES[name]]
+            if ignored:
+                raise ValueError(
+                    f"loop='fit' (--loop fit) does not read {', '.join(ignored)}: only "
+                    "the custom loop does (Keras' fit validates the whole validation "
+                    "split after each pass over the text, and logs through Keras). "
+                    "Drop them, or train with --loop custom."
+                )
         if self.precision == "mixed_float16" and self.strategy == "tpu":
             raise ValueError(
                 "precision='mixed_float16' is not for TPUs (they compute "

@@ -834,3 +834,37 @@ def test_a_full_disk_anywhere_in_a_run_names_the_file_and_the_intact_checkpoint(
         assert not [f for f in os.listdir(tmp_path / "checkpoints") if ".tmp-" in f]
         if name == "model":  # the previous model folder stays as it was
             assert (tmp_path / "model" / "config.json").is_file()
+
+
+def test_a_read_only_checkpoints_folder_is_refused_before_any_step(tmp_path, capsys,
+                                                                   monkeypatch):
+    # A workdir whose checkpoints/ could not be written (another user's run,
+    # a read-only copy) trained until its first checkpoint (checkpoint_every
+    # steps, or the whole run) and lost those steps. Root ignores permissions,
+    # so the folder's refusal is simulated.
+    import builtins
+    import errno
+
+    corpus_dir = write_corpus(tmp_path / "c", 0)
+    workdir = tmp_path / "w"
+    argv = ["train", "--data", corpus_dir, "--workdir", str(workdir), "--preset", "tiny",
+            "--batch-size", "2", "--segment-length", "8", "--memory-length", "8",
+            "--set", "log_every=1"]
+    assert main(argv + ["--steps", "1"]) == 0
+    capsys.readouterr()
+    rows = (workdir / "metrics.jsonl").read_text()
+    folder = str(workdir / "checkpoints")
+    real_open = builtins.open
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if str(path).startswith(folder + os.sep) and mode != "r" and "r" not in mode:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", read_only)
+    assert main(argv + ["--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert (f"txl train: error: --workdir {str(workdir)!r}: its checkpoints folder {folder} "
+            "is not writable (Permission denied)") in err, err
+    assert (workdir / "metrics.jsonl").read_text() == rows
+    assert sorted(os.listdir(folder)) == ["ckpt-00000001", "latest.json"]

@@ -1160,6 +1160,23 @@ def writable_workdir(workdir):
             "training writes its checkpoints, tokenizer and metrics there. "
             "Pass a writable folder."
         ) from None
+    # A resumed run's checkpoints folder too: one that cannot be written
+    # (another user's, a read-only copy) failed only at the first
+    # checkpoint, losing the steps trained until then.
+    folder = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(folder):
+        probe = os.path.join(folder, f".write-test-{os.getpid()}")
+        try:
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
+        except OSError as e:
+            raise ValueError(
+                f"--workdir {workdir!r}: its checkpoints folder {folder} is not "
+                f"writable ({e.strerror or e}): the run would stop at its first "
+                "checkpoint, losing the steps trained until then. Make it writable, "
+                "or train in a new --workdir."
+            ) from None
 
 
 def train_main(args):

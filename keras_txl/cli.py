@@ -266,19 +266,23 @@ def build_parser():
                    "dataset of --from-official's corpus-info.json")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"],
                    help="which split")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=1,
-                   help="parallel streams the split is cut into")
-    p.add_argument("--segment-length", dest="segment_length", type=int,
+    p.add_argument("--batch-size", dest="batch_size", type=_int_flag("--batch-size", 1),
+                   default=1, help="parallel streams the split is cut into")
+    p.add_argument("--segment-length", dest="segment_length",
+                   type=_int_flag("--segment-length", 1),
                    default=None, help="default: the model's")
-    p.add_argument("--memory-length", dest="memory_length", type=int,
+    p.add_argument("--memory-length", dest="memory_length",
+                   type=_int_flag("--memory-length", 0),
                    default=None, help="test-time memory (default: the model's)")
-    p.add_argument("--clamp-length", dest="clamp_length", type=int, default=None,
+    p.add_argument("--clamp-length", dest="clamp_length",
+                   type=_int_flag("--clamp-length", -1), default=None,
                    help="largest relative distance encoded (default: the "
                    "model's; -1: none)")
     p.add_argument("--same-length", dest="same_length", action="store_true",
                    help="every position attends to the same number of keys "
                    "(default: the model's setting)")
-    p.add_argument("--max-segments", dest="max_segments", type=int, default=0,
+    p.add_argument("--max-segments", dest="max_segments",
+                   type=_int_flag("--max-segments", 0), default=0,
                    help="stop after this many segments (0: the whole split)")
     _add_checkpoint_argument(p)
 

@@ -371,3 +371,19 @@ def test_demo_checks_its_numbers_before_writing_the_corpus(tmp_path, capsys, fla
     assert main(["demo", "--workdir", str(workdir), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "0"], "--batch-size must be an integer >= 1, received '0'"),
+    (["--segment-length", "-2"], "--segment-length must be an integer >= 1, received '-2'"),
+    (["--memory-length", "-1"], "--memory-length must be an integer >= 0, received '-1'"),
+    (["--max-segments", "-1"], "--max-segments must be an integer >= 0, received '-1'"),
+    (["--clamp-length", "-5"], "--clamp-length must be an integer >= -1, received '-5'"),
+])
+def test_txl_eval_names_a_bad_size_by_its_flag_at_once(tmp_path, capsys, flags, message):
+    # Were named by the evaluate() argument (`batch_size` must be ...), once
+    # TensorFlow had loaded and the model had been read.
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--workdir", str(tmp_path), *flags])
+    assert stop.value.code == 2
+    assert f"txl eval: error: argument {flags[0]}: {message}" in capsys.readouterr().err

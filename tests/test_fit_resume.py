@@ -220,3 +220,26 @@ def test_ids_out_of_the_vocabulary_are_refused_before_any_step(tmp_path, loop):
                         workdir=workdir).train(train, valid)
         assert not os.path.exists(os.path.join(workdir, "checkpoints")) or not os.listdir(
             os.path.join(workdir, "checkpoints"))
+
+
+def test_a_full_disk_at_the_fit_loops_model_folder_names_it_and_the_checkpoint(
+        tmp_path, monkeypatch):
+    # Was a bare "[Errno 28] No space left on device", as in the custom loop.
+    import errno
+
+    from keras_txl.training import fit
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fit, "save_preset", no_space)
+    with pytest.raises(OSError) as error:
+        train_with_fit(model_config(), train_config(steps=2, checkpoint_every=0),
+                       tf.distribute.get_strategy(), corpus(), workdir=str(tmp_path),
+                       verbose=0)
+    checkpoint = tmp_path / "checkpoints" / "ckpt-00000002"
+    assert str(error.value) == (
+        f"Writing the model folder {tmp_path / 'model'} failed at step 2 (No space left on "
+        f"device); the newest checkpoint, {checkpoint} (step 2), is intact: free some space "
+        "and resume with the same `txl train` command.")
+    assert (checkpoint / "state.json").is_file()

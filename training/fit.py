@@ -51,6 +51,7 @@ from keras_txl.training.loop import check_train_config
 from keras_txl.training.loop import checked_tokens
 from keras_txl.training.loop import data_position
 from keras_txl.training.loop import drop_metrics_after
+from keras_txl.training.loop import write_failed
 from keras_txl.training.metrics import BitsPerCharacter
 from keras_txl.training.metrics import TokenNLL
 from keras_txl.training.optimizers import setup_model_and_optimizer
@@ -344,7 +345,11 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         else:  # a signal during a validation, at the end of a pass
             checkpoint.set_model(model)
             path = checkpoint.save()
-        save_preset(model, os.path.join(workdir, "model"), tokenizer=tokenizer)
+        folder = os.path.join(workdir, "model")
+        try:
+            save_preset(model, folder, tokenizer=tokenizer)
+        except OSError as e:
+            raise write_failed(f"the model folder {folder}", steps.step, manager, e) from e
     if signals.received:
         raise TrainingInterrupted(signals.received, steps.step, total, path)
     return model, history

@@ -198,6 +198,19 @@ def check_train_config(path, saved, train_config):
         )
 
 
+def write_failed(what, step, checkpoints, error):
+    """The error of a write that failed mid-run (a full disk): what was
+    written, and the checkpoint a resume starts from (a bare "[Errno 28] No
+    space left on device" named neither). `checkpoints`: the run's
+    CheckpointManager, or None."""
+    latest = checkpoints.latest() if checkpoints else None
+    kept = (f"the newest checkpoint, {latest} (step {checkpoint_step(latest)}), "
+            "is intact" if latest else "no checkpoint was written yet")
+    return OSError(
+        f"Writing {what} failed at step {step} ({error.strerror or error}); "
+        f"{kept}: free some space and resume with the same `txl train` command.")
+
+
 def drop_metrics_after(workdir, step):
     """A resume replays the steps after the checkpoint (or, with `--loop
     fit`, which logs no rows, trains them again): remove their rows from
@@ -660,15 +673,7 @@ class Trainer:
             raise self._write_failed(path, e) from e
 
     def _write_failed(self, what, error):
-        """The error of a write that failed mid-run (a full disk): what was
-        written, and the checkpoint a resume starts from (a bare
-        "[Errno 28] No space left on device" named neither)."""
-        latest = self.checkpoints.latest() if self.checkpoints else None
-        kept = (f"the newest checkpoint, {latest} (step {checkpoint_step(latest)}), "
-                "is intact" if latest else "no checkpoint was written yet")
-        return OSError(
-            f"Writing {what} failed at step {self.step} ({error.strerror or error}); "
-            f"{kept}: free some space and resume with the same `txl train` command.")
+        return write_failed(what, self.step, self.checkpoints, error)
 
     def _evaluate_or_stop(self, valid_tokens, eval_settings, writer, signals, total):
         """An evaluation that a SIGINT/SIGTERM cuts short (after the current

@@ -868,3 +868,27 @@ def test_a_read_only_checkpoints_folder_is_refused_before_any_step(tmp_path, cap
             "is not writable (Permission denied)") in err, err
     assert (workdir / "metrics.jsonl").read_text() == rows
     assert sorted(os.listdir(folder)) == ["ckpt-00000001", "latest.json"]
+
+
+def test_a_resume_where_auto_picks_another_precision_says_so(tmp_path, caplog, monkeypatch):
+    # precision="auto" follows the host: a checkpoint trained in float32 and
+    # resumed where "auto" picks mixed_bfloat16 (or back) changed what its
+    # steps compute in without a word, since both records said "auto".
+    from keras_txl.training import optimizers
+
+    run = trainer(tmp_path, steps=2, precision="auto")
+    run.train(corpus())
+    trained_in = run.model.dtype_policy.name
+    state = CheckpointManager.read(run.checkpoints.latest())[1]
+    assert state["precision"] == trained_in == optimizers.resolve_precision("auto")
+    with caplog.at_level(logging.WARNING):
+        assert trainer(tmp_path, steps=4, precision="auto").restore() == 2
+    assert "'auto' picks" not in caplog.text
+    other = "float32" if trained_in != "float32" else "mixed_bfloat16"
+    monkeypatch.setattr(optimizers, "auto_precision", lambda: other)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert trainer(tmp_path, steps=4, precision="auto").restore() == 2
+    assert (f"was trained in {trained_in} (precision='auto' on the host that trained it); "
+            f"on this host 'auto' picks {other}, so the resumed steps compute in {other}. "
+            f"Pass --precision {trained_in}") in caplog.text

@@ -239,7 +239,8 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
         if found:
             latest, _, state = found
             check_model_config(latest, state.get("model_config"), model_config)
-            check_train_config(latest, state.get("train_config") or {}, train_config)
+            check_train_config(latest, state.get("train_config") or {}, train_config,
+                               state.get("precision"))
             check_data_position(latest, state.get("data"), layout, data_key)
     # Keras compiles the function strategy.run runs on each replica: XLA
     # with one replica, or with several when all are GPUs
@@ -304,6 +305,7 @@ def train_with_fit(model_config, train_config, strategy, train_tokens,
             def state_at(at):
                 return {"model_config": model_config.to_dict(),
                         "train_config": train_config.to_dict(), "loop": "fit",
+                        "precision": model.dtype_policy.name,
                         "data": data_position(layout, at, data_key), **recorded}
 
             checkpoint = CheckpointCallback(

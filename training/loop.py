@@ -149,11 +149,14 @@ def check_model_config(path, saved, model_config):
     )
 
 
-def check_train_config(path, saved, train_config):
+def check_train_config(path, saved, train_config, trained_in=None):
     """Refuses a resume that would silently change the data stream (another
     batch size); says what a changed step count does to the schedule and
     lists the other changed training settings. `saved`: the checkpoint's
-    `train_config` dict."""
+    `train_config` dict; `trained_in`: the precision its steps computed in
+    (the state's "precision", the model's dtype policy; None in checkpoints
+    before the twenty-fifth session), which `precision="auto"` may resolve
+    otherwise on this host."""
     cfg = train_config
     saved_batch = saved.get("batch_size", cfg.batch_size)
     if saved_batch != cfg.batch_size:
@@ -196,6 +199,17 @@ def check_train_config(path, saved, train_config):
             "Resuming %s with changed training settings: %s.", path,
             ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed),
         )
+    if trained_in is not None and cfg.precision == "auto" == saved.get("precision"):
+        # The same setting, another host: "auto" follows the CPU or GPU.
+        from keras_txl.training.optimizers import resolve_precision
+
+        now = resolve_precision("auto")
+        if now != trained_in:
+            logger.warning(
+                "%s was trained in %s (precision='auto' on the host that trained it); "
+                "on this host 'auto' picks %s, so the resumed steps compute in %s. Pass "
+                "--precision %s to resume in the checkpoint's precision.",
+                path, trained_in, now, now, trained_in)
 
 
 def write_failed(what, step, checkpoints, error):
@@ -483,7 +497,8 @@ class Trainer:
                 return 0
             path, tensors, state = found
         check_model_config(path, state.get("model_config"), self.model_config)
-        check_train_config(path, state.get("train_config") or {}, self.config)
+        check_train_config(path, state.get("train_config") or {}, self.config,
+                           state.get("precision"))
         with self.strategy.scope():
             assign_tensors(tensors, self.model, self.optimizer, source=path)
         multi_worker = isinstance(
@@ -528,6 +543,7 @@ class Trainer:
         state = {
             "model_config": self.model_config.to_dict(),
             "train_config": self.config.to_dict(),
+            "precision": self.model.dtype_policy.name,  # what "auto" resolved to
             "history": self.history[-1000:],
             "loss_scale_skips": self.loss_scale_skips,
         }

@@ -43,10 +43,76 @@ MAX_INITIAL_MEMORY_BYTES = 4 << 30
 MAX_GENERATE_LENGTH = 1 << 20
 
 
+def sum_over_replicas(value):
+    """`value` summed over the replicas of the `tf.distribute` replica
+    context it runs in (one step of `fit` / `evaluate` under
+    MirroredStrategy); as it is outside one, or with one replica."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def replicas_in_sync():
+    """The replicas a loss's value is one share of: the strategy's, as
+    Keras' `scale_loss_for_distribution` divides by."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+class TokenMeanReduction:
+    """A Keras loss's "mean_with_sample_weight" reduction over tokens, for
+    `TokenCrossEntropy` and `keras_txl.training.metrics.TokenNLL`.
+
+    The per-token losses' weighted sum over the weights' sum (the
+    preprocessor's padding mask, or the user's `sample_weight`); a weight
+    per row, (batch,), counts for each of the row's positions. Without
+    weights it is the mean over every position (`ignore_class` positions
+    left out of the count too).
+
+    Under a `tf.distribute` strategy each replica's value is its share of
+    the global batch's mean: its own weighted sum over the weights' sum of
+    all the replicas, so the replicas' gradients add up to those of the
+    same global batch on one device. Keras' reduction divides each
+    replica's own mean by the number of replicas instead: with padding or
+    weights that differed between the replicas, a replica of two real
+    tokens moved the weights as much as one of a thousand.
+    """
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None:
+            sample_weight = TokenCrossEntropy.token_weights(sample_weight, y_true)
+        if self.reduction != "mean_with_sample_weight":
+            return super().__call__(y_true, y_pred, sample_weight)
+        with keras.name_scope(self.name):
+            weights = self.counted_weights(y_true, sample_weight)
+            losses = self.call(ops.convert_to_tensor(y_true, dtype=self.dtype),
+                               ops.convert_to_tensor(y_pred, dtype=self.dtype))
+            total = ops.sum(ops.cast(losses, "float32") * weights)
+            count = sum_over_replicas(ops.sum(weights))
+            # Already each replica's share: Keras' own losses divide by the
+            # number of replicas here, this count holds all of them.
+            return ops.cast(ops.divide_no_nan(total, count), self.dtype)
+
+    def counted_weights(self, y_true, sample_weight=None):
+        """The float32 (batch, T) weight of each target in the mean: the
+        `sample_weight` (ones without it), 0 where `ignore_class` is."""
+        y_true = tf.convert_to_tensor(y_true)
+        if sample_weight is None:
+            weights = tf.ones(tf.shape(y_true), tf.float32)
+        else:
+            weights = TokenCrossEntropy.token_weights(sample_weight, y_true)
+        ignore_class = getattr(self, "_fn_kwargs", {}).get("ignore_class")
+        if ignore_class is not None:
+            weights = weights * tf.cast(
+                tf.not_equal(y_true, tf.cast(ignore_class, y_true.dtype)), tf.float32)
+        return weights
+
+
 @keras.saving.register_keras_serializable(package="keras_txl")
-class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
+class TokenCrossEntropy(TokenMeanReduction, keras.losses.SparseCategoricalCrossentropy):
     """The mean cross-entropy over the tokens that count: `compile`'s
-    default loss.
+    default loss (the reduction: `TokenMeanReduction`, also under a
+    `tf.distribute` strategy).
 
     keras-hub's default divides the weighted sum by every position of the
     batch, padding included: on padded strings the loss (and `exp(loss)`,
@@ -60,11 +126,6 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
     def __init__(self, from_logits=True, name="token_cross_entropy", **kwargs):
         kwargs.setdefault("reduction", "mean_with_sample_weight")
         super().__init__(from_logits=from_logits, name=name, **kwargs)
-
-    def __call__(self, y_true, y_pred, sample_weight=None):
-        if sample_weight is not None:
-            sample_weight = self.token_weights(sample_weight, y_true)
-        return super().__call__(y_true, y_pred, sample_weight)
 
     @staticmethod
     def token_weights(sample_weight, y_true):
@@ -1426,12 +1487,23 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         """Keras' `compute_loss`; also hands the "loss" tracker the number
         of tokens the batch's loss is the mean over (`TokenWeightedLoss`):
         the weights' sum for a loss that divides by it (the default
-        `TokenCrossEntropy`), every position otherwise. Per replica, as
-        Keras' own tracker: the replicas' sums add up."""
+        `TokenCrossEntropy`), every position otherwise.
+
+        Under a `tf.distribute` strategy `TokenCrossEntropy` (any
+        `TokenMeanReduction`) gives each replica its share of the global batch's mean (its sum over the
+        weights of all replicas), which the tracker counts with an even
+        share of the global batch's tokens; a loss of Keras' own gives each
+        replica's mean, counted with the replica's own tokens. Either way
+        the replicas' sums add up to the global batch's token mean."""
         loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
         tracker = getattr(self, "_loss_tracker", None)
         if isinstance(tracker, TokenWeightedLoss) and y is not None:
-            if sample_weight is not None and self._loss_divides_by_weights:
+            losses = [v for v in tree.flatten(getattr(self, "loss", None)) if v is not None]
+            if (len(losses) == 1 and isinstance(losses[0], TokenMeanReduction)
+                    and losses[0].reduction == "mean_with_sample_weight"):
+                weights = losses[0].counted_weights(y, sample_weight)
+                count = sum_over_replicas(ops.sum(weights)) / replicas_in_sync()
+            elif sample_weight is not None and self._loss_divides_by_weights:
                 count = ops.sum(TokenCrossEntropy.token_weights(sample_weight, y))
             else:
                 count = ops.cast(ops.size(y), "float32")

@@ -5,6 +5,7 @@ model or are refused by name, never used wrongly in silence."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from testing import random_ids
 from testing import tiny_config
 
@@ -198,6 +199,53 @@ def test_the_reported_loss_weights_padded_strings_and_each_replica_by_their_toke
     np.testing.assert_allclose(mirrored.evaluate(x, y, sample_weight=rows, batch_size=4,
                                                  verbose=0, return_dict=True)["loss"],
                                loss, rtol=1e-5)
+
+
+@pytest.mark.parametrize("data", ["token_weights", "token_nll", "padded_strings"])
+def test_a_mirrored_step_on_uneven_padding_equals_the_one_device_step(data):
+    # Each replica's loss was its own token mean over the replicas: the
+    # gradient the mean of the replicas' means, so a replica of 2 real
+    # tokens counted as much as one of 12 (the weights moved 0.43 apart
+    # from the one-device step on the same global batch). The replicas now
+    # divide by the global batch's weight sum.
+    from testing import mirrored_strategy
+
+    from keras_txl.training.metrics import TokenNLL
+
+    loss = TokenNLL() if data == "token_nll" else "auto"  # `txl train --loop fit`'s
+    if data != "padded_strings":
+        x, y = random_ids((4, 6), 31, seed=1), random_ids((4, 6), 31, seed=2)
+        weights = np.ones((4, 6), "float32")
+        weights[0, 1:] = 0.0  # replica 0 (rows 0-1): 2 tokens; replica 1: 12
+        weights[1, 1:] = 0.0
+        fit_args = (x, y)
+        kwargs = dict(sample_weight=weights, batch_size=4)
+
+        def model_fn():
+            return TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    else:
+        # Replica 0 gets the two short texts, replica 1 the two long ones.
+        x = ["hi", "ab", "a much longer text here ok", "xyz 123 4567 89 10"]
+        fit_args = (x,)
+        kwargs = dict(batch_size=4)
+        model_fn = byte_model
+    results, initial = [], None
+    for strategy in (tf.distribute.get_strategy(), mirrored_strategy()):
+        with strategy.scope():
+            model = model_fn()
+            model.compile(optimizer=keras.optimizers.SGD(1.0), loss=loss,
+                          weighted_metrics=["accuracy"])
+        initial = initial or model.get_weights()
+        model.set_weights(initial)
+        logs = {k: v[0] for k, v in model.fit(*fit_args, **kwargs, epochs=1, verbose=0,
+                                               shuffle=False).history.items()}
+        results.append((model.get_weights(), logs))
+    (one, one_logs), (two, two_logs) = results
+    assert max(np.abs(a - b).max() for a, b in zip(one, two)) < 1e-6
+    # The reported loss and the weighted metric are the global batch's too.
+    assert one_logs.keys() == two_logs.keys() == {"loss", "accuracy"}
+    for key in one_logs:
+        np.testing.assert_allclose(two_logs[key], one_logs[key], rtol=1e-5)
 
 
 def test_losses_and_metrics_that_read_probabilities_are_refused_by_name():

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_txl.adaptive import pick_columns
 from keras_txl.causal_lm import TokenCrossEntropy
+from keras_txl.causal_lm import TokenMeanReduction
 
 LN2 = math.log(2.0)
 
@@ -18,21 +19,18 @@ def token_nll(log_probs, targets):
 
 
 @keras.saving.register_keras_serializable(package="keras_txl")
-class TokenNLL(keras.losses.Loss):
+class TokenNLL(TokenMeanReduction, keras.losses.Loss):
     """Mean negative log-likelihood of the targets; y_pred are log-probs.
 
     With a `sample_weight` (one per row, (batch,), or per token), the
     weighted sum over the weights' sum, as `TokenCrossEntropy` (Keras'
-    default reduction divided it by every position)."""
+    default reduction divided it by every position); under a
+    `tf.distribute` strategy each replica's share of the global batch's
+    mean (`TokenMeanReduction`)."""
 
     def __init__(self, name="token_nll", **kwargs):
         kwargs.setdefault("reduction", "mean_with_sample_weight")
         super().__init__(name=name, **kwargs)
-
-    def __call__(self, y_true, y_pred, sample_weight=None):
-        if sample_weight is not None:
-            sample_weight = TokenCrossEntropy.token_weights(sample_weight, y_true)
-        return super().__call__(y_true, y_pred, sample_weight)
 
     def call(self, y_true, y_pred):
         return token_nll(y_pred, y_true)

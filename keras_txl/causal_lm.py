@@ -234,6 +234,51 @@ def _reads_strings(x):
                                  and _is_string_spec(x.element_spec))
 
 
+def _check_rectangular(name, value, hint):
+    """Refuses by name a Python list (or tuple) of rows of different
+    lengths, before Keras' data adapter says only "Can't convert
+    non-rectangular Python sequence to Tensor"."""
+    if not isinstance(value, (list, tuple)) or _holds_strings(value):
+        return
+    try:
+        ragged = np.asarray(value).dtype == object
+    except ValueError:  # NumPy: "inhomogeneous shape"
+        ragged = True
+    if ragged:
+        lengths = [len(row) if isinstance(row, (list, tuple, np.ndarray)) else "a number"
+                   for row in value[:8]]
+        more = ", ..." if len(value) > 8 else ""
+        raise ValueError(
+            f"`{name}` must be rectangular, every row of the same length, received "
+            f"a {type(value).__name__} of {len(value)} rows of lengths "
+            f"{', '.join(map(str, lengths))}{more}. {hint}")
+
+
+_IDS_HINT = ("Pad the rows to one length (with a `sample_weight` of 0 on the "
+             "padding), or pass prompts of any lengths to generate().")
+_TARGETS_HINT = "The targets have the shape of the ids, (batch, segment_length)."
+_WEIGHTS_HINT = ("Give one weight per row, (batch,), or one per token, "
+                 "(batch, segment_length).")
+
+
+def _check_in_memory_data(x=None, y=None, sample_weight=None):
+    """Ragged Python lists among `fit` / `evaluate` / `predict`'s `x` (or
+    its "token_ids"), `y` and `sample_weight`, refused by name."""
+    ids, name = x, "x"
+    if isinstance(x, dict):
+        ids, name = x.get("token_ids"), "x['token_ids']"
+    for value, name, hint in ((ids, name, _IDS_HINT), (y, "y", _TARGETS_HINT),
+                              (sample_weight, "sample_weight", _WEIGHTS_HINT)):
+        _check_rectangular(name, value, hint)
+
+
+def _check_validation_data(validation):
+    if isinstance(validation, tuple) and 2 <= len(validation) <= 3:
+        for i, value in enumerate(validation):
+            hint = (_IDS_HINT, _TARGETS_HINT, _WEIGHTS_HINT)[i]
+            _check_rectangular(f"validation_data[{i}]", value, hint)
+
+
 def _nothing_made_by_the_preprocessor(**given):
     """The preprocessor makes the targets and the weights of strings:
     keras-hub dropped a `y` or `sample_weight` given with them in silence."""
@@ -1173,6 +1218,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 lambda inputs, targets: inputs)
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
             return keras.Model.predict(self, segments, None, *args, **kwargs)
+        _check_in_memory_data(x)
         batch_size = self._check_stateful_data(x, batch_size, "predicts")
         return super().predict(x, batch_size, *args, **kwargs)
 
@@ -1189,6 +1235,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             return keras.Model.evaluate(self, x, None, None, *args, **kwargs)
         if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
+        _check_in_memory_data(x, y, kwargs.get("sample_weight"))
         batch_size = self._check_stateful_data(x, batch_size, "evaluates")
         return super().evaluate(x, y, batch_size, *args, **kwargs)
 
@@ -1940,6 +1987,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             return keras.Model.fit(self, x, **kwargs)
         if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
+        _check_in_memory_data(x, y, kwargs.get("sample_weight"))
+        _check_validation_data(kwargs.get("validation_data"))
         batch_size = self._check_stateful_data(x, batch_size, "fits")
         if self.stateful:
             self._check_stateful_fit(x, batch_size, kwargs)

@@ -334,3 +334,32 @@ def test_strings_without_a_preprocessor_are_refused_by_name():
             with pytest.raises(ValueError, match=rf"{what}\(\) on strings needs a "
                                                  r"preprocessor .* this model has none"):
                 call(x)
+
+
+def test_ragged_lists_are_refused_by_name_before_keras_reads_them():
+    # Keras said only "Can't convert non-rectangular Python sequence to
+    # Tensor", naming neither the argument nor the rows.
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    ragged, rows = [[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5, 6]]
+    lengths = r"a list of 2 rows of lengths 3, 2\."
+    for call, name in ((lambda: model.predict(ragged, verbose=0), "x"),
+                       (lambda: model.predict({"token_ids": ragged}, verbose=0),
+                        r"x\['token_ids'\]"),
+                       (lambda: model.evaluate(ragged, rows, verbose=0), "x"),
+                       (lambda: model.fit(rows, ragged, verbose=0), "y"),
+                       (lambda: model.evaluate(rows, rows, sample_weight=ragged, verbose=0),
+                        "sample_weight"),
+                       (lambda: model.fit(rows, rows, validation_data=(rows, ragged),
+                                          verbose=0), r"validation_data\[1\]")):
+        with pytest.raises(ValueError, match=rf"`{name}` must be rectangular, every row of "
+                                             rf"the same length, received {lengths}"):
+            call()
+    with pytest.raises(ValueError, match=r"`sample_weight` must be rectangular.*lengths 3, "
+                                         r"a number\. Give one weight per row"):
+        model.fit(rows, rows, sample_weight=[[1, 1, 1], 1], verbose=0)
+    # generate() pads prompts of any lengths itself.
+    assert [len(row) for row in model.generate(ragged, max_length=5)] == [5, 5]
+    np.testing.assert_allclose(
+        model.evaluate(rows, rows, verbose=0), model.evaluate(np.array(rows), np.array(rows),
+                                                              verbose=0))

@@ -272,6 +272,71 @@ def _check_in_memory_data(x=None, y=None, sample_weight=None):
         _check_rectangular(name, value, hint)
 
 
+def _concrete_array(value):
+    """A list/tuple (not of strings), numpy array or eager tensor as a numpy
+    array, whose shape and values can be checked before Keras reads them;
+    None for anything else (a dataset, a generator, a symbolic tensor)."""
+    if isinstance(value, (list, tuple)):
+        return None if _holds_strings(value) else np.asarray(value)
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)) or not _is_concrete(value):
+        return None
+    return np.asarray(value)
+
+
+def _check_targets_and_weights(x, y, sample_weight, vocabulary_size, token_loss,
+                               ignore_class=None, names=("x", "y", "sample_weight")):
+    """`fit` / `evaluate`'s in-memory `y` and `sample_weight` against the
+    ids `x`: refused by name where Keras failed later in the graph or
+    used them wrongly in silence.
+
+    `y` (when `token_loss`, a loss of token ids: the model's own, or a
+    sparse cross-entropy): x's shape, whole numbers, in [0, V) (or the
+    loss's `ignore_class`). `sample_weight`: numbers, finite, one per row
+    or per token."""
+    x_name, y_name, w_name = names
+    ids = _concrete_array(x.get("token_ids") if isinstance(x, dict) else x)
+    shape = tuple(ids.shape) if ids is not None and ids.ndim == 2 else None
+    targets = _concrete_array(y) if token_loss else None
+    if targets is not None:
+        if shape is not None and tuple(targets.shape) != shape:
+            raise ValueError(
+                f"`{y_name}` must hold the target id of each position of `{x_name}`, "
+                f"of its shape {shape} (batch, segment_length); received shape "
+                f"{tuple(targets.shape)}.")
+        whole = targets.dtype.kind in "iu" or (
+            targets.dtype.kind == "f" and bool(np.all(np.isfinite(targets)))
+            and bool(np.all(targets == np.round(targets))))
+        if not whole:
+            raise ValueError(
+                f"`{y_name}` must hold integer token ids, received dtype "
+                f"{targets.dtype} (a float target was cut to an integer in silence).")
+        counted = targets if ignore_class is None else targets[targets != ignore_class]
+        if counted.size and (counted.min() < 0 or counted.max() >= vocabulary_size):
+            raise ValueError(
+                f"`{y_name}` must be token ids in [0, vocabulary_size={vocabulary_size})"
+                + ("" if ignore_class is None else f" or the loss's ignore_class={ignore_class}")
+                + f", received values in [{counted.min()}, {counted.max()}].")
+    weights = _concrete_array(sample_weight) if y is not None else None
+    if weights is not None:
+        if weights.dtype.kind not in "biuf":
+            raise ValueError(
+                f"`{w_name}` must hold numbers (a float or int weight, or a bool "
+                f"mask), received dtype {weights.dtype}.")
+        if shape is not None:
+            rows, positions = shape
+            allowed = ((rows,), (rows, 1), (rows, positions), (rows, positions, 1))
+            if tuple(weights.shape) not in allowed:
+                raise ValueError(
+                    f"`{w_name}` must hold one weight per row, ({rows},), or one per "
+                    f"token, {shape}, as `{x_name}`; received shape "
+                    f"{tuple(weights.shape)}.")
+        if weights.dtype.kind == "f" and not np.all(np.isfinite(weights)):
+            raise ValueError(
+                f"`{w_name}` must be finite: a NaN or infinite weight makes the "
+                "loss and every weight after the step NaN; received "
+                f"{weights[~np.isfinite(weights)][0]}.")
+
+
 def _check_validation_data(validation):
     if isinstance(validation, tuple) and 2 <= len(validation) <= 3:
         for i, value in enumerate(validation):
@@ -1236,8 +1301,26 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         _check_in_memory_data(x, y, kwargs.get("sample_weight"))
+        self._check_fit_data(x, y, kwargs.get("sample_weight"))
         batch_size = self._check_stateful_data(x, batch_size, "evaluates")
         return super().evaluate(x, y, batch_size, *args, **kwargs)
+
+    def _check_fit_data(self, x, y, sample_weight, validation=None):
+        """`_check_targets_and_weights` for `fit` / `evaluate`'s data and a
+        `validation_data` tuple, with the compiled loss's settings."""
+        losses = [v for v in tree.flatten(getattr(self, "loss", None)) if v is not None]
+        token_loss = len(losses) == 1 and isinstance(
+            losses[0], (TokenMeanReduction, keras.losses.SparseCategoricalCrossentropy))
+        ignore_class = getattr(losses[0], "_fn_kwargs", {}).get("ignore_class") \
+            if token_loss else None
+        checked = [((x, y, sample_weight), ("x", "y", "sample_weight"))]
+        if isinstance(validation, tuple) and 2 <= len(validation) <= 3:
+            given = (*validation, None)[:3]
+            checked.append((given, tuple(f"validation_data[{i}]" for i in range(3))))
+        for (ids, targets, weights), names in checked:
+            _check_targets_and_weights(
+                ids, targets, weights, self.txl_config.vocabulary_size, token_loss,
+                ignore_class, names)
 
     def _check_preprocessor_for(self, x, what):
         """Strings need the preprocessor: without one keras-hub said "Calling
@@ -1989,6 +2072,7 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         _check_in_memory_data(x, y, kwargs.get("sample_weight"))
         _check_validation_data(kwargs.get("validation_data"))
+        self._check_fit_data(x, y, kwargs.get("sample_weight"), kwargs.get("validation_data"))
         batch_size = self._check_stateful_data(x, batch_size, "fits")
         if self.stateful:
             self._check_stateful_fit(x, batch_size, kwargs)

@@ -363,3 +363,50 @@ def test_ragged_lists_are_refused_by_name_before_keras_reads_them():
     np.testing.assert_allclose(
         model.evaluate(rows, rows, verbose=0), model.evaluate(np.array(rows), np.array(rows),
                                                               verbose=0))
+
+
+def test_targets_and_weights_of_the_wrong_shape_or_dtype_are_refused_by_name():
+    # Each failed late in the graph ("Incompatible shapes: [4,5] vs. [4,6]",
+    # "Dimensions 4 and 3 are not compatible", "Cannot take the length of
+    # shape with unknown rank", "Cast string to float is not supported") or
+    # was used in silence: float targets cut to integers, a NaN weight made
+    # the loss NaN.
+    from keras_txl.causal_lm import TokenCrossEntropy
+
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    x, y = random_ids((4, 6), 31, seed=1), random_ids((4, 6), 31, seed=2)
+    for kwargs, message in (
+            (dict(y=y[:, :5]), r"`{y}` must hold the target id of each position of `{x}`, of "
+                               r"its shape \(4, 6\) \(batch, segment_length\); received shape "
+                               r"\(4, 5\)"),
+            (dict(y=y[:3]), r"`{y}` .* received shape \(3, 6\)"),
+            (dict(y=y[..., None]), r"`{y}` .* received shape \(4, 6, 1\)"),
+            (dict(y=y + 0.5), r"`{y}` must hold integer token ids, received dtype float64"),
+            (dict(y=y + 31), r"`{y}` must be token ids in \[0, vocabulary_size=31\), received "
+                             r"values in \[3\d, \d\d\]"),
+            (dict(y=y, sample_weight=np.ones((4, 5))),
+             r"`{w}` must hold one weight per row, \(4,\), or one per token, \(4, 6\), as "
+             r"`{x}`; received shape \(4, 5\)"),
+            (dict(y=y, sample_weight=np.ones(3)), r"`{w}` .* received shape \(3,\)"),
+            (dict(y=y, sample_weight=np.ones((4, 12))), r"`{w}` .* received shape \(4, 12\)"),
+            (dict(y=y, sample_weight=np.full((4, 6), "a")),
+             r"`{w}` must hold numbers .* received dtype <U1"),
+            (dict(y=y, sample_weight=np.array([1.0, np.nan, 1.0, 1.0])),
+             r"`{w}` must be finite.*received nan")):
+        with pytest.raises(ValueError, match=message.format(x="x", y="y", w="sample_weight")):
+            model.evaluate(x, batch_size=4, verbose=0, **kwargs)
+        validation = (x, kwargs["y"], kwargs.get("sample_weight"))
+        with pytest.raises(ValueError, match=message.format(
+                x=r"validation_data\[0\]", y=r"validation_data\[1\]",
+                w=r"validation_data\[2\]")):
+            model.fit(x, y, verbose=0, validation_data=validation[:2 + ("sample_weight" in kwargs)])
+    # Whole-number floats, bool masks, weights per row or per token (with
+    # a trailing 1) are taken; so is the loss's ignore_class outside [0, V).
+    for weights in (np.ones((4, 1)), np.ones((4, 6, 1)), np.ones((4, 6), bool)):
+        model.evaluate(x, y.astype("float32"), sample_weight=weights, verbose=0)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=TokenCrossEntropy(ignore_class=-100))
+    masked = np.where(np.arange(6) < 2, -100, y)
+    loss = model.evaluate(x, masked, verbose=0, return_dict=True)["loss"]
+    expected, _ = weighted_nll_reference(model, x, y, np.ones((4, 6)) * (np.arange(6) >= 2))
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)

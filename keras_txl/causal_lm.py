@@ -8,6 +8,7 @@ import copy
 import math
 import numbers
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -403,6 +404,17 @@ def _is_concrete(x):
         and not isinstance(x, tf.Variable)
         and not tf.is_symbolic_tensor(x)
     )
+
+
+def _xla_cannot_reach_the_replicas(strategy):
+    """A Mirrored / MultiWorkerMirrored strategy of several replicas, one
+    of them not a GPU: an XLA-compiled replica function there cannot read
+    the other replicas' variables (shared/TF_NOTES.md section 2)."""
+    mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if not isinstance(strategy, mirrored) or strategy.num_replicas_in_sync < 2:
+        return False
+    return not all((tf.DeviceSpec.from_string(d).device_type or "").upper() == "GPU"
+                   for d in strategy.extended.worker_devices)
 
 
 SAMPLERS = ("greedy", "top_k", "top_p", "random", "beam")
@@ -1575,7 +1587,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 `Perplexity()`) is refused (`check_reads_log_probs`).
             jit_compile: as in Keras ("auto" by default). For `generate()`,
                 "auto" means XLA (see `generate_jit_compile`); `fit` keeps
-                Keras' own resolution (off on a CPU-only host).
+                Keras' own resolution (off on a CPU-only host). Under a
+                MirroredStrategy with a CPU replica, `fit`, `evaluate` and
+                `predict` run without XLA, with a warning, as `txl train`
+                does: XLA cannot reach the other replicas' variables there.
             Other arguments: as `keras_hub.models.CausalLM.compile`.
         """
         jit_compile = kwargs.get("jit_compile", "auto")
@@ -1585,6 +1600,15 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 f"jit_compile={jit_compile!r}."
             )
         self._generate_jit = jit_compile
+        if jit_compile is True and _xla_cannot_reach_the_replicas(self.distribute_strategy):
+            # The first step failed with "Trying to access resource
+            # .../replica_1/... located in device CPU:1 from device CPU:0".
+            warnings.warn(
+                "jit_compile=True is not used by fit/evaluate/predict under "
+                f"{type(self.distribute_strategy).__name__} with a CPU replica: XLA "
+                "cannot reach the other replicas' variables there (it is used when "
+                "every replica is a GPU); generate() still uses it.", stacklevel=2)
+            kwargs["jit_compile"] = False
         if "steps_per_execution" in kwargs:
             # 0 failed at the first fit/evaluate with "range() arg 3 must not
             # be zero"; a float or a negative number later still.

@@ -410,3 +410,25 @@ def test_targets_and_weights_of_the_wrong_shape_or_dtype_are_refused_by_name():
     loss = model.evaluate(x, masked, verbose=0, return_dict=True)["loss"]
     expected, _ = weighted_nll_reference(model, x, y, np.ones((4, 6)) * (np.arange(6) >= 2))
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
+
+
+def test_jit_compile_under_mirrored_cpu_replicas_fits_without_xla_with_a_warning():
+    # The first step failed: "Trying to access resource .../replica_1/...
+    # located in device CPU:1 from device CPU:0" (XLA cannot reach the
+    # other replicas' variables on CPUs; `txl train` already turns it off).
+    from testing import mirrored_strategy
+
+    x, y = random_ids((4, 6), 31, seed=1), random_ids((4, 6), 31, seed=2)
+    with mirrored_strategy().scope():
+        model = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+        with pytest.warns(UserWarning, match=r"jit_compile=True is not used by fit/evaluate/"
+                                             r"predict under MirroredStrategy with a CPU replica"):
+            model.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True)
+    assert model.jit_compile is False and model.generate_jit_compile() is True
+    one = TransformerXLCausalLM(tiny_config(vocabulary_size=31))
+    one.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=True)
+    one.set_weights(model.get_weights())
+    for trained in (model, one):
+        trained.fit(x, y, batch_size=4, verbose=0)
+    for a, b in zip(model.get_weights(), one.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -561,9 +561,9 @@ def is_local_preset(preset):
 
 
 def _kind_of(path):
-    from keras_txl.safe_files import _kind
+    from keras_txl.safe_files import file_kind
 
-    return _kind(os.stat(path).st_mode)
+    return file_kind(os.stat(path).st_mode)
 
 
 def check_preset_folder(preset, limits=None):

@@ -60,7 +60,7 @@ _KINDS = (
 )
 
 
-def _kind(mode):
+def file_kind(mode):
     for test, name in _KINDS:
         if test(mode):
             return name
@@ -100,7 +100,7 @@ def open_regular_file(path, what="file"):
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise ValueError(
-                f"The {what} {path!r} is {_kind(mode)}; only regular files "
+                f"The {what} {path!r} is {file_kind(mode)}; only regular files "
                 "(or symlinks to them) are read."
             )
         if hasattr(os, "set_blocking"):

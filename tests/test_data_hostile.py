@@ -990,3 +990,42 @@ def test_an_unfinished_preparation_of_older_text_rules_starts_over(tmp_path):
     for split in ("train", "valid", "test"):
         assert np.array_equal(np.asarray(splits[split]), np.asarray(fresh[split]))
     assert np.asarray(splits["train"])[-1] == fresh_tokenizer.eos_id
+
+
+def test_a_refused_text_rules_recheck_is_recorded_and_not_encoded_again(tmp_path, capsys):
+    # A finished workdir of older text rules whose tokens differ was refused
+    # only after the whole corpus was encoded again, and nothing recorded
+    # that: every later run encoded it all again to refuse it again.
+    folder = tmp_path / "c"
+    write_corpus(folder)
+    (folder / "valid.txt").write_bytes((folder / "valid.txt").read_bytes().rstrip(b"\n"))
+    workdir = str(tmp_path / "w")
+    prepare_data(str(folder), workdir, "word", shard_tokens=1024)
+    read = {s: (folder / f"{s}.txt").read_text() for s in ("train", "valid", "test")}
+    as_an_older_version_left_it(workdir, folder, read)
+    old = data_files(workdir)
+    message = (r"older keras-txl, which read text by other rules \(version 1; .*its valid "
+               r"shards hold other tokens .*train in a new --workdir")
+    written = []
+    with pytest.raises(ValueError, match=message) as first:
+        prepare_data(str(folder), workdir, after_shard=written.append)
+    assert written  # the first run encodes the corpus to compare
+    meta = json.loads((pathlib.Path(workdir) / "data" / "source.json").read_text())
+    assert meta["text_rules_refused"]["text_rules"] == corpora.TEXT_RULES
+    assert meta["text_rules_refused"]["splits"] == ["valid"]
+    assert "text_rules" not in meta  # still the older version's record otherwise
+    # Later runs with the same source: the same refusal, nothing encoded.
+    written.clear()
+    with pytest.raises(ValueError, match=message) as again:
+        prepare_data(str(folder), workdir, after_shard=written.append)
+    assert written == [] and str(again.value) == str(first.value)
+    assert data_files(workdir) == old
+    assert main(["prepare", "--data", str(folder), "--workdir", workdir]) == 2
+    assert "its valid shards hold other tokens" in capsys.readouterr().err
+    assert not (pathlib.Path(workdir) / "data" / ".text-rules-check").exists()
+    # A changed source is not refused by the record: it goes through the
+    # source check (other content for a finished workdir: refused as such).
+    (folder / "test.txt").write_text((folder / "test.txt").read_text() + "more words\n")
+    with pytest.raises(ValueError, match=r"has different content"):
+        prepare_data(str(folder), workdir, after_shard=written.append)
+    assert written == []

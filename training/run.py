@@ -804,6 +804,14 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 if _finished(meta, data_cache):
                     # Shards that may have been trained on: kept if the
                     # current rules give the same tokens, else refused.
+                    refused = meta.get("text_rules_refused")
+                    if (isinstance(refused, dict) and refused.get("key")
+                            == _rules_refusal_key(meta, sha, corpus_source)):
+                        # Compared before, by a run of these rules, from
+                        # this content: refused again without encoding it.
+                        raise ValueError(_rules_refusal_message(
+                            workdir, data_cache, tokenizer_dir, old_rules,
+                            refused.get("splits") or [], source))
                     recheck = write
                     logger.warning(
                         "%s was encoded under the text rules of an older keras-txl "
@@ -1022,7 +1030,8 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 "Run again once the corpus no longer changes (a copy still being "
                 "written?).")
     if recheck:
-        out = _adopt_rechecked(workdir, data_cache, tokenizer_dir, out, old_rules, source)
+        out = _adopt_rechecked(workdir, data_cache, tokenizer_dir, out, old_rules, source,
+                               meta, _rules_refusal_key(meta, sha, corpus_source))
     if write and (recheck or not new_meta["finished"] or new_meta["stat"] != stat):
         from keras_txl.io import atomic_write_bytes
 
@@ -1031,12 +1040,42 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     return tokenizer, out
 
 
-def _adopt_rechecked(workdir, data_cache, tokenizer_dir, rechecked, old_rules, source):
+def _rules_refusal_key(meta, sha, corpus_source):
+    """What a refused text-rules comparison is recorded under (source.json's
+    `text_rules_refused`): the current rules, the corpus's content and
+    identity, and the older shards' key (their tokenizer and shard size).
+    Any of them changed, the comparison is made again."""
+    from keras_txl.training.corpora import TEXT_RULES
+
+    fields = {"text_rules": TEXT_RULES, "sha256": sha, "identity": corpus_source.identity(),
+              "shards_key": meta.get("key")}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _rules_refusal_message(workdir, data_cache, tokenizer_dir, old_rules, differ, source):
+    from keras_txl.training.corpora import TEXT_RULES
+
+    return (
+        f"{workdir} was prepared by an older keras-txl, which read text by other "
+        f"rules (version {old_rules}; this one reads by version {TEXT_RULES}, "
+        "where a last line without a newline gets its <eos>): its "
+        f"{', '.join(differ)} shards hold other tokens than this version encodes "
+        f"from --data {_where(source)}. Its tokenizer and shards, and the "
+        "checkpoints and model trained on them, belong to the old reading: train in "
+        f"a new --workdir (or, to start this one over, delete {data_cache}, "
+        f"{tokenizer_dir} and its checkpoints/ and model/; or keep using this "
+        "workdir with the older keras-txl).")
+
+
+def _adopt_rechecked(workdir, data_cache, tokenizer_dir, rechecked, old_rules, source,
+                     meta, refusal_key):
     """Compares the shards encoded again under the current text rules
     (`rechecked`, in `data/.text-rules-check/`) with the finished shards of
     an older version: the same tokens replace them (the tokens key, which
     checkpoints record, is unchanged); other tokens are refused, leaving the
-    old shards and record as they were."""
+    old shards as they were and the older record with only the refusal
+    added (`text_rules_refused`, under `refusal_key`): a later run from the
+    same content is refused at once instead of encoding it all again."""
     import shutil
 
     from keras_txl.training import shards
@@ -1059,17 +1098,14 @@ def _adopt_rechecked(workdir, data_cache, tokenizer_dir, rechecked, old_rules, s
         shutil.rmtree(check, ignore_errors=True)
         raise
     if differ:
+        from keras_txl.io import atomic_write_bytes
+
         shutil.rmtree(check, ignore_errors=True)
-        raise ValueError(
-            f"{workdir} was prepared by an older keras-txl, which read text by other "
-            f"rules (version {old_rules}; this one reads by version {TEXT_RULES}, "
-            "where a last line without a newline gets its <eos>): its "
-            f"{', '.join(differ)} shards hold other tokens than this version encodes "
-            f"from --data {_where(source)}. Its tokenizer and shards, and the "
-            "checkpoints and model trained on them, belong to the old reading: train in "
-            f"a new --workdir (or, to start this one over, delete {data_cache}, "
-            f"{tokenizer_dir} and its checkpoints/ and model/; or keep using this "
-            "workdir with the older keras-txl).")
+        atomic_write_bytes(os.path.join(data_cache, "source.json"), json.dumps({
+            **meta, "text_rules_refused": {"key": refusal_key, "text_rules": TEXT_RULES,
+                                           "splits": differ}}, indent=2).encode())
+        raise ValueError(_rules_refusal_message(
+            workdir, data_cache, tokenizer_dir, old_rules, differ, source))
     out = {}
     for split in rechecked:
         folder = os.path.join(data_cache, split)

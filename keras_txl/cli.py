@@ -1012,15 +1012,26 @@ def _demo(args):
     export and generate: the README's first command."""
     import time
 
+    start = time.time()
+    from keras_txl.training.run import WorkdirLock
+    from keras_txl.training.run import writable_workdir
+
+    writable_workdir(args.workdir)  # a file there: said as txl train says it
+    # Held from before the corpus is written to the end (training, eval and
+    # export all write in the workdir): a second demo, train or prepare on
+    # it is refused before it writes anything.
+    with WorkdirLock(args.workdir, command="txl demo"):
+        return _demo_locked(args, start)
+
+
+def _demo_locked(args, start):
+    import time
+
     from keras_txl.presets import PRESETS
     from keras_txl.training.corpora import prepare_stdlib_docs
     from keras_txl.training.run import eval_main
     from keras_txl.training.run import train_main
 
-    start = time.time()
-    from keras_txl.training.run import writable_workdir
-
-    writable_workdir(args.workdir)  # a file there: said as txl train says it
     corpus_dir = os.path.join(args.workdir, "corpus")
     prepare_stdlib_docs(corpus_dir, max_chars=args.max_chars)
     print(f"[demo] corpus: Python standard library docstrings -> {corpus_dir}")
@@ -1041,7 +1052,7 @@ def _demo(args):
         "--set", "dropout=0.1", "--set", f"learning_rate={args.learning_rate}",
         "--set", f"warmup_steps={min(100, args.steps)}", "--set", "log_every=250",
         "--set", "checkpoint_every=1000",
-    ]))
+    ]), workdir_locked=True)
     print(f"[demo] trained in {time.time() - start:.0f}s")
 
     print(f"[demo] test set, with the same evaluation settings (memory "

@@ -387,3 +387,19 @@ def test_txl_eval_names_a_bad_size_by_its_flag_at_once(tmp_path, capsys, flags, 
         main(["eval", "--workdir", str(tmp_path), *flags])
     assert stop.value.code == 2
     assert f"txl eval: error: argument {flags[0]}: {message}" in capsys.readouterr().err
+
+
+def test_demo_takes_the_workdir_lock_before_writing_its_corpus(tmp_path, capsys):
+    # `txl demo` wrote WORKDIR/corpus before any lock: a second demo on the
+    # same workdir rewrote the corpus under the first one's training, and was
+    # refused only afterwards, by `txl train`'s lock.
+    from keras_txl.training.run import WorkdirLock
+
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    with WorkdirLock(str(workdir), command="txl demo"):
+        assert main(["demo", "--workdir", str(workdir), "--max-chars", "20000",
+                     "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{workdir} is in use by another `txl demo`" in err, err
+    assert sorted(p.name for p in workdir.iterdir()) == ["train.lock"]

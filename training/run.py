@@ -1215,14 +1215,17 @@ def writable_workdir(workdir):
             ) from None
 
 
-def train_main(args):
+def train_main(args, workdir_locked=False):
     """`txl train`: returns the exit code (0 done, 1 stopped by the
-    non-finite guard, 130/143 stopped by SIGINT/SIGTERM)."""
+    non-finite guard, 130/143 stopped by SIGINT/SIGTERM).
+
+    `workdir_locked`: the caller already holds the workdir's `WorkdirLock`
+    (`txl demo`, which holds it from before it writes its corpus)."""
     writable_workdir(args.workdir)
-    return _train(args)
+    return _train(args, workdir_locked)
 
 
-def _train(args):
+def _train(args, workdir_locked=False):
     import contextlib
 
     from keras_txl.training.strategy import CLUSTER_TIMEOUT_S
@@ -1240,7 +1243,8 @@ def _train(args):
                             getattr(args, "cluster_timeout", CLUSTER_TIMEOUT_S))
     chief = is_chief(strategy)
     # One writer per workdir: the chief holds the lock for the whole run.
-    with WorkdirLock(args.workdir) if chief else contextlib.nullcontext():
+    locked = chief and not workdir_locked
+    with WorkdirLock(args.workdir) if locked else contextlib.nullcontext():
         return _train_locked(args, strategy, chief, model_dict, train_config,
                              eval_settings, explicit)
 

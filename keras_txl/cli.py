@@ -1051,7 +1051,7 @@ def _demo_locked(args, start):
         "--preset", "tiny", "--tokenizer", "byte", "--steps", str(args.steps),
         "--set", "dropout=0.1", "--set", f"learning_rate={args.learning_rate}",
         "--set", f"warmup_steps={min(100, args.steps)}", "--set", "log_every=250",
-        "--set", "checkpoint_every=1000",
+        "--set", f"checkpoint_every={min(1000, args.steps)}",
     ]), workdir_locked=True)
     print(f"[demo] trained in {time.time() - start:.0f}s")
 

@@ -194,3 +194,30 @@ def test_the_fit_loop_refuses_what_it_would_ignore_before_anything_runs(
     assert main(base + ["--strategy", "multi_worker", "--cluster-timeout", "30"]) == 2
     assert "does not run under strategy='multi_worker'" in capsys.readouterr().err
     assert not (tmp_path / "w" / "data").exists()
+
+
+def test_eval_or_checkpoint_every_past_steps_is_warned(tmp_path, caplog):
+    # --set eval_every=500 with --steps 100 was accepted in silence: no
+    # evaluation before the final one, no checkpoint before the last step.
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="keras_txl.training.run")
+    path = write(tmp_path, {"model": MODEL, "train": {"steps": 50, "checkpoint_every": 80}})
+    _, train, _, _ = resolve_configs(config_path=path, overrides=["eval_every=500"],
+                                     flags={"steps": 100})
+    assert train.eval_every == 500 and train.checkpoint_every == 80
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "eval_every=500 is larger than steps=100" in warned[0]
+    assert "checkpoint_every" not in warned[0]  # 80 <= 100
+    caplog.clear()
+    resolve_configs(config_path=path, overrides=["checkpoint_every=101"],
+                    flags={"steps": 100})
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "checkpoint_every=101 is larger than steps=100" in warned[0]
+    # Equal to steps, 0, or a preset's own value under a short --steps: no word.
+    caplog.clear()
+    resolve_configs(config_path=path, overrides=["eval_every=100", "checkpoint_every=0"],
+                    flags={"steps": 100})
+    resolve_configs(preset="tiny", flags={"steps": 3})
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []

@@ -178,6 +178,9 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
         from_preset = True
     else:
         raise ValueError("Give --preset NAME or --config FILE.json.")
+    # Train settings asked for (the --config file's, --set, flags), not a
+    # preset's or the defaults.
+    chosen = set() if from_preset else set(train)
     model_fields = {f.name: (model.get(f.name, f.default)
                              if f.default is not dataclasses.MISSING else model.get(f.name, 0))
                     for f in dataclasses.fields(TransformerXLConfig)}
@@ -214,6 +217,7 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
             explicit.add(key)
         elif target is train:
             explicit.add(f"train.{key}")
+            chosen.add(key)
     for name, value in (flags or {}).items():
         if value is None:
             continue
@@ -224,6 +228,7 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
                       "precision", "learning_rate", "log_every", "checkpoint_every",
                       "eval_every"):
             train[name] = value
+            chosen.add(name)
     # The final evaluation's settings, checked before any step is trained
     # (a bad one failed after the last step, --set ones were not checked).
     _check_eval_section("the eval settings (--config \"eval\", --set eval.*)",
@@ -241,6 +246,15 @@ def resolve_configs(preset=None, config_path=None, overrides=(), flags=None):
         )
     train_config = TrainConfig.from_dict(train)
     check_model_settings(model, explicit)
+    for name, what in (("eval_every", "no validation runs before the final one"),
+                       ("checkpoint_every", "no checkpoint is written before the last one")):
+        value = getattr(train_config, name)
+        if name in chosen and value > train_config.steps:
+            # Harmless, but not what was asked for: said, not refused.
+            logger.warning(
+                "%s=%d is larger than steps=%d: %s (at step %d). Pass --set %s=N with "
+                "N <= %d to have them during the run.", name, value, train_config.steps,
+                what, train_config.steps, name, train_config.steps)
     return model, train_config, evaluation, explicit
 
 

@@ -28,6 +28,26 @@ def _python_number(value):
     return value
 
 
+def shown(value, items=5, chars=200):
+    """`value` as an error message shows it: its repr, abbreviated when long
+    (a list or tuple of more than 2 * `items` items as its first `items`,
+    "..." and its length; any other repr cut after `chars` characters), so
+    a hostile value (100,000 cutoffs) gives a message of a few lines, not
+    of megabytes."""
+    if isinstance(value, (list, tuple)) and len(value) > 2 * items:
+        head = ", ".join(shown(v, items, chars) for v in value[:items])
+        left, right = "[]" if isinstance(value, list) else "()"
+        return f"{left}{head}, ...{right} ({len(value)} items)"
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(shown(v, items, chars) for v in value)
+        left, right = "[]" if isinstance(value, list) else "()"
+        return left + text + ("," if len(value) == 1 and right == ")" else "") + right
+    text = repr(value)
+    if len(text) > chars:
+        return f"{text[:chars]}... ({len(text)} characters)"
+    return text
+
+
 # The fields that decide the function a model's weights compute: their
 # shapes, and the settings that change the numbers but no shape. Loading a
 # model (`load_pretrained`, `load_hf_checkpoint`) or copying it
@@ -125,7 +145,7 @@ class TransformerXLConfig:
                             "plain softmax)" if name == "cutoffs" else
                             "a list of booleans, one per tail cluster, or null")
                 raise ValueError(f"`{name}` must be {expected}. Received: "
-                                 f"{name}={value!r}.")
+                                 f"{name}={shown(value)}.")
             object.__setattr__(self, name, tuple(value))
         # NumPy scalars (np.int64(2), np.float32(0.1)) are numbers like
         # Python's: store them as Python numbers (JSON cannot write them).
@@ -217,7 +237,7 @@ class TransformerXLConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(
                     f"`{name}` must be a positive integer, received "
-                    f"{name}={value!r}."
+                    f"{name}={shown(value)}."
                 )
 
         for name in (
@@ -244,7 +264,7 @@ class TransformerXLConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(
-                    f"`{name}` must be an integer, received {name}={value!r}."
+                    f"`{name}` must be an integer, received {name}={shown(value)}."
                 )
         if self.clamp_length < -1:
             # The reference clamps only for clamp_len > 0: any other value
@@ -279,40 +299,40 @@ class TransformerXLConfig:
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or not valid(value)):
                 raise ValueError(
-                    f"`{name}` must be {expected}, received {name}={value!r}."
+                    f"`{name}` must be {expected}, received {name}={shown(value)}."
                 )
         for name in ("same_length", "pre_layer_norm", "untie_relative_bias",
                      "tie_embeddings", "project_same_dim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"`{name}` must be a bool, received "
-                    f"{name}={getattr(self, name)!r}."
+                    f"{name}={shown(getattr(self, name))}."
                 )
         if self.same_length_convention not in SAME_LENGTH_CONVENTIONS:
             raise ValueError(
                 "`same_length_convention` must be one of "
                 f"{SAME_LENGTH_CONVENTIONS}, received "
-                f"{self.same_length_convention!r}."
+                f"{shown(self.same_length_convention)}."
             )
         if self.attention_type not in ATTENTION_TYPES:
             raise ValueError(
                 f"`attention_type` must be one of {ATTENTION_TYPES}, received "
-                f"{self.attention_type!r}."
+                f"{shown(self.attention_type)}."
             )
         cutoffs = self.cutoffs
         if any(not isinstance(c, int) or isinstance(c, bool) for c in cutoffs):
             raise ValueError(
-                f"`cutoffs` must be integers, received cutoffs={list(cutoffs)}."
+                f"`cutoffs` must be integers, received cutoffs={shown(list(cutoffs))}."
             )
         if list(cutoffs) != sorted(set(cutoffs)):
             raise ValueError(
                 "`cutoffs` must be strictly increasing, received "
-                f"cutoffs={list(cutoffs)}."
+                f"cutoffs={shown(list(cutoffs))}."
             )
         if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocabulary_size):
             raise ValueError(
                 "`cutoffs` must lie strictly between 0 and vocabulary_size="
-                f"{self.vocabulary_size}, received cutoffs={list(cutoffs)}."
+                f"{self.vocabulary_size}, received cutoffs={shown(list(cutoffs))}."
             )
         if self.div_val > 1:
             smallest = self.resolved_embedding_dim // (
@@ -331,13 +351,13 @@ class TransformerXLConfig:
                 raise ValueError(
                     "`tie_projections` must be None or one bool per cluster "
                     f"(len(cutoffs) + 1 = {len(cutoffs) + 1}), received "
-                    f"{list(self.tie_projections)}."
+                    f"{shown(list(self.tie_projections))}."
                 )
 
         if self.empty_memory not in EMPTY_MEMORY:
             raise ValueError(
                 f"`empty_memory` must be one of {list(EMPTY_MEMORY)}, received "
-                f"empty_memory={self.empty_memory!r}."
+                f"empty_memory={shown(self.empty_memory)}."
             )
 
     # --- serialisation --------------------------------------------------
@@ -358,7 +378,7 @@ class TransformerXLConfig:
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(
-                f"Unknown config key(s) {unknown}. Valid keys: {names}."
+                f"Unknown config key(s) {shown(unknown)}. Valid keys: {names}."
             )
         required = [
             f.name
@@ -407,8 +427,8 @@ class TransformerXLConfig:
                     value, (list, tuple)) and tuple(value) == fixed):
                 continue
             raise ValueError(
-                f"`{key}`={value!r} contradicts {source}, which has "
-                f"{key}={fixed!r} (the weights were trained so, and hold no "
+                f"`{key}`={shown(value)} contradicts {source}, which has "
+                f"{key}={shown(fixed)} (the weights were trained so, and hold no "
                 "sign of another value): leave it out. Evaluation settings "
                 "(memory_length, clamp_length, same_length, segment_length, "
                 "dropout, ...) can be changed."
@@ -419,7 +439,7 @@ class TransformerXLConfig:
         unknown = sorted(set(changes) - names)
         if unknown:
             raise ValueError(
-                f"Unknown config key(s) {unknown}. Valid keys: {sorted(names)}."
+                f"Unknown config key(s) {shown(unknown)}. Valid keys: {sorted(names)}."
             )
         return dataclasses.replace(self, **changes)
 
@@ -429,6 +449,6 @@ class TransformerXLConfig:
 
         if name not in PRESETS:
             raise ValueError(
-                f"Unknown preset {name!r}. Available: {sorted(PRESETS)}."
+                f"Unknown preset {shown(name)}. Available: {sorted(PRESETS)}."
             )
         return cls.from_dict(PRESETS[name]["model"]).replace(**changes)

@@ -16,6 +16,7 @@ import threading
 import time
 
 from keras_txl.config import TransformerXLConfig
+from keras_txl.config import shown
 from keras_txl.limits import check_config
 from keras_txl.safe_files import atomic_write_bytes
 from keras_txl.safe_files import default_mode
@@ -425,7 +426,7 @@ def _check_task(path, config, limits):
         field = next(k for k in ours if ours[k] != theirs.get(k))
         raise ValueError(
             f"{path} describes another model than {CONFIG_FILE} beside it "
-            f"({field}={theirs.get(field)!r} there, {ours[field]!r} in "
+            f"({field}={shown(theirs.get(field))} there, {shown(ours[field])} in "
             f"{CONFIG_FILE}): a damaged or hand-edited preset."
         )
     _check_task_preprocessor(task.get("preprocessor"), path)

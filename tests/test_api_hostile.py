@@ -68,6 +68,31 @@ def test_config_from_json_of_a_list_names_the_type():
         TransformerXLConfig.from_json("[1, 2]")
 
 
+@pytest.mark.parametrize("changes, field, shown", [
+    # 100,000 cutoffs, decreasing: the message was 689 KB (the whole list).
+    ({"cutoffs": list(range(100_000, 0, -1))}, "cutoffs",
+     "cutoffs=[100000, 99999, 99998, 99997, 99996, ...] (100000 items)"),
+    ({"cutoffs": [1.5] * 100_000}, "cutoffs", "[1.5, 1.5, 1.5, 1.5, 1.5, ...] (100000 items)"),
+    ({"cutoffs": [2], "tie_projections": [True] * 100_000}, "tie_projections",
+     "[True, True, True, True, True, ...] (100000 items)"),
+    ({"attention_type": "x" * 100_000}, "attention_type", "... (100002 characters)"),
+    ({"num_layers": [1] * 100_000}, "num_layers", "(100000 items)"),
+])
+def test_a_config_error_for_a_huge_value_stays_short_and_names_the_field(changes, field, shown):
+    with pytest.raises(ValueError) as error:
+        tiny_config(**changes)
+    message = str(error.value)
+    assert len(message) < 600, len(message)
+    assert f"`{field}`" in message and shown in message, message
+
+
+def test_a_config_error_for_a_short_value_shows_it_whole():
+    with pytest.raises(ValueError, match=r"received cutoffs=\[8, 5\]\.$"):
+        tiny_config(cutoffs=[8, 5])
+    with pytest.raises(ValueError, match=r"Unknown config key\(s\) \['d_model'\]\."):
+        TransformerXLConfig.from_dict({"d_model": 1})
+
+
 # --- 2. generate_ids leaves the compile state alone --------------------------
 
 def test_generate_ids_keeps_optimizer_loss_and_sampler():

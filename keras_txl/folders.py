@@ -871,6 +871,10 @@ _PRESET_ENTRY = re.compile(
     r"(config|task|preprocessor|tokenizer|metadata|model\.weights)\.json"
     r"|(model|task)\.weights\.h5|model_\d+\.weights\.h5|assets|README\.md|manifest\.json"
 )
+# What a tokenizer's or preprocessor's `save_to_preset` leaves in a folder
+# without a backbone (`save_preset_part`: with its manifest).
+_PART_ENTRY = re.compile(
+    r"(tokenizer|preprocessor|metadata|manifest)\.json|assets|README\.md")
 
 
 def _entries_to_replace(directory, expected, alternative):
@@ -891,9 +895,12 @@ def _entries_to_replace(directory, expected, alternative):
 
 def check_replaceable(directory, part=False):
     """`save_preset` replaces `directory` only when nothing would be lost:
-    when it is missing, an empty folder or a keras-hub preset. With `part`
-    (`check_replaceable_part`), a preset folder without a `config.json` (a
-    tokenizer's or preprocessor's alone) is admitted too."""
+    when it is missing, an empty folder or a keras-hub preset: of a
+    TransformerXLBackbone, or a preset part without a `config.json` (a
+    tokenizer's or preprocessor's alone, as their `save_to_preset` write
+    one), which a whole model's save replaces as a part's save adds to it.
+    With `part` (`check_replaceable_part`), any keras-hub preset files
+    without a `config.json` are admitted (a part's save keeps the others)."""
     entries = _entries_to_replace(directory, "a preset folder", "an existing preset")
     if not entries:
         return
@@ -902,8 +909,11 @@ def check_replaceable(directory, part=False):
     except ValueError:
         layout = None
     others = sorted(e for e in entries if not _PRESET_ENTRY.fullmatch(e))
-    if part and not others and not os.path.lexists(os.path.join(directory, CONFIG_FILE)):
-        return
+    if not others and not os.path.lexists(os.path.join(directory, CONFIG_FILE)):
+        # A whole save replaces every file: only a tokenizer's or
+        # preprocessor's (a lone model.weights.h5 may be the user's).
+        if part or all(_PART_ENTRY.fullmatch(e) for e in entries):
+            return
     if layout != "keras-hub" or others:
         others = others or sorted(entries)
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")

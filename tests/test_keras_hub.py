@@ -1087,6 +1087,40 @@ def test_a_preset_of_another_model_is_not_replaced(tmp_path):
     assert (folder / "model.weights.h5").read_bytes() == b"not ours"
 
 
+def test_a_whole_save_replaces_a_folder_holding_only_a_tokenizer_or_preprocessor(tmp_path):
+    # A tokenizer's (or preprocessor's) save_to_preset writes a folder without
+    # a config.json, to which a backbone's save adds; the whole model's save
+    # (and save_preset) refused it: "holds files that are not a keras-hub
+    # preset (assets, manifest.json, tokenizer.json)".
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                  preprocessor=byte_preprocessor(sequence_length=5))
+    ids = random_ids((1, 6), 256)
+    parts = {"tokenizer": lambda folder: byte_preprocessor().tokenizer.save_to_preset(folder),
+             "preprocessor": lambda folder: byte_preprocessor().save_to_preset(folder)}
+    saves = {"save_to_preset": lambda folder: model.save_to_preset(folder),
+             "save_preset": lambda folder: keras_txl.save_preset(model, folder)}
+    for part_name, part in parts.items():
+        for save_name, save in saves.items():
+            folder = tmp_path / f"{part_name}_{save_name}"
+            part(str(folder))
+            assert "config.json" not in os.listdir(folder)
+            save(str(folder))
+            loaded = TransformerXLCausalLM.from_preset(str(folder))
+            assert loaded.preprocessor.sequence_length == 5
+            np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                          model.call_with_memory(ids)["log_probs"])
+    # A folder holding a lone weights file (a user's save_weights) is still refused.
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "model.weights.h5").write_bytes(b"the user's")
+    for save in saves.values():
+        with pytest.raises(ValueError, match=r"holds files that are not a keras-hub preset "
+                                             r"\(model.weights.h5\): refusing to replace it"):
+            save(str(folder))
+    assert (folder / "model.weights.h5").read_bytes() == b"the user's"
+
+
 def test_a_preset_task_config_must_match_its_config(tmp_path):
     # keras-hub builds the model from task.json's copy of the backbone config,
     # not from config.json (the one checked against the limits).

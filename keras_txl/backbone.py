@@ -479,13 +479,20 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
         shards) are replaced; a tokenizer or preprocessor saved there is
         kept. `preset_dir` must be new, an empty folder or a keras-hub
         preset (of a TransformerXLBackbone, or of a tokenizer alone).
+
+        A whole model's task files there (`task.json`, `task.weights.h5`)
+        are kept when this backbone has the previous one's config, and
+        removed with a warning when it has another (they describe the
+        previous backbone, and a loader refuses a task of another config:
+        the folder would not load); the preset then loads as this backbone
+        with the kept preprocessor.
         """
         from keras_txl import folders
 
         folders.save_preset_part(
             preset_dir,
             lambda folder: Backbone.save_to_preset(self, folder, max_shard_size=max_shard_size),
-            folders.BACKBONE_ENTRIES)
+            folders.BACKBONE_ENTRIES, config=self.config)
 
     def load_weights(self, filepath, *args, **kwargs):
         """Keras' `load_weights`; a keras-hub preset's weights file (or the

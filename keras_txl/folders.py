@@ -8,6 +8,7 @@ read, present and bounded.
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -44,6 +45,8 @@ MANIFEST_FORMAT = "keras-txl-model-folder"
 _LOADED = re.compile(r"[^/]+\.(json|h5|safetensors)|(assets|tokenizer)/.+")
 # Keys of a keras-hub backbone config that are not TransformerXLConfig fields.
 _LAYER_KEYS = ("name", "trainable", "dtype")
+
+logger = logging.getLogger(__name__)
 
 
 def folder_format(directory, limits=None):
@@ -816,7 +819,7 @@ TOKENIZER_ENTRIES = re.compile(r"tokenizer\.json|assets")
 PREPROCESSOR_ENTRIES = re.compile(r"preprocessor\.json|tokenizer\.json|assets")
 
 
-def save_preset_part(directory, write, entries):
+def save_preset_part(directory, write, entries, config=None):
     """keras-hub's `save_to_preset` of a part of a preset (a backbone, a
     preprocessor, a tokenizer: `write(folder)`), written as
     `TransformerXLCausalLM.save_to_preset` writes a whole one: the preset
@@ -831,11 +834,27 @@ def save_preset_part(directory, write, entries):
 
     `directory` must be new, an empty folder or a keras-hub preset folder of
     a TransformerXLBackbone (or of a tokenizer or preprocessor alone).
+
+    `config`: a backbone's `TransformerXLConfig`. A whole model's task files
+    (`task.json`, `task.weights.h5`) hold their own copy of the previous
+    backbone's config, which a loader checks against `config.json`: kept
+    when it is `config`, removed (with a warning) when it is another one,
+    since the folder would not load.
     """
     directory = folder_path(directory, "preset_dir")
     if os.path.abspath(directory) in _staging_folders():
         write(directory)
         return directory
+    if config is not None:
+        stale = _stale_task(directory, config)
+        if stale is not None:
+            logger.warning(
+                "%s: removed task.json and task.weights.h5, the previous model's task (its "
+                "backbone had %s): the preset would not load with this backbone's config. "
+                "The tokenizer and preprocessor are kept; save the whole model "
+                "(causal_lm.save_to_preset) to write a task again.",
+                directory, stale)
+            entries = re.compile(f"(?:{entries.pattern})|{TASK_ENTRIES.pattern}")
 
     def staged(staging):
         write(staging)
@@ -844,6 +863,31 @@ def save_preset_part(directory, write, entries):
     return write_preset(
         directory, staged, check=check_replaceable_part,
         keep=lambda name: name != MANIFEST_FILE and not entries.fullmatch(name))
+
+
+# A whole model's task files (keras-hub's `save_task`), beside its backbone's.
+TASK_ENTRIES = re.compile(r"task\.json|task\.weights\.h5")
+
+
+def _stale_task(directory, config):
+    """How the previous task of the preset `directory` differs from a
+    backbone of `config` saved there ("num_layers=2, not 3"), or None when
+    it holds no task or the task's backbone config is `config`. A task.json
+    that cannot be read or holds no valid backbone config is stale too."""
+    path = os.path.join(directory, PRESET_TASK_FILE)
+    if not os.path.isdir(directory) or not os.path.lexists(path):
+        return None
+    try:
+        data = read_json(path)
+        backbone = data["config"]["backbone"]
+        theirs = TransformerXLConfig.from_dict(preset_fields(backbone, path))
+    except (AttributeError, TypeError, ValueError, KeyError) as error:
+        return f"a config that cannot be read: {error}"
+    if theirs == config:
+        return None
+    old, new = theirs.to_dict(), config.to_dict()
+    field = next(k for k in new if new[k] != old.get(k))
+    return f"{field}={shown(old.get(field))}, not {field}={shown(new[field])}"
 
 
 def _make_parent(directory, parent):

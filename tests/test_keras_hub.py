@@ -1121,6 +1121,58 @@ def test_a_whole_save_replaces_a_folder_holding_only_a_tokenizer_or_preprocessor
     assert (folder / "model.weights.h5").read_bytes() == b"the user's"
 
 
+def test_a_backbone_save_over_a_task_preset_of_another_config_drops_the_task(tmp_path, caplog):
+    # backbone.save_to_preset over a whole model's preset kept task.json and
+    # task.weights.h5 (as keras-hub does): with another config the folder
+    # then failed to load ("task.json describes another model than
+    # config.json beside it"). The task files are the old backbone's: they
+    # are dropped, with a warning, and kept when the config is the same.
+    import logging
+
+    keras.utils.set_random_seed(0)
+    old = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                preprocessor=byte_preprocessor(sequence_length=5))
+    ids = random_ids((1, 6), 256)
+    folder = tmp_path / "preset"
+    old.save_to_preset(str(folder))
+    assert {"task.json", "task.weights.h5"} <= set(os.listdir(folder))
+    # The same config, other weights: the task files are kept, the new weights load.
+    keras.utils.set_random_seed(1)
+    same = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+    with caplog.at_level(logging.WARNING, logger="keras_txl"):
+        same.backbone.save_to_preset(str(folder))
+    assert not [r for r in caplog.records if "task" in r.getMessage()]
+    assert {"task.json", "task.weights.h5"} <= set(os.listdir(folder))
+    for load in (TransformerXLCausalLM.from_preset, keras_hub.models.CausalLM.from_preset):
+        loaded = load(str(folder))
+        assert loaded.preprocessor.sequence_length == 5
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                      same.call_with_memory(ids)["log_probs"])
+    # Another config: the task files are dropped, the folder loads the new backbone.
+    other = TransformerXLCausalLM(tiny_config(vocabulary_size=256, num_layers=3))
+    with caplog.at_level(logging.WARNING, logger="keras_txl"):
+        other.backbone.save_to_preset(str(folder))
+    assert "task.json" not in os.listdir(folder) and "task.weights.h5" not in os.listdir(folder)
+    (message,) = [r.getMessage() for r in caplog.records if "task.json" in r.getMessage()]
+    assert "num_layers=3" in message and "num_layers=2" in message and "removed" in message
+    for load in (TransformerXLCausalLM.from_preset, keras_hub.models.CausalLM.from_preset):
+        loaded = load(str(folder))
+        assert loaded.preprocessor.sequence_length == 5  # preprocessor.json is kept
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                      other.call_with_memory(ids)["log_probs"])
+    # A task.json that cannot be read is dropped too (the folder would not load).
+    old.save_to_preset(str(folder))
+    (folder / "task.json").write_text("[]")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="keras_txl"):
+        old.backbone.save_to_preset(str(folder))
+    assert "task.json" not in os.listdir(folder)
+    assert any("a config that cannot be read" in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(
+        TransformerXLCausalLM.from_preset(str(folder)).call_with_memory(ids)["log_probs"],
+        old.call_with_memory(ids)["log_probs"])
+
+
 def test_a_preset_task_config_must_match_its_config(tmp_path):
     # keras-hub builds the model from task.json's copy of the backbone config,
     # not from config.json (the one checked against the limits).

@@ -572,7 +572,8 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
     Args:
         model: `TransformerXLCausalLM` (not stateful).
         prompts: list of 1-D int sequences (any lengths, at least one id,
-            each in [0, vocabulary_size)).
+            each in [0, vocabulary_size)), or a 2-D int array or tensor
+            (batch, length), each row one prompt (as `model.generate`).
         max_new_tokens: int >= 1. Every row gets this many (fewer after a
             stop token of the model's tokenizer).
         temperature, top_k, top_p, seed: see `sampler_from_options`.
@@ -586,6 +587,17 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
             f"{type(model).__name__}."
         )
     max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
+    if tf.is_tensor(prompts) and not isinstance(prompts, tf.RaggedTensor):
+        prompts = np.asarray(prompts)
+    if isinstance(prompts, np.ndarray):
+        # As model.generate takes it: one prompt per row.
+        if prompts.ndim != 2 or prompts.dtype.kind not in "iu" or 0 in prompts.shape:
+            raise ValueError(
+                "`prompts` as an array must have shape (batch, length) of int ids "
+                "with batch and length >= 1, one prompt per row (one prompt: "
+                f"prompts[None]); received shape {prompts.shape} and dtype {prompts.dtype}."
+            )
+        prompts = list(prompts)
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(
             "`prompts` must be a non-empty list of id sequences, received "

@@ -357,6 +357,28 @@ def test_generate_ids_errors_name_its_own_arguments():
         generation.generate_ids(object(), [[1, 2]], 3)
 
 
+def test_generate_ids_takes_a_2d_id_array_like_its_rows_as_lists():
+    # model.generate takes a (batch, length) int array (and tensor);
+    # generate_ids refused it ("non-empty list ..., received ndarray").
+    model = id_model()
+    rows = [[1, 2, 3], [4, 5, 6]]
+    expected = generation.generate_ids(model, rows, 3, temperature=0.7, seed=5)
+    for prompts in (np.array(rows), np.array(rows, "uint8"), tf.constant(rows)):
+        got = generation.generate_ids(model, prompts, 3, temperature=0.7, seed=5)
+        assert len(got) == 2
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+    # Other ranks, dtypes and empty arrays are refused by name, like
+    # model.generate refuses a 1-D array (one prompt is prompts[None]).
+    for prompts, found in [(np.array([1, 2, 3]), r"shape \(3,\) and dtype int64"),
+                           (np.ones((1, 1, 2), int), r"shape \(1, 1, 2\)"),
+                           (np.zeros((0, 3), int), r"shape \(0, 3\)"),
+                           (np.ones((2, 2)), "dtype float64")]:
+        with pytest.raises(ValueError, match=r"`prompts` as an array must have shape \(batch, length\) "
+                                             r"of int ids.*" + found):
+            generation.generate_ids(model, prompts, 3)
+
+
 # === txl generate ===
 
 

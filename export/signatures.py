@@ -726,7 +726,7 @@ def generate_functions(
     mem_shape = list(memory_shape(config, None))
     masked = masked_memory(config)
 
-    def checked(prompts, max_new_tokens, temperature, top_k, top_p):
+    def checked(prompts, max_new_tokens, temperature, top_k, top_p, seed):
         batch = tf.shape(prompts)[0]
         return [
             tf.debugging.assert_positive(
@@ -755,21 +755,25 @@ def generate_functions(
             tf.debugging.assert_less_equal(
                 top_p, 1.0, message="`top_p` must be in (0, 1] (1 keeps "
                 "every token)"),
+            # As generate_ids and SavedModelBackend (check_seed): int64's
+            # top is the range's.
+            tf.debugging.assert_non_negative(
+                seed, message="`seed` must be in [0, 2**63 - 1]"),
         ]
 
     def run(prompts, max_new_tokens, temperature, top_k, top_p, seed,
             memory=None, memory_mask=None):
         prompts = tf.ensure_shape(prompts, [None])
         with tf.control_dependencies(
-            checked(prompts, max_new_tokens, temperature, top_k, top_p)
+            checked(prompts, max_new_tokens, temperature, top_k, top_p, seed)
         ):
             # Every use of the options goes through these identities, so none
             # runs before the checks: the graph runs an op as soon as its
             # inputs are there, and tf.range(max_new_tokens) would otherwise
             # race them (max_new_tokens=-1 failed in Range, 2**31 - 1
             # allocated 8 GB before the cap refused it).
-            max_new_tokens, temperature, top_k, top_p = (
-                tf.identity(x) for x in (max_new_tokens, temperature, top_k, top_p))
+            max_new_tokens, temperature, top_k, top_p, seed = (
+                tf.identity(x) for x in (max_new_tokens, temperature, top_k, top_p, seed))
             tokens = tokenizer.tokenize(prompts)  # (B, None) ragged
         tokens = tf.cast(tokens, tf.int32)
         prompt_lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)

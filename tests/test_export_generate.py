@@ -21,6 +21,7 @@ import serving_doubles
 import tensorflow as tf
 from testing import byte_causal_lm
 
+from keras_txl import generation
 from keras_txl.export import saved_model
 from keras_txl.export import serving
 from keras_txl.export import signatures as sig
@@ -363,6 +364,23 @@ def test_the_generate_signature_refuses_non_finite_log_probs():
         function(**serving.generate_request(["ab"], 3))
 
 
+def test_the_generate_signature_refuses_a_negative_seed_like_the_python_paths(exported):
+    # generate_ids and SavedModelBackend refuse seed < 0; the signature took
+    # it and drew tokens from it.
+    model, version_dir, _ = exported
+    generate = tf.saved_model.load(version_dir).signatures[sig.GENERATE]
+    inputs = {k: tf.constant(v) for k, v in serving.generate_request(PROMPTS, 3).items()}
+    for seed in (-1, -(2**63)):
+        inputs[sig.SEED] = tf.constant(seed, tf.int64)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"`seed` must be in \[0, 2\*\*63 - 1\]"):
+            generate(**inputs)
+    inputs[sig.SEED] = tf.constant(2**63 - 1, tf.int64)  # the top of the range is fine
+    assert generate(**inputs)[sig.TOKEN_IDS].shape == (len(PROMPTS), 3)
+    with pytest.raises(ValueError, match="`seed`"):
+        generation.generate_ids(model, [[1, 2]], 3, seed=-1)
+
+
 def test_request_options_are_used_only_after_their_checks(exported):
     """The graph runs an op once its inputs are there: an option read by an
     op outside the checks' control dependencies races them. tf.range(
@@ -372,7 +390,7 @@ def test_request_options_are_used_only_after_their_checks(exported):
     model, version_dir, _ = exported
     function, specs = sig.generate_functions(model)[sig.GENERATE]
     graph = tf.function(function).get_concrete_function(*specs).graph
-    for name in (sig.MAX_NEW_TOKENS, sig.TEMPERATURE, sig.TOP_K, sig.TOP_P):
+    for name in (sig.MAX_NEW_TOKENS, sig.TEMPERATURE, sig.TOP_K, sig.TOP_P, sig.SEED):
         for op in graph.get_operation_by_name(name).outputs[0].consumers():
             checked = op.name.startswith(("assert_", "VerifyFinite/"))
             gated = op.type == "Identity" and op.control_inputs

@@ -101,6 +101,18 @@ def _is_id(value):
     )
 
 
+def _empty(inputs):
+    """What an empty `inputs` is, for the error ("an empty list", "an empty
+    string tensor of shape (0,)")."""
+    if isinstance(inputs, tf.RaggedTensor):
+        return f"an empty ragged tensor of shape {tuple(inputs.shape)}"
+    if tf.is_tensor(inputs):
+        return f"an empty {inputs.dtype.name} tensor of shape {tuple(inputs.shape)}"
+    if isinstance(inputs, np.ndarray):
+        return f"an empty array of shape {inputs.shape}"
+    return f"an empty {type(inputs).__name__}"
+
+
 def _prompt_list(inputs):
     """`inputs` (not a dict) as (list of prompts, scalar)."""
     inputs = _as_host(inputs)
@@ -150,7 +162,7 @@ def normalize_prompts(inputs, preprocessor, max_length, vocabulary_size):
     else:
         prompts, scalar = _prompt_list(inputs)
         if not prompts:
-            raise ValueError("`inputs` is an empty list: give at least one prompt.")
+            raise ValueError(f"`inputs` is {_empty(inputs)}: give at least one prompt.")
         prompts = [_as_host(p) for p in prompts]
         if all(isinstance(p, (str, bytes)) for p in prompts):
             if preprocessor is None:

@@ -236,6 +236,19 @@ def test_datasets_and_string_tensors_are_generated_like_lists():
             model.generate(batched, max_length=6, **kwargs)
 
 
+def test_empty_prompt_tensors_and_arrays_are_named_as_what_they_are():
+    # An empty string tensor was reported as "`inputs` is an empty list".
+    model = byte_model()
+    for inputs, found in [(tf.constant([], tf.string), r"an empty string tensor of shape \(0,\)"),
+                          (np.array([], str), r"an empty array of shape \(0,\)"),
+                          (np.zeros((0, 3), "int32"), r"an empty array of shape \(0, 3\)"),
+                          (tf.zeros((0, 2), tf.int32), r"an empty int32 tensor of shape \(0, 2\)"),
+                          (tf.ragged.constant([[1]])[:0], r"an empty ragged tensor of shape \(0, None\)"),
+                          ([], "an empty list"), ((), "an empty tuple")]:
+        with pytest.raises(ValueError, match=rf"`inputs` is {found}: give at least one prompt\."):
+            model.generate(inputs, max_length=6)
+
+
 def test_bytes_and_surrogate_escaped_prompts_reach_the_tokenizer_as_bytes():
     model = byte_model()
     # Bytes that are not UTF-8 are byte tokens for a byte-level model, and a

@@ -607,9 +607,11 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
     for i, prompt in enumerate(prompts):
         array = np.asarray(prompt)
         if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
+            hint = (" (one prompt of ids is a list inside the list: [[1, 2, 3]])"
+                    if array.ndim == 0 and array.dtype.kind in "iu" else "")
             raise ValueError(
                 f"`prompts[{i}]` must be a non-empty 1-D sequence of int ids, "
-                f"received shape {array.shape} and dtype {array.dtype}."
+                f"received shape {array.shape} and dtype {array.dtype}{hint}."
             )
         rows.append([int(t) for t in array])
     # Checked here, by this function's names (model.generate would name

@@ -392,6 +392,17 @@ def test_generate_ids_takes_a_2d_id_array_like_its_rows_as_lists():
             generation.generate_ids(model, prompts, 3)
 
 
+def test_generate_ids_says_how_to_pass_one_prompt_given_a_flat_list():
+    # [1, 2, 3] was "`prompts[0]` must be a non-empty 1-D sequence of int
+    # ids, received shape ()": right, but not what to do (model.generate's
+    # message for the same list says it).
+    model = id_model()
+    with pytest.raises(ValueError, match=r"`prompts\[0\]` must be a non-empty 1-D sequence of "
+                                         r"int ids, received shape \(\).*one prompt of ids is a "
+                                         r"list inside the list: \[\[1, 2, 3\]\]"):
+        generation.generate_ids(model, [1, 2, 3], 2)
+
+
 # === txl generate ===
 
 

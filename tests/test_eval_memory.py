@@ -24,6 +24,12 @@ import keras_txl
 import tensorflow as tf
 from keras_txl.training.loop import eval_cache, make_eval_step
 
+# One op at a time: with two inter-op threads, independent ops (the head's and a
+# tail cluster's logits) may or may not overlap depending on the machine's load,
+# and the peak with them (2.76x the head's logits once in a loaded CI run,
+# 1.8x-1.9x otherwise). What is measured is what the step's ops need to hold.
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
 B, T, V, cutoffs, layers, D = 8, 256, 30_000, (10_000, 20_000), 4, 128
 config = keras_txl.TransformerXLConfig.from_dict(dict(
     vocabulary_size=V, cutoffs=cutoffs, div_val=1, num_layers=layers, hidden_dim=D,

@@ -1195,15 +1195,20 @@ class WorkdirLock:
         return False
 
 
+def _probe_write(folder):
+    """Writes and removes a small file in `folder` (an OSError if it cannot)."""
+    probe = os.path.join(folder, f".write-test-{os.getpid()}")
+    with open(probe, "w") as f:
+        f.write("ok")
+    os.remove(probe)
+
+
 def writable_workdir(workdir):
     """Creates `workdir` and checks it is writable: a clear error instead
     of an OSError traceback halfway through the run."""
     try:
         os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        _probe_write(workdir)
     except OSError as e:
         raise ValueError(
             f"--workdir {workdir!r} is not writable ({e.strerror or e}): "
@@ -1215,11 +1220,8 @@ def writable_workdir(workdir):
     # checkpoint, losing the steps trained until then.
     folder = os.path.join(workdir, "checkpoints")
     if os.path.isdir(folder):
-        probe = os.path.join(folder, f".write-test-{os.getpid()}")
         try:
-            with open(probe, "w") as f:
-                f.write("ok")
-            os.remove(probe)
+            _probe_write(folder)
         except OSError as e:
             raise ValueError(
                 f"--workdir {workdir!r}: its checkpoints folder {folder} is not "

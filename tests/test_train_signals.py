@@ -126,3 +126,57 @@ def test_sigint_stops_the_fit_loop_after_a_step_with_a_checkpoint(corpus_dir, tm
     assert step >= 2
     assert (checkpoints / f"ckpt-{step:08d}" / "manifest.json").exists()
     assert (workdir / "model" / "model.weights.h5").exists()
+
+
+BLOCKED_STEP = """
+import sys
+import tensorflow as tf
+from keras_txl.training.loop import StopOnSignals
+queue = tf.queue.FIFOQueue(1, tf.float32)
+with StopOnSignals():
+    print("blocked", flush=True)
+    queue.dequeue()  # blocks in C++ forever, like a collective with a lost peer
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_second_signal_exits_while_a_step_is_blocked_in_tensorflow(signum, code):
+    """Python runs its handlers only between bytecodes of the main thread: the
+    first signal waits for the blocked op, the second exits at once."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", BLOCKED_STEP], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout.readline() == b"blocked\n"
+        time.sleep(0.5)
+        process.send_signal(signum)
+        time.sleep(1.5)
+        assert process.poll() is None  # the first one only asks to stop after the step
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == code
+    assert b"not reached" not in out
+    name = signal.Signals(signum).name
+    assert f"{name} again: exiting now, without waiting for the current step".encode() in err
+
+
+def test_stop_on_signals_gives_the_wakeup_fd_back():
+    from keras_txl.training.loop import StopOnSignals
+
+    before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(before)
+    handler = signal.getsignal(signal.SIGINT)
+    with StopOnSignals():
+        assert signal.getsignal(signal.SIGINT) is not handler
+        inside = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(inside)
+        assert inside >= 0 and inside != before
+    assert signal.getsignal(signal.SIGINT) is handler
+    after = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(after)
+    assert after == before

@@ -89,33 +89,93 @@ class EvaluationStopped(Exception):
 class StopOnSignals:
     """Turns SIGINT/SIGTERM into a flag read after each step, and after
     each segment of an evaluation (main thread only; elsewhere signals keep
-    their default behaviour)."""
+    their default behaviour).
+
+    A second SIGINT/SIGTERM exits the process at once (exit 130 / 143),
+    even while the main thread is blocked inside a TensorFlow op (a
+    MultiWorker collective waiting for a lost peer, a stuck input op):
+    Python runs signal handlers only between bytecodes of the main thread,
+    so the handler above cannot see that second signal until the op
+    returns. Python's C-level handler still writes every signal number to
+    the wakeup fd (`signal.set_wakeup_fd`) at once; a thread reading it
+    counts them. Exiting there loses only the step in flight: checkpoints,
+    the model folder and metrics.jsonl are written whole or not at all."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self):
         self.received = None
         self._previous = {}
+        self._wakeup = None  # (read fd, write fd, the wakeup fd we replaced)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.received:
-            logger.warning("%s again: already stopping after this step.", name)
+            logger.warning("%s again: exiting now.", name)
             return
         self.received = name
-        logger.warning("%s: stopping after the current step (writing a "
-                       "checkpoint and the model folder).", name)
+        logger.warning("%s: stopping after the current step (writing a checkpoint and the "
+                       "model folder). Send it again to exit at once; the checkpoints already "
+                       "written are kept.", name)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for name in self.SIGNALS:
                 number = getattr(signal, name)
                 self._previous[number] = signal.signal(number, self._handle)
+            self._watch_second_signal()
         return self
+
+    def _watch_second_signal(self):
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # the C handler must never block
+        try:
+            replaced = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # pragma: no cover - main thread checked above
+            os.close(read_fd)
+            os.close(write_fd)
+            return
+        self._wakeup = (read_fd, write_fd, replaced)
+        threading.Thread(target=self._count_signals, args=(read_fd, replaced),
+                         name="txl-second-signal", daemon=True).start()
+
+    @classmethod
+    def _count_signals(cls, read_fd, replaced):
+        numbers = {getattr(signal, name) for name in cls.SIGNALS}
+        seen = 0
+        try:
+            while True:
+                data = os.read(read_fd, 64)
+                if not data:  # __exit__ closed the write end
+                    return
+                if replaced >= 0:  # whoever had the wakeup fd still gets its bytes
+                    try:
+                        os.write(replaced, data)
+                    except OSError:
+                        pass
+                for number in data:
+                    if number not in numbers:
+                        continue
+                    seen += 1
+                    if seen >= 2:
+                        name = signal.Signals(number).name
+                        # Not `logging`: the main thread may hold its lock.
+                        os.write(2, (f"{name} again: exiting now, without waiting for the "
+                                     "current step. The checkpoints already written are "
+                                     "complete; the same command resumes from the newest."
+                                     "\n").encode())
+                        os._exit(130 if number == signal.SIGINT else 143)
+        finally:
+            os.close(read_fd)
 
     def __exit__(self, *exc):
         for number, handler in self._previous.items():
             signal.signal(number, handler)
+        if self._wakeup is not None:
+            _, write_fd, replaced = self._wakeup
+            signal.set_wakeup_fd(replaced)
+            os.close(write_fd)  # the watching thread reads EOF and ends
+            self._wakeup = None
         return False
 
 

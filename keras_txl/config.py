@@ -87,7 +87,8 @@ class TransformerXLConfig:
     # Adaptive input/softmax cluster boundaries, strictly increasing,
     # each in (0, vocabulary_size); () means one plain softmax. [cutoffs]
     cutoffs: tuple = ()
-    # Embedding width of cluster i is embedding_dim // div_val**i. [div_val]
+    # Embedding width of cluster i is embedding_dim // div_val**i (0 allowed,
+    # as in the official code: those tokens score by their bias). [div_val]
     div_val: int = 1
     # Per cluster (head first): share the softmax projection with the input
     # embedding's projection. None = the paper's "all but first". [tie_projs]
@@ -334,16 +335,9 @@ class TransformerXLConfig:
                 "`cutoffs` must lie strictly between 0 and vocabulary_size="
                 f"{self.vocabulary_size}, received cutoffs={shown(list(cutoffs))}."
             )
-        if self.div_val > 1:
-            smallest = self.resolved_embedding_dim // (
-                self.div_val ** len(cutoffs)
-            )
-            if smallest < 1:
-                raise ValueError(
-                    f"`embedding_dim`={self.resolved_embedding_dim} with "
-                    f"div_val={self.div_val} and {len(cutoffs)} cutoffs gives "
-                    "an empty embedding for the last cluster; lower div_val."
-                )
+        # A cluster may be 0 wide (E // div_val**i rounds to 0), as in the
+        # official code and transformers, whose checkpoints can hold one: its
+        # tokens embed to zero and score by their bias alone.
         if self.tie_projections is not None:
             if len(self.tie_projections) != len(cutoffs) + 1 or any(
                 not isinstance(t, bool) for t in self.tie_projections

@@ -93,6 +93,15 @@ LAYOUTS = {
         d_inner=48, untie_r=True, dataset="enwik8", tgt_len=4, mem_len=3,
         clamp_len=2, same_length=True,
     ),
+    # A last cluster 0 wide: d_embed // div_val**3 = 16 // 64 = 0. The
+    # official code creates lookup_table [60, 0] and proj_W [0, D]: those
+    # tokens embed to zero and score by their bias alone.
+    "wt103_zero_wide_last_cluster": Layout(
+        n_token=150, n_layer=2, d_model=32, d_embed=16, n_head=2, d_head=16,
+        d_inner=40, cutoffs=[20, 45, 90], div_val=4, untie_r=True,
+        proj_share_all_but_first=True, dataset="wt103", tgt_len=4,
+        mem_len=5, clamp_len=-1, same_length=True,
+    ),
     # div_val 1 with cutoffs: one table, cutoff_i softmax scopes.
     "div1_cutoffs": Layout(
         n_token=80, n_layer=2, d_model=32, d_embed=16, n_head=2, d_head=16,
@@ -133,7 +142,7 @@ def official_variables(layout, seed=0):
             s = t + f"adaptive_embed/cutoff_{i}/"
             v[s + "lookup_table"] = normal([ends[i + 1] - ends[i], cur], 0.3)
             if not (d_model == cur and not lay.proj_same_dim):
-                v[s + "proj_W"] = normal([cur, d_model], 1.0 / np.sqrt(cur))
+                v[s + "proj_W"] = normal([cur, d_model], 1.0 / np.sqrt(max(cur, 1)))
     hid = lay.n_head * lay.d_head
     for layer in range(lay.n_layer):
         a = t + f"layer_{layer}/rel_attn/"

@@ -45,7 +45,6 @@ def test_missing_keys_are_named():
     ({"cutoffs": [5, 11]}, "strictly between 0 and vocabulary_size=11"),
     ({"cutoffs": [0, 5]}, "strictly between 0"),
     ({"cutoffs": [5], "tie_projections": [True]}, "one bool per cluster"),
-    ({"cutoffs": [2, 4, 6], "div_val": 4, "embedding_dim": 16}, "empty embedding"),
     ({"same_length_convention": "hf"}, "same_length_convention"),
     ({"attention_type": "shaw"}, "attention_type"),
     ({"layer_norm_epsilon": 0}, "layer_norm_epsilon` must be a positive"),
@@ -54,6 +53,40 @@ def test_missing_keys_are_named():
 def test_bad_values_name_the_field(changes, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**changes)
+
+
+def test_a_last_cluster_zero_wide_builds_as_in_the_official_code(tmp_path):
+    # E // div_val**i rounds to 0 for the last cluster (16 // 4**3): the
+    # official TF code and transformers build such a model (a [V_i, 0]
+    # table, its tokens embed to zero and score by their bias alone), so
+    # their checkpoints exist; the config refused it ("empty embedding").
+    import keras
+    import numpy as np
+
+    config = tiny_config(vocabulary_size=40, cutoffs=[8, 16, 24], div_val=4,
+                         embedding_dim=16, init_std=0.3)
+    assert [config.cluster_embedding_dim(i) for i in range(4)] == [16, 4, 1, 0]
+    model = keras_txl.TransformerXLCausalLM(config)
+    assert tuple(model.backbone.token_embedding.tables[3].shape) == (16, 0)
+    model.softmax.bias.assign(np.random.default_rng(0).normal(size=40).astype("float32"))
+    ids = np.arange(32, dtype="int32").reshape(2, 16) + 8
+    out = model.call_with_memory(ids)
+    log_probs = out["log_probs"].numpy()
+    np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
+    # Within the 0-wide cluster only the bias tells tokens apart.
+    bias = model.softmax.bias.numpy()[24:]
+    tail = log_probs[..., 24:]
+    np.testing.assert_allclose(tail - tail[..., :1], np.broadcast_to(bias - bias[0], tail.shape),
+                               atol=1e-5)
+    # The 0-wide cluster's tokens embed to zero: token 30 and 31 give the
+    # same output at the first position.
+    a = model.call_with_memory(np.array([[30, 5]], "int32"))["log_probs"].numpy()
+    b = model.call_with_memory(np.array([[31, 5]], "int32"))["log_probs"].numpy()
+    np.testing.assert_allclose(a, b, atol=1e-6)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    again = keras.models.load_model(path)
+    np.testing.assert_allclose(again.call_with_memory(ids)["log_probs"].numpy(), log_probs, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -290,6 +290,10 @@ class _StateDict:
 
     def get(self, name, shape):
         if name not in self.tensors:
+            if math.prod(shape) == 0:
+                # A 0-size tensor (a 0-wide cluster's table or projection):
+                # transformers' save_pretrained leaves some out; nothing lost.
+                return np.zeros(shape, np.float32)
             raise ValueError(f"{self.path}: missing tensor {name!r}.")
         # A lazy file knows the shape from its header: check before reading.
         shape_of = getattr(self.tensors, "shape_of", None)

@@ -170,3 +170,28 @@ def test_weights_of_another_config_are_rejected(tmp_path):
     )
     with pytest.raises(ValueError, match="CoreNet.0.weight.*expected \\(96, 64\\)"):
         keras_txl.load_hf_checkpoint(str(tmp_path))
+
+
+def test_zero_size_tensors_left_out_of_the_file_load_as_empty(tmp_path):
+    # transformers' save_pretrained leaves the 0-size projections of a 0-wide
+    # cluster (`emb_projs.3`, `out_projs.3` [d_model, 0]) out of the file: they
+    # were "missing tensor 'transformer.word_emb.emb_projs.3'". A 0-size tensor
+    # holds nothing, so its absence loses nothing.
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    source = FIXTURES / "zero_wide_last_cluster"
+    for name in os.listdir(source):
+        if name != "model.safetensors":
+            (tmp_path / name).write_bytes((source / name).read_bytes())
+    tensors = load_file(str(source / "model.safetensors"))
+    empty = sorted(name for name, value in tensors.items() if value.size == 0)
+    assert empty == ["crit.out_layers.3.weight", "crit.out_projs.3",
+                     "transformer.word_emb.emb_layers.3.weight", "transformer.word_emb.emb_projs.3"]
+    save_file({name: value for name, value in tensors.items() if value.size},
+              str(tmp_path / "model.safetensors"))
+    model = keras_txl.load_hf_checkpoint(str(tmp_path))
+    assert tuple(model.backbone.token_embedding.tables[3].shape) == (30, 0)
+    for s, (segment, out) in enumerate(_run_segments(model, str(tmp_path))):
+        expected = np.load(tmp_path / f"expected_logprobs_seg{s}.npy")
+        np.testing.assert_allclose(out["log_probs"], expected, atol=1e-4, rtol=1e-5)

@@ -108,6 +108,16 @@ OPTION_SETS = {
                "2 before it), so early queries reach into the memory and late ones do not; memory keeps only "
                "the last 3 inputs of each layer; n_head*d_head = 64 != d_model = 32.",
     ),
+    "zero_wide_last_cluster": dict(
+        args=dict(vocab_size=60, cutoffs=[10, 20, 30], div_val=4, d_model=16, d_embed=16, n_head=2,
+                  d_head=8, d_inner=32, n_layer=2, mem_len=5, clamp_len=1000, same_length=True,
+                  pre_lnorm=False, untie_r=True),
+        T=4,
+        covers="a last cluster 0 wide: d_embed // div_val**3 = 16 // 64 = 0, so emb_layers.3.weight is "
+               "[30, 0] and emb_projs.3 / out_projs.3 are [16, 0] (transformers builds it; its tokens embed to "
+               "zero and score by their bias alone). This folder stores the 0-size tensors; transformers' own "
+               "save_pretrained leaves some of them out (the test checks that form too).",
+    ),
 }
 
 

@@ -149,11 +149,39 @@ def resolve_checkpoint(path):
         return path, os.path.dirname(os.path.abspath(path))
     if path.endswith(".index") and os.path.isfile(path):
         return path[: -len(".index")], os.path.dirname(os.path.abspath(path))
+    if _is_v1_checkpoint(path):
+        return path, os.path.dirname(os.path.abspath(path))
     raise ValueError(
         f"`path`={path!r} is neither a folder nor a checkpoint prefix (no "
-        f"{path + '.index'!r}). Pass the release's model folder or a prefix "
-        "such as 'model/model.ckpt-0'."
+        f"{path + '.index'!r}, and not a Saver V1 checkpoint file). Pass the "
+        "release's model folder or a prefix such as 'model/model.ckpt-0'."
     )
+
+
+# The last 8 bytes of a TF table file (leveldb's table magic number): a V2
+# `.index` and a V1 checkpoint file (`Saver(write_version=SaverDef.V1)`) end
+# with them.
+_TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
+
+
+def _is_v1_checkpoint(path):
+    """Whether `path` is a TF1 Saver V1 checkpoint: one table file holding
+    the variables, with no `.index` beside it (not a V2 `.index` or
+    `.data-*` file, nor the `.meta` graph)."""
+    name = os.path.basename(path)
+    if (not os.path.isfile(path) or name.endswith((".index", ".meta"))
+            or ".data-" in name or name == STATE_FILE
+            or os.path.lexists(path + ".index")):
+        return False
+    try:
+        with open_regular_file(path, "checkpoint") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < len(_TABLE_MAGIC):
+                return False
+            f.seek(-len(_TABLE_MAGIC), os.SEEK_END)
+            return f.read() == _TABLE_MAGIC
+    except (OSError, ValueError):
+        return False
 
 
 def _state_file_prefix(directory):
@@ -180,13 +208,21 @@ def _resolve_folder(directory):
     if named is not None:
         # The last component, of a POSIX or a Windows path.
         name = re.split(r"[\\/]", named)[-1]
-        if name not in ("", ".", "..") and os.path.isfile(
-            os.path.join(directory, name + ".index")
+        if name not in ("", ".", "..") and (
+            os.path.isfile(os.path.join(directory, name + ".index"))
+            or _is_v1_checkpoint(os.path.join(directory, name))
         ):
             return os.path.join(directory, name)
     indexes = sorted(glob.glob(os.path.join(glob.escape(directory), "*.index")))
     for index in indexes:
         _check_regular(index, "checkpoint index")
+    if not indexes:
+        # Saver V1 checkpoints: one file each, no .index (named as a V2
+        # prefix's index here, which the code below strips).
+        indexes = [
+            p + ".index" for p in sorted(glob.glob(os.path.join(glob.escape(directory), "*")))
+            if _is_v1_checkpoint(p)
+        ]
     stale = (
         f"; its state file {state!r} names {named!r}, which is not in the "
         "folder (only names inside the folder are used)"
@@ -424,6 +460,9 @@ class _Checkpoint:
         for shard in sorted(glob.glob(glob.escape(prefix) + ".data-*")):
             _check_regular(shard, "checkpoint data shard")
         index = prefix + ".index"
+        if not os.path.lexists(index) and os.path.lexists(prefix):
+            index = prefix  # a Saver V1 checkpoint: one file
+            _check_regular(index, "checkpoint")
         if os.path.lexists(index) and index not in tf.io.gfile.glob(index):
             # TF's reader looks the index up as a glob pattern: a path that
             # does not match itself (`[x]`, `\`) would read as a missing or

@@ -187,6 +187,38 @@ def test_checkpoint_path_forms(form, tmp_path):
     assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
 
 
+@pytest.mark.parametrize("form", ["folder", "prefix", "no_state_file"])
+def test_saver_v1_format_checkpoint(form, tmp_path):
+    # tf.train.Saver(write_version=SaverDef.V1) writes one file `model.ckpt-0`
+    # (no .index / .data-*), which TF's reader opens. It was refused as
+    # "names '.../model.ckpt-0', which is not in the folder" (it is) or "is
+    # neither a folder nor a checkpoint prefix".
+    import tensorflow as tf
+
+    layout = ref.LAYOUTS["wt103"]
+    variables = ref.official_variables(layout)
+    graph = tf.Graph()
+    with graph.as_default():
+        created = [tf.compat.v1.Variable(value, name=name) for name, value in
+                   {**variables, **ref.optimizer_slots(variables)}.items()]
+        saver = tf.compat.v1.train.Saver(created, write_version=tf.compat.v1.train.SaverDef.V1)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            saver.save(session, str(tmp_path / "model.ckpt"), global_step=0)
+    (tmp_path / "corpus-info.json").write_text(json.dumps(
+        {"vocab_size": layout.n_token, "cutoffs": [0, *layout.cutoffs, layout.n_token]}))
+    assert not list(tmp_path.glob("*.index"))
+    path = tmp_path / "model.ckpt-0" if form == "prefix" else tmp_path
+    if form == "no_state_file":
+        os.remove(tmp_path / "checkpoint")
+    model = keras_txl.load_official_checkpoint(path, **settings(layout))
+    rows = chain(model, layout, variables)
+    assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
+    # Not every file is a checkpoint: the .meta graph beside it is refused by name.
+    with pytest.raises(ValueError, match="model.ckpt-0.meta.*is neither a folder nor a checkpoint"):
+        keras_txl.load_official_checkpoint(tmp_path / "model.ckpt-0.meta")
+
+
 def test_stateful_import_equals_the_pure_model(tmp_path):
     layout, _ = write_release(tmp_path, "lm1b")
     pure = keras_txl.load_official_checkpoint(tmp_path, **settings(layout))

@@ -580,6 +580,83 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
         )
 
 
+# transformers' `TransfoXLConfig` defaults of the fields that shape tensors
+# (its defaults are the WT103 large model's).
+HF_SHAPE_DEFAULTS = {"div_val": 4, "d_embed": 1024, "cutoffs": [20000, 40000, 200000]}
+_EMB = "transformer.word_emb.emb_layers.{}.weight"
+
+
+def _fill_shape_fields(hf, header, source):
+    """`hf` with `d_embed`, `div_val` and `cutoffs` read from the tensors'
+    shapes where config.json leaves them out (a hand-written config.json;
+    transformers writes every field). transformers would read its defaults
+    (`HF_SHAPE_DEFAULTS`), which load only the weights that have them; the
+    shapes give the same values for those, and the right ones for the rest.
+    A field the shapes do not fix gets transformers' default.
+
+    Raises:
+        ValueError: `cutoffs` absent, not shown by the weights (div_val 1:
+            one table) and transformers' default does not fit.
+    """
+    absent = [key for key in HF_SHAPE_DEFAULTS if key not in hf]
+    widths, sizes = [], []
+    while _EMB.format(len(widths)) in header:
+        shape = header[_EMB.format(len(widths))][0]
+        if len(shape) != 2:
+            return hf  # named by the loader's shape check
+        sizes.append(shape[0])
+        widths.append(shape[1])
+    if not absent or not widths:
+        return hf
+    hf = dict(hf)
+    found = {}
+    d_model = hf.get("d_model", hf.get("hidden_size"))
+    if "d_embed" in absent:
+        found["d_embed"] = widths[0]
+    if "div_val" in absent:
+        if len(widths) > 1:
+            fits = [d for d in range(2, max(widths[0], 2) + 1)
+                    if all(widths[0] // d**i == w for i, w in enumerate(widths))]
+            # transformers' default where it fits (a 0-wide cluster fits many).
+            found["div_val"] = 4 if 4 in fits else (fits[0] if fits else 1)
+        elif (not hf.get("cutoffs") and "crit.cluster_weight" not in header
+              and "transformer.word_emb.emb_projs.0" in header and widths[0] == d_model):
+            # One cluster: only div_val > 1 projects a table as wide as d_model.
+            found["div_val"] = HF_SHAPE_DEFAULTS["div_val"]
+        else:
+            found["div_val"] = 1
+    if "cutoffs" in absent:
+        clusters = header.get("crit.cluster_weight", ((0,),))[0][0]
+        vocab = hf.get("vocab_size", hf.get("n_token"))
+        if len(widths) > 1:
+            found["cutoffs"] = [int(c) for c in np.cumsum(sizes[:-1])]
+        elif not clusters:
+            found["cutoffs"] = []
+        else:
+            default = HF_SHAPE_DEFAULTS["cutoffs"]
+            if len(default) != clusters or not isinstance(vocab, int) or vocab <= default[-1]:
+                raise ValueError(
+                    f"{source} has no `cutoffs`, and the weights (div_val 1: one table) do not "
+                    f"show them; transformers' default {default} does not fit vocab_size={vocab} "
+                    f"and the {clusters} tail clusters of crit.cluster_weight: add `cutoffs` (the "
+                    "inner cluster bounds, e.g. [20000, 40000, 200000]) to it."
+                )
+            found["cutoffs"] = list(default)
+    logger.info("%s has no %s: read from the weights as %s.", source, absent, found)
+    hf.update(found)
+    return hf
+
+
+def _weights_header(directory, limits):
+    """The tensors' `{name: (shape, dtype)}` of a folder's safetensors file or
+    sharded save (headers only), or None without either."""
+    if os.path.lexists(os.path.join(directory, "model.safetensors")):
+        return read_safetensors_header(os.path.join(directory, "model.safetensors"), limits)
+    if os.path.lexists(os.path.join(directory, SHARD_INDEX)):
+        return read_shard_index(directory, limits)[0]
+    return None
+
+
 def _check_lm_head(header, hf, weights_path):
     """A TransfoXL LM head's checkpoint (`TransfoXLLMHeadModel`) always holds
     its adaptive softmax (`crit.out_layers.*.bias` at least): a base
@@ -651,6 +728,10 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             f"{config_path} must be a JSON object, received "
             f"{type(hf).__name__}: not a TransfoXL config."
         )
+    if any(key not in hf for key in HF_SHAPE_DEFAULTS):
+        early = _weights_header(directory, limits)
+        if early is not None:
+            hf = _fill_shape_fields(hf, early, config_path)
     config = config_from_hf(hf, config_path)
     check_config(config, limits, source=config_path)
     if changes:

@@ -17,6 +17,7 @@ from testing import FIXTURES
 from testing import chain_segments
 
 import keras_txl
+from keras_txl.hf_checkpoint import config_from_hf
 
 SHARED = FIXTURES / "hf_transfo_xl_tiny"
 
@@ -195,3 +196,45 @@ def test_zero_size_tensors_left_out_of_the_file_load_as_empty(tmp_path):
     for s, (segment, out) in enumerate(_run_segments(model, str(tmp_path))):
         expected = np.load(tmp_path / f"expected_logprobs_seg{s}.npy")
         np.testing.assert_allclose(out["log_probs"], expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fixture, absent", [
+    ("hf_transfo_xl_tiny", ["div_val", "d_embed", "cutoffs"]),
+    ("div1_cutoffs_dembed", ["div_val", "d_embed"]),
+    ("no_cutoffs_same_length_clamp", ["div_val", "cutoffs", "d_embed"]),
+    ("zero_wide_last_cluster", ["div_val"]),
+])
+def test_shape_fields_missing_from_config_json_are_read_from_the_weights(fixture, absent, tmp_path):
+    # A hand-written config.json without div_val / d_embed / cutoffs: they
+    # were taken as 1 / d_model / [] whatever the weights held ("tensor
+    # 'transformer.word_emb.emb_layers.0.weight' has shape (100, 64),
+    # expected (300, 64)"); the tensors' shapes tell them.
+    source = FIXTURES / fixture
+    for name in os.listdir(source):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    hf = json.loads((source / "config.json").read_text())
+    full = config_from_hf(hf)
+    for key in absent:
+        del hf[key]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    model = keras_txl.load_hf_checkpoint(str(tmp_path))
+    assert model.txl_config == full
+    for s, (segment, out) in enumerate(_run_segments(model, str(tmp_path))):
+        expected = np.load(tmp_path / f"expected_logprobs_seg{s}.npy")
+        np.testing.assert_allclose(out["log_probs"], expected, atol=1e-4, rtol=1e-5)
+
+
+def test_cutoffs_the_weights_do_not_show_must_be_in_config_json(tmp_path):
+    # div_val 1: one table and one output layer, so the cluster bounds are
+    # nowhere but in config.json (transformers' default [20000, 40000,
+    # 200000] does not fit a vocabulary of 150).
+    source = FIXTURES / "div1_cutoffs_dembed"
+    for name in os.listdir(source):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    hf = json.loads((source / "config.json").read_text())
+    del hf["cutoffs"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match=r"config.json has no `cutoffs`, and the weights \(div_val 1: one "
+                       r"table\) do not show them; transformers' default \[20000, 40000, 200000\] does not "
+                       r"fit vocab_size=150 and the 2 tail clusters of crit.cluster_weight: add `cutoffs`"):
+        keras_txl.load_hf_checkpoint(str(tmp_path))

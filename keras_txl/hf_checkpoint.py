@@ -615,7 +615,7 @@ def _fill_shape_fields(hf, header, source):
         found["d_embed"] = widths[0]
     if "div_val" in absent:
         if len(widths) > 1:
-            fits = [d for d in range(2, max(widths[0], 2) + 1)
+            fits = [d for d in range(2, widths[0] + 2)
                     if all(widths[0] // d**i == w for i, w in enumerate(widths))]
             # transformers' default where it fits (a 0-wide cluster fits many).
             found["div_val"] = 4 if 4 in fits else (fits[0] if fits else 1)

@@ -554,7 +554,9 @@ class _Checkpoint:
 def _infer_div_val(widths, prefix):
     """div_val from the cluster widths E_i = E // div_val**i."""
     first = widths[0]
-    for div_val in range(2, first + 1):
+    # Up to first + 1: every div_val above `first` gives the same widths
+    # (first, 0, 0, ...), so the smallest stands for them.
+    for div_val in range(2, first + 2):
         if all(first // div_val**i == w for i, w in enumerate(widths)):
             return div_val
     names = [

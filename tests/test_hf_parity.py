@@ -238,3 +238,16 @@ def test_cutoffs_the_weights_do_not_show_must_be_in_config_json(tmp_path):
                        r"table\) do not show them; transformers' default \[20000, 40000, 200000\] does not "
                        r"fit vocab_size=150 and the 2 tail clusters of crit.cluster_weight: add `cutoffs`"):
         keras_txl.load_hf_checkpoint(str(tmp_path))
+
+
+def test_a_missing_div_val_above_d_embed_is_read_from_the_widths():
+    # Widths [8, 0]: every div_val above 8 gives them; the search stopped at 8
+    # and fell back to div_val 1, which these tensors contradict.
+    from keras_txl.hf_checkpoint import _fill_shape_fields
+
+    header = {"transformer.word_emb.emb_layers.0.weight": ((10, 8), "F32"),
+              "transformer.word_emb.emb_layers.1.weight": ((30, 0), "F32")}
+    hf = {"vocab_size": 40, "d_model": 16, "cutoffs": [10], "d_embed": 8}
+    filled = _fill_shape_fields(hf, header, "config.json")
+    assert filled["div_val"] > 8
+    assert 8 // filled["div_val"] == 0

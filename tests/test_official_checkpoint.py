@@ -103,6 +103,24 @@ def test_matches_numpy_reference_over_segments(name, tmp_path):
     assert np.abs(alone["log_probs"].numpy() - rows[-1]["log_probs"]).max() > 1e-2
 
 
+def test_div_val_above_d_embed_loads(tmp_path):
+    # d_embed 8, div_val 16, one cutoff: widths [8, 0], which every div_val
+    # above 8 gives (the shapes cannot tell which); the inference tried
+    # div_val 2..8 only and refused the checkpoint ("do not follow
+    # E_i = E // div_val**i for any div_val > 1").
+    layout = ref.Layout(
+        n_token=40, n_layer=1, d_model=16, d_embed=8, n_head=2, d_head=8,
+        d_inner=24, cutoffs=[10], div_val=16, untie_r=True, dataset="wt103",
+    )
+    variables = ref.official_variables(layout)
+    ref.write_checkpoint(str(tmp_path), variables, layout)
+    model = keras_txl.load_official_checkpoint(tmp_path, **settings(layout))
+    cfg = model.txl_config
+    assert [cfg.cluster_embedding_dim(i) for i in range(2)] == [8, 0]
+    rows = chain(model, layout, variables)
+    assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
+
+
 @pytest.mark.parametrize("same_length", [True, False])
 def test_memory_length_zero_matches_the_official_cache_mem(same_length, tmp_path):
     # `_cache_mem` with mem_len 0 returns the empty memory it was given: no

@@ -570,7 +570,7 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
                     "belongs to these weights?"
                 )
         sd.used.add(name)
-    sd.used.add("transformer.pos_emb.inv_freq")
+    _check_frequencies(sd, D, path)
     unused = sorted(set(tensors) - sd.used)
     if unused:
         raise ValueError(
@@ -655,6 +655,39 @@ def _weights_header(directory, limits):
     if os.path.lexists(os.path.join(directory, SHARD_INDEX)):
         return read_shard_index(directory, limits)[0]
     return None
+
+
+_INV_FREQ = "transformer.pos_emb.inv_freq"
+
+
+def _check_frequencies(sd, hidden_dim, path):
+    """transformers computes the sinusoids with the stored `inv_freq`
+    buffer, keras-txl with `1 / 10000^(2k / d_model)`: other frequencies
+    are refused, and frequencies rounded by a float16/bfloat16 save (which
+    transformers then runs with) are named in a warning."""
+    sd.used.add(_INV_FREQ)
+    if not sd.has(_INV_FREQ):
+        return
+    size = len(range(0, hidden_dim, 2))
+    stored = sd.get(_INV_FREQ, (size,)).astype(np.float64)
+    exact = 1.0 / 10000.0 ** (np.arange(0, hidden_dim, 2, dtype=np.float64) / hidden_dim)
+    off = float(np.max(np.abs(stored - exact) / exact)) if size else 0.0
+    if off > 1e-2:
+        raise ValueError(
+            f"{path}: {_INV_FREQ} holds other frequencies than 1 / 10000^(2k / d_model) "
+            f"(d_model={hidden_dim}): up to {off:.0%} off. keras-txl computes the standard "
+            "sinusoids, so a model with other position frequencies cannot be loaded."
+        )
+    if off > 1e-6:
+        dtype = getattr(sd.tensors, "header", {}).get(_INV_FREQ, (None, "a half-precision type"))[1]
+        names = {"F16": "float16", "BF16": "bfloat16"}
+        logger.warning(
+            "%s: %s is stored rounded (%s), up to %.2g%% off 1 / 10000^(2k / d_model): "
+            "transformers runs with the rounded values, keras-txl with the exact ones, so its "
+            "outputs differ from transformers' (about 1e-3 in log-probs at short distances, far "
+            "more at long ones). The exact ones are those of a model trained in float32.",
+            path, _INV_FREQ, names.get(dtype, dtype), 100 * off,
+        )
 
 
 def _check_lm_head(header, hf, weights_path):

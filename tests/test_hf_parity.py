@@ -10,6 +10,7 @@ three segments with the memory carried.
 import glob
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -251,3 +252,45 @@ def test_a_missing_div_val_above_d_embed_is_read_from_the_widths():
     filled = _fill_shape_fields(hf, header, "config.json")
     assert filled["div_val"] > 8
     assert 8 // filled["div_val"] == 0
+
+
+def _with_inv_freq(tmp_path, change):
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    for name in os.listdir(SHARED):
+        if name != "model.safetensors":
+            (tmp_path / name).write_bytes((SHARED / name).read_bytes())
+    tensors = load_file(str(SHARED / "model.safetensors"))
+    tensors["transformer.pos_emb.inv_freq"] = change(tensors["transformer.pos_emb.inv_freq"])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    return str(tmp_path)
+
+
+def test_stored_frequencies_that_are_not_the_sinusoids_are_refused(tmp_path):
+    # transformers computes with the stored `inv_freq` buffer; keras-txl with
+    # 1 / 10000^(2k / d_model). Other stored frequencies were dropped in silence.
+    path = _with_inv_freq(tmp_path, lambda f: f * 1.5)
+    with pytest.raises(ValueError, match=r"transformer.pos_emb.inv_freq holds other frequencies than "
+                       r"1 / 10000\^\(2k / d_model\) \(d_model=64\): up to 50% off"):
+        keras_txl.load_hf_checkpoint(path)
+    path = _with_inv_freq(tmp_path, lambda f: f[:-1])
+    with pytest.raises(ValueError, match=r"inv_freq' has shape \(31,\), expected \(32,\)"):
+        keras_txl.load_hf_checkpoint(path)
+
+
+def test_half_precision_frequencies_are_named_as_a_difference_from_transformers(tmp_path, caplog):
+    # A float16/bfloat16 save rounds the inv_freq buffer too, and transformers
+    # then runs with the rounded values (outputs ~1e-3 off at short distances,
+    # far more at long ones); keras-txl keeps the exact ones and says so.
+    import logging
+
+    path = _with_inv_freq(tmp_path, lambda f: f.astype(np.float16))
+    with caplog.at_level(logging.WARNING, logger="keras_txl.hf_checkpoint"):
+        keras_txl.load_hf_checkpoint(path)
+    assert re.search(r"transformer.pos_emb.inv_freq is stored rounded \(float16\), up to 0\.\d+% off "
+                     r"1 / 10000\^\(2k / d_model\): transformers runs with the rounded values", caplog.text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="keras_txl.hf_checkpoint"):
+        keras_txl.load_hf_checkpoint(str(SHARED))
+    assert "inv_freq" not in caplog.text

@@ -91,6 +91,8 @@ class AdaptiveEmbedding(keras.layers.Layer):
             # clipped local id and the cluster mask keeps the right one.
             x = None
             for i, (start, end) in enumerate(cfg.cluster_bounds):
+                if end == start:  # an empty last cluster embeds no token
+                    continue
                 local = ops.clip(token_ids - start, 0, end - start - 1)
                 part = ops.take(ops.cast(self.tables[i], dtype), local, axis=0)
                 part = self._project(part, self.projections[i])  # (B, T, D)
@@ -249,6 +251,11 @@ class AdaptiveSoftmax(keras.layers.Layer):
         shortlist = cfg.cutoffs[0]
         pieces = [head[..., :shortlist]]
         for i in range(1, cfg.num_clusters + 1):
+            start, end = cfg.cluster_bounds[i]
+            if end == start:
+                # An empty last cluster (cutoffs[-1] == V) has no columns; its
+                # (.., 0) logits would abort oneDNN's matmul in graph mode.
+                continue
             table, bias, projection = weights[i]
             tail = ops.log_softmax(
                 self._logits(hidden, table, bias, projection), axis=-1
@@ -303,6 +310,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
         static_rows = rows_static is not None and _tails_in_static_rows()
         for i in range(1, cfg.num_clusters + 1):
             start, end = cfg.cluster_bounds[i]
+            if end == start:  # an empty last cluster: no target is in it
+                continue
             table, bias, projection = weights[i]
             if static_rows:
                 tail_nll = (self._tail_nll_bucketed

@@ -330,10 +330,15 @@ class TransformerXLConfig:
                 "`cutoffs` must be strictly increasing, received "
                 f"cutoffs={shown(list(cutoffs))}."
             )
-        if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= self.vocabulary_size):
+        # The last cutoff may equal the vocabulary size: an empty last
+        # cluster, which the official code and transformers build (their
+        # data_utils give [..., V] for a vocabulary of V) and checkpoints
+        # can hold; it only takes its share of the head's softmax.
+        if cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] > self.vocabulary_size):
             raise ValueError(
-                "`cutoffs` must lie strictly between 0 and vocabulary_size="
-                f"{self.vocabulary_size}, received cutoffs={shown(list(cutoffs))}."
+                "`cutoffs` must lie in (0, vocabulary_size="
+                f"{self.vocabulary_size}] (the last may equal it: an empty last cluster), "
+                f"received cutoffs={shown(list(cutoffs))}."
             )
         # A cluster may be 0 wide (E // div_val**i rounds to 0), as in the
         # official code and transformers, whose checkpoints can hold one: its

@@ -301,11 +301,11 @@ def read_corpus_info(path):
             )
         cutoffs = cutoffs[1:-1]
     if cutoffs != sorted(set(cutoffs)) or (
-        cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= size)
+        cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] > size)
     ):
         raise ValueError(
             f"{path}: `cutoffs`={info.get('cutoffs')} must increase strictly "
-            f"inside (0, vocab_size={size})."
+            f"inside (0, vocab_size={size}] (the last may equal it: an empty last cluster)."
         )
     dataset = info.get("dataset")
     if dataset is not None and not isinstance(dataset, str):

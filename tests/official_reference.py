@@ -102,6 +102,15 @@ LAYOUTS = {
         proj_share_all_but_first=True, dataset="wt103", tgt_len=4,
         mem_len=5, clamp_len=-1, same_length=True,
     ),
+    # The last cutoff equal to the vocabulary: the official data_utils
+    # writes [0, 20, 45, 90, 90], and tf/model.py builds an empty last
+    # cluster (its head logit takes a share of the probability).
+    "wt103_empty_last_cluster": Layout(
+        n_token=90, n_layer=2, d_model=32, d_embed=16, n_head=2, d_head=16,
+        d_inner=40, cutoffs=[20, 45, 90], div_val=2, untie_r=True,
+        proj_share_all_but_first=True, dataset="wt103", tgt_len=4,
+        mem_len=5, clamp_len=-1, same_length=True,
+    ),
     # div_val 1 with cutoffs: one table, cutoff_i softmax scopes.
     "div1_cutoffs": Layout(
         n_token=80, n_layer=2, d_model=32, d_embed=16, n_head=2, d_head=16,
@@ -264,6 +273,8 @@ def _layer_norm(x, gamma, beta, eps=1e-12):
 
 
 def _log_softmax(x):
+    if x.shape[-1] == 0:  # an empty last cluster: tf.nn.log_softmax gives an empty tensor
+        return x
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 

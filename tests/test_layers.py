@@ -298,6 +298,7 @@ def test_adaptive_embedding_looks_up_the_right_cluster():
     {"cutoffs": (), "div_val": 1},
     {"tie_projections": (True, False, True)},
     {"tie_embeddings": False},
+    {"cutoffs": (5, 20)},  # an empty last cluster, as the official code builds it
 ])
 def test_adaptive_softmax_is_a_distribution_matching_a_direct_computation(changes):
     cfg = _config(**changes)
@@ -310,7 +311,9 @@ def test_adaptive_softmax_is_a_distribution_matching_a_direct_computation(change
     log_probs = ops.convert_to_numpy(
         softmax(hidden, embedding.tables, embedding.projections))
     assert log_probs.shape == (2, 3, 20) and log_probs.dtype == np.float32
-    np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
+    empty = bool(cfg.cutoffs) and cfg.cutoffs[-1] == 20
+    if not empty:  # an empty last cluster keeps its share (below)
+        np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
 
     # Direct computation from the cluster weights, written independently.
     def logsoftmax(x):
@@ -337,8 +340,14 @@ def test_adaptive_softmax_is_a_distribution_matching_a_direct_computation(change
          h0 @ ops.convert_to_numpy(softmax.cluster_kernel).T
          + ops.convert_to_numpy(softmax.cluster_bias)], -1))
     c0 = cfg.cutoffs[0]
+    if empty:  # the tokens' probabilities and the empty cluster's head share
+        np.testing.assert_allclose(
+            np.exp(log_probs).sum(-1) + np.exp(head[..., c0 + len(cfg.cutoffs) - 1]), 1.0,
+            atol=1e-5)
     expected = [head[..., :c0]]
-    for i in (1, 2):
+    for i in range(1, len(cfg.cutoffs) + 1):
+        if cfg.cluster_bounds[i][0] == cfg.cluster_bounds[i][1]:
+            continue  # an empty cluster has no tokens
         expected.append(head[..., c0 + i - 1 : c0 + i] + logsoftmax(logits(i)))
     np.testing.assert_allclose(log_probs, np.concatenate(expected, -1), atol=1e-5)
 

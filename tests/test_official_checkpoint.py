@@ -93,10 +93,13 @@ def test_matches_numpy_reference_over_segments(name, tmp_path):
     worst_mem = max(np.abs(r["memory"] - r["ref_memory"]).max() for r in rows)
     assert worst_lp < ATOL, f"log-probs differ by {worst_lp:.2e}"
     assert worst_mem < ATOL, f"memories differ by {worst_mem:.2e}"
-    # Distributions, and not degenerate ones.
-    np.testing.assert_allclose(
-        np.exp(rows[-1]["log_probs"]).sum(-1), 1.0, atol=1e-5
-    )
+    # Distributions, and not degenerate ones; an empty last cluster keeps
+    # its share of the head's softmax, as in the official code.
+    totals = np.exp(rows[-1]["log_probs"]).sum(-1)
+    if layout.cutoffs and layout.cutoffs[-1] == layout.n_token:
+        assert (totals < 1 - 1e-4).all() and (totals > 0.5).all(), totals
+    else:
+        np.testing.assert_allclose(totals, 1.0, atol=1e-5)
     assert rows[-1]["log_probs"].std() > 0.5
     # The memory is really used: the last segment without it differs.
     alone = model.call_with_memory(rows[-1]["ids"].astype("int32"))

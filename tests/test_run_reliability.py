@@ -772,8 +772,8 @@ def test_bad_sizes_are_named_by_flag_before_the_data_is_prepared(tmp_path, capsy
     for flags, message in ((["--set", "num_layers=0"], "`num_layers` must be a positive integer"),
                            (["--set", "dropout=1.5"], "`dropout` must be in [0, 1)"),
                            (["--set", "cutoffs=[5,3]"], "`cutoffs` must be strictly increasing"),
-                           (["--set", "vocabulary_size=5", "--set", "cutoffs=[5]"],
-                            "`cutoffs` must lie strictly between 0 and vocabulary_size=5")):
+                           (["--set", "vocabulary_size=5", "--set", "cutoffs=[6]"],
+                            "`cutoffs` must lie in (0, vocabulary_size=5]")):
         workdir = tmp_path / "w"
         assert main(base + ["--workdir", str(workdir)] + flags) == 2
         assert message in capsys.readouterr().err, flags

@@ -327,7 +327,8 @@ def test_fit_trains_the_stateful_model(tmp_path, use_mirrored):
     assert os.path.basename(CheckpointManager(str(tmp_path / "checkpoints")).latest()) == "ckpt-00000030"
 
 
-@pytest.mark.parametrize("changes", [{}, {"cutoffs": (10, 20), "div_val": 2}])
+@pytest.mark.parametrize("changes", [{}, {"cutoffs": (10, 20), "div_val": 2},
+                                     {"cutoffs": (10, V), "div_val": 2}])
 def test_xla_compiled_train_step_matches_the_graph_step(changes):
     # The TPU path compiles the step with XLA and needs static shapes; on
     # the default strategy the same step must compile and agree (with an
@@ -339,3 +340,23 @@ def test_xla_compiled_train_step_matches_the_graph_step(changes):
     xla = Trainer(cfg, train_config(steps=3, jit_compile=True),
                   tf.distribute.get_strategy(), verbose=False)
     np.testing.assert_allclose(xla.train(tokens), plain, rtol=1e-4)
+
+
+def test_an_empty_last_cluster_trains_evaluates_and_generates(tmp_path):
+    # cutoffs[-1] == V, as the official data_utils writes for some vocabularies:
+    # the cluster has no tokens; its table and projection get no gradient and
+    # its (.., 0) logits would abort oneDNN's matmul, so both are skipped.
+    cfg = model_config(dropout=0.0, cutoffs=(10, V), div_val=2)
+    tokens = corpus(2000)
+    model, history = train_with_fit(cfg, train_config(steps=4), tf.distribute.get_strategy(),
+                                    tokens, workdir=str(tmp_path), verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    empty_table = model.backbone.token_embedding.tables[2]
+    assert tuple(empty_table.shape) == (0, 4)
+    result = evaluate(model, tokens[:203], batch_size=2)
+    expected, _ = _evaluate_by_recomputing_the_memory(model, tokens[:203], 2, 8)
+    np.testing.assert_allclose(result["loss"], expected, rtol=1e-5)
+    from keras_txl.generation import generate_ids
+
+    out = generate_ids(model.with_settings(stateful=False), [[1, 2, 3]], 5, seed=0)
+    assert out[0].shape == (5,) and out[0].max() < V

@@ -457,7 +457,11 @@ class Trainer:
                 hidden, new_memory = model.backbone(x, mem, training=True)
                 loss = tf.reduce_sum(model.nll_from_hidden(hidden, y)) / global_tokens
                 scaled_loss = scaler.scale_loss(loss) if scaler is not None else loss
-            grads = tape.gradient(scaled_loss, variables)
+            # Zeros, not None, for a weight the loss does not reach (an empty
+            # last cluster's table and projection, as the official code builds).
+            # (Not `unconnected_gradients=ZERO`: it fails on Keras variables.)
+            grads = [tf.zeros(v.shape, v.dtype) if g is None else g
+                     for g, v in zip(tape.gradient(scaled_loss, variables), variables)]
             context = tf.distribute.get_replica_context()
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
             total_loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)

@@ -91,7 +91,10 @@ class AdaptiveEmbedding(keras.layers.Layer):
             # clipped local id and the cluster mask keeps the right one.
             x = None
             for i, (start, end) in enumerate(cfg.cluster_bounds):
-                if end == start:  # an empty last cluster embeds no token
+                if end == start or cfg.cluster_embedding_dim(i) == 0:
+                    # An empty last cluster embeds no token; a 0-wide one
+                    # embeds its tokens to zero. Skipped: a (.., 0) or 0-deep
+                    # matmul aborts the process inside oneDNN in graph mode.
                     continue
                 local = ops.clip(token_ids - start, 0, end - start - 1)
                 part = ops.take(ops.cast(self.tables[i], dtype), local, axis=0)
@@ -223,6 +226,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
         return out
 
     def _logits(self, hidden, table, bias, projection):
+        if table.shape[-1] == 0:
+            return _bias_only_logits(hidden, bias)
         dtype = self.compute_dtype
         if projection is not None:
             hidden = ops.einsum(
@@ -523,6 +528,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
 
     def _rows_logits(self, rows, table, bias, projection):
         """(N, D) rows in the compute dtype -> (N, V_i) float32 logits, as `_logits`."""
+        if table.shape[-1] == 0:
+            return _bias_only_logits(rows, bias)
         dtype = self.compute_dtype
         if projection is not None:
             rows = ops.einsum("nd,ed->ne", rows, ops.cast(projection, dtype))
@@ -533,6 +540,15 @@ class AdaptiveSoftmax(keras.layers.Layer):
         config = super().get_config()
         config.update(config=self.config.to_dict())
         return config
+
+
+def _bias_only_logits(hidden, bias):
+    """A 0-wide cluster's logits (its tokens score by their bias alone, as in
+    the official code) without its 0-deep matmuls, which abort the process
+    inside oneDNN in graph mode: (..., D) hidden -> (..., V_i) float32."""
+    bias = ops.cast(bias, "float32")
+    shape = tuple(ops.shape(hidden)[:-1]) + (ops.shape(bias)[0],)
+    return ops.zeros(shape, "float32") + bias
 
 
 def _tails_in_static_rows():

@@ -1029,3 +1029,44 @@ def test_a_refused_text_rules_recheck_is_recorded_and_not_encoded_again(tmp_path
     with pytest.raises(ValueError, match=r"has different content"):
         prepare_data(str(folder), workdir, after_shard=written.append)
     assert written == []
+
+
+def test_a_recorded_text_rules_refusal_belongs_to_the_tokenizer_it_was_made_with(tmp_path):
+    # The recorded refusal was keyed on the corpus and the old shards only:
+    # after the workdir's tokenizer was replaced, or with other tokenizer
+    # flags, the run still said the text-rules refusal (made with the old
+    # tokenizer) instead of what is wrong now, which a run without the record
+    # says.
+    folder = tmp_path / "c"
+    write_corpus(folder)
+    (folder / "valid.txt").write_bytes((folder / "valid.txt").read_bytes().rstrip(b"\n"))
+    read = {s: (folder / f"{s}.txt").read_text() for s in ("train", "valid", "test")}
+    workdir = tmp_path / "w"
+    prepare_data(str(folder), str(workdir), "word", shard_tokens=1024)
+    as_an_older_version_left_it(str(workdir), folder, read)
+    with pytest.raises(ValueError, match=r"its valid shards hold other tokens"):
+        prepare_data(str(folder), str(workdir))
+    assert "text_rules_refused" in json.loads((workdir / "data" / "source.json").read_text())
+    # Other tokenizer flags or kind: said as such, as without the record.
+    with pytest.raises(ValueError, match=r"tokenizer was built with --tokenizer word and no "
+                       r"vocabulary flag .*this run asks for --vocab-size 5\."):
+        prepare_data(str(folder), str(workdir), vocabulary={"vocab_size": 5})
+    with pytest.raises(ValueError, match=r"already has a word tokenizer; --tokenizer char "
+                       r"does not match it"):
+        prepare_data(str(folder), str(workdir), "char")
+    # The workdir's tokenizer replaced: the record is not about this one.
+    other = tmp_path / "other"
+    prepare_data(str(folder), str(other), "word", vocabulary={"vocab_size": 8})
+    saved = workdir / "saved-tokenizer"
+    os.replace(workdir / "tokenizer", saved)
+    shutil.copytree(other / "tokenizer", workdir / "tokenizer")
+    written = []
+    with pytest.raises(ValueError, match=r"tokenizer changed since .*data was encoded with it"):
+        prepare_data(str(folder), str(workdir), after_shard=written.append)
+    assert written == []
+    # Restored: the recorded refusal again, at once.
+    shutil.rmtree(workdir / "tokenizer")
+    os.replace(saved, workdir / "tokenizer")
+    with pytest.raises(ValueError, match=r"its valid shards hold other tokens"):
+        prepare_data(str(folder), str(workdir), after_shard=written.append)
+    assert written == []

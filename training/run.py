@@ -792,6 +792,7 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     if meta is not None and meta.get("text_rules", 1) != TEXT_RULES:
         old_rules = meta.get("text_rules", 1)
     recheck = False  # encode again beside them and compare (below)
+    refused_splits = None  # a recorded refusal of that comparison that applies
     corpus_source = sha = stat = None
     use_workdir_tokenizer = True
     if source is not None:
@@ -820,12 +821,12 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                     # current rules give the same tokens, else refused.
                     refused = meta.get("text_rules_refused")
                     if (isinstance(refused, dict) and refused.get("key")
-                            == _rules_refusal_key(meta, sha, corpus_source)):
+                            == _rules_refusal_key(meta, sha, corpus_source, tokenizer_dir)):
                         # Compared before, by a run of these rules, from
-                        # this content: refused again without encoding it.
-                        raise ValueError(_rules_refusal_message(
-                            workdir, data_cache, tokenizer_dir, old_rules,
-                            refused.get("splits") or [], source))
+                        # this content, with this tokenizer: refused again
+                        # without encoding it (after the tokenizer checks
+                        # below, which say other flags first).
+                        refused_splits = refused.get("splits") or []
                     recheck = write
                     logger.warning(
                         "%s was encoded under the text rules of an older keras-txl "
@@ -862,6 +863,9 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 f"{tokenizer_dir} changed since {data_cache} was encoded with it: "
                 "delete the data folder to re-encode, or restore the tokenizer."
             )
+    if refused_splits is not None:
+        raise ValueError(_rules_refusal_message(
+            workdir, data_cache, tokenizer_dir, old_rules, refused_splits, source))
     if source is None:
         if old_rules is not None and tokenizer is not None:
             raise ValueError(
@@ -1045,7 +1049,8 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 "written?).")
     if recheck:
         out = _adopt_rechecked(workdir, data_cache, tokenizer_dir, out, old_rules, source,
-                               meta, _rules_refusal_key(meta, sha, corpus_source))
+                               meta, _rules_refusal_key(meta, sha, corpus_source,
+                                                        tokenizer_dir))
     if write and (recheck or not new_meta["finished"] or new_meta["stat"] != stat):
         from keras_txl.io import atomic_write_bytes
 
@@ -1054,15 +1059,20 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     return tokenizer, out
 
 
-def _rules_refusal_key(meta, sha, corpus_source):
+def _rules_refusal_key(meta, sha, corpus_source, tokenizer_dir):
     """What a refused text-rules comparison is recorded under (source.json's
     `text_rules_refused`): the current rules, the corpus's content and
-    identity, and the older shards' key (their tokenizer and shard size).
-    Any of them changed, the comparison is made again."""
+    identity, the older shards' key (their tokenizer and shard size), and
+    the sha256 of the workdir's tokenizer files the comparison encoded with
+    (None when there are none). Any of them changed, the record does not
+    apply: the usual checks run (a replaced tokenizer is said as such) and
+    the comparison is made again."""
     from keras_txl.training.corpora import TEXT_RULES
 
+    tokenizer = (sha256_tree(tokenizer_dir)
+                 if os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")) else None)
     fields = {"text_rules": TEXT_RULES, "sha256": sha, "identity": corpus_source.identity(),
-              "shards_key": meta.get("key")}
+              "shards_key": meta.get("key"), "tokenizer_sha256": tokenizer}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

@@ -1070,3 +1070,47 @@ def test_a_recorded_text_rules_refusal_belongs_to_the_tokenizer_it_was_made_with
     with pytest.raises(ValueError, match=r"its valid shards hold other tokens"):
         prepare_data(str(folder), str(workdir), after_shard=written.append)
     assert written == []
+
+
+def test_prepare_data_names_its_own_tfds_arguments_not_the_cli_flags(tmp_path, capsys):
+    # The Python `prepare_data` said "pass --data-dir", "--download",
+    # "--tfds-text-feature NAME": flags of a command line its caller never used.
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    data_dir = tmp_path / "tfds"
+    lines = {"train": [f"line {i} of the text" for i in range(40)], "test": ["the test"]}
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="two_texts", version="1.0.0",
+        features=tfds.features.FeaturesDict({"title": tfds.features.Text(),
+                                             "body": tfds.features.Text()}),
+        split_datasets={s: tf.data.Dataset.from_tensor_slices(v).map(
+            lambda line: {"title": "t", "body": line}) for s, v in lines.items()},
+        data_dir=str(data_dir), disable_shuffling=True)
+    workdir = str(tmp_path / "w")
+    cases = [
+        (dict(data_dir=str(tmp_path / "nowhere")),
+         rf"data_dir='{tmp_path / 'nowhere'}' does not exist: .*\(or download=True "),
+        (dict(data_dir=str(data_dir), source="tfds:no_such_dataset_xyz"),
+         r"pass the data_dir given to build_local_tfds; for a catalog dataset pass "
+         r"download=True"),
+        (dict(data_dir=str(data_dir)),
+         r"pass tfds=\{'text_feature': NAME\}\.$"),
+        (dict(data_dir=str(data_dir), tfds={"text_feature": "nope"}),
+         r"one of \['title', 'body'\]\. Received: tfds=\{'text_feature': 'nope'\}\.$"),
+        (dict(data_dir=str(data_dir), tfds={"text_feature": "body"}),
+         r"no split found for \['valid'\]\. Pass tfds=\{'split_names': \{'valid': NAME\}\}"),
+    ]
+    for kwargs, message in cases:
+        source = kwargs.pop("source", "tfds:two_texts")
+        with pytest.raises(ValueError, match=message) as error:
+            prepare_data(source, workdir, **kwargs)
+        assert "--" not in str(error.value)
+    # The command line still names its flags, for the text feature too.
+    assert main(["prepare", "--data", "tfds:two_texts", "--data-dir", str(data_dir),
+                 "--workdir", workdir, "--tfds-text-feature", "nope"]) == 2
+    assert "Received: --tfds-text-feature nope." in capsys.readouterr().err
+    _, splits = prepare_data("tfds:two_texts", workdir, "char", data_dir=str(data_dir),
+                             tfds={"text_feature": "body",
+                                   "split_names": {"valid": "train[-10%:]"}})
+    assert len(splits["valid"]) == len("".join(f"line {i} of the text\n" for i in range(36, 40)))

@@ -415,13 +415,23 @@ def _parse_tfds_name(spec: str) -> str:
     return spec
 
 
-# How the TFDS arguments are named in errors: the Python ones, or the CLI's flags.
+# How the TFDS arguments are named in errors: the Python ones (of
+# `load_corpus`/`open_corpus_source`, or of `prepare_data`, which takes
+# `text_feature` and `split_names` in its `tfds` dict), or the CLI's flags.
+# "given" spells a `text_feature` that was passed.
 _TFDS_ARGUMENTS = {"download": "download=True", "data_dir": "data_dir=",
                    "text_feature": "text_feature=...",
-                   "split_names": "split_names={'valid': ...}"}
+                   "split_names": "split_names={'valid': ...}",
+                   "given": "text_feature={!r}"}
+_TFDS_PREPARE_DATA = {"download": "download=True", "data_dir": "data_dir=",
+                      "text_feature": "tfds={'text_feature': NAME}",
+                      "split_names": "tfds={'split_names': {'valid': NAME}}",
+                      "given": "tfds={{'text_feature': {!r}}}"}
 _TFDS_FLAGS = {"download": "--download", "data_dir": "--data-dir ",
                "text_feature": "--tfds-text-feature NAME",
-               "split_names": "--tfds-split valid=NAME"}
+               "split_names": "--tfds-split valid=NAME",
+               "given": "--tfds-text-feature {}"}
+_TFDS_NAMES = {False: _TFDS_ARGUMENTS, True: _TFDS_FLAGS, "prepare_data": _TFDS_PREPARE_DATA}
 
 
 def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
@@ -471,7 +481,7 @@ def _tfds_text_feature(builder, text_feature, names=None) -> str:
             raise ValueError(
                 f"`text_feature` must be a feature of TFDS dataset "
                 f"{builder.name!r}: one of {keys}. Received: "
-                f"text_feature={text_feature!r}."
+                f"{names['given'].format(text_feature)}."
             )
         return text_feature
     known = _TFDS_TEXT_FEATURES.get(builder.name)
@@ -1518,7 +1528,7 @@ def open_corpus_source(
     text_feature: str | None = None,
     split_names: Mapping[str, str] | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    cli_flags: bool = False,
+    cli_flags: bool | str = False,
 ) -> CorpusSource:
     """Opens a corpus for streaming: the layouts of `load_corpus`, read in
     chunks (see `CorpusSource`), plus the official LM1B folder layout.
@@ -1527,8 +1537,11 @@ def open_corpus_source(
         source, char_symbols, data_dir, download, text_feature, split_names:
             as in `load_corpus`.
         chunk_bytes: int. Bytes per chunk (before cutting at a newline).
-        cli_flags: bool. Name `--data-dir` and `--download` in errors (for
-            `txl prepare`/`train`/`eval`) instead of `data_dir=`, `download=True`.
+        cli_flags: bool or "prepare_data". True: errors name the flags
+            (`--data-dir`, `--download`, `--tfds-text-feature`, `--tfds-split`;
+            for `txl prepare`/`train`/`eval`) instead of `data_dir=`,
+            `download=True`, `text_feature=`, `split_names=`;
+            "prepare_data": the arguments of `prepare_data` (its `tfds` dict).
 
     Returns:
         A `CorpusSource`.
@@ -1540,7 +1553,10 @@ def open_corpus_source(
     if isinstance(source, str) and source.startswith("tfds:"):
         tfds = _import_tfds()
         name = _parse_tfds_name(source[len("tfds:"):])
-        named = _TFDS_FLAGS if cli_flags else _TFDS_ARGUMENTS
+        if cli_flags not in _TFDS_NAMES:
+            raise ValueError(f"`cli_flags` must be True, False or 'prepare_data'. "
+                             f"Received: cli_flags={cli_flags!r}.")
+        named = _TFDS_NAMES[cli_flags]
         builder = _tfds_builder(tfds, name, data_dir, download, named)
         feature = _tfds_text_feature(builder, text_feature, named)
         names = _tfds_split_names(builder, split_names, named)

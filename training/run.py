@@ -687,7 +687,7 @@ def prepare_main(args):
         tokenizer, splits = _prepare_data(
             args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
             vocabulary=vocabulary_flags(args), shard_tokens=args.shard_tokens,
-            tfds=tfds_options(args))
+            tfds=tfds_options(args), cli_flags=True)
 
     print(json.dumps({
         "workdir": args.workdir, "tokenizer": tokenizer.get_config().get("kind"),
@@ -759,9 +759,10 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
 
 def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
                   write=True, tokenizer_options=None, shard_tokens=None,
-                  after_shard=None, vocabulary=None, tfds=None):
+                  after_shard=None, vocabulary=None, tfds=None, cli_flags=False):
     """`prepare_data` in a workdir whose lock the caller holds (or that it
-    does not write).
+    does not write). `cli_flags`: the TFDS errors name the flags of `txl`
+    (True) rather than the arguments of `prepare_data`.
     """
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.training import shards
@@ -804,8 +805,9 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 hint = (" It is not expanded as a pattern: pass the folder that holds "
                         "the corpus's train/valid/test files, or one text file.")
             raise ValueError(f"--data {source!r}: the corpus path does not exist.{hint}")
-        corpus_source = open_corpus_source(source, data_dir=data_dir, download=download,
-                                           cli_flags=True, **(tfds or {}))
+        corpus_source = open_corpus_source(
+            source, data_dir=data_dir, download=download,
+            cli_flags=True if cli_flags else "prepare_data", **(tfds or {}))
         logger.info("Corpus: %r", corpus_source)
         # Before anything is written: a split with no text would otherwise
         # fail only after the tokenizer and the train shards.
@@ -1288,6 +1290,7 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
         args.data, args.workdir, args.tokenizer, args.data_dir, args.download,
         write=chief, vocabulary=vocabulary_flags(args),
         shard_tokens=getattr(args, "shard_tokens", None), tfds=tfds_options(args),
+        cli_flags=True,
     )
     model_config = match_vocabulary(model_dict, tokenizer, explicit)
     logger.info("Model: %s (%d parameters)", model_config, model_config.num_parameters())

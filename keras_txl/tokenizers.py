@@ -1899,10 +1899,16 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
             for line in _as_valid_text(text, name).split("\n")
             if line.strip()
         ]
+        # SentencePiece's trainer drops the "\r" that ends a sentence (a
+        # CRLF line), so a text whose lines end so would never learn it and
+        # encode every line end as <unk>: "\r" is then a piece of its own.
+        extra = {"user_defined_symbols": ["\r"]} if any(
+            line.endswith("\r") for line in lines) else {}
         model = io.BytesIO()
         try:
             sentencepiece.SentencePieceTrainer.train(
                 sentence_iterator=iter(lines),
+                **extra,
                 model_writer=model,
                 vocab_size=int(vocabulary_size),
                 model_type=model_type,

@@ -1114,3 +1114,21 @@ def test_prepare_data_names_its_own_tfds_arguments_not_the_cli_flags(tmp_path, c
                              tfds={"text_feature": "body",
                                    "split_names": {"valid": "train[-10%:]"}})
     assert len(splits["valid"]) == len("".join(f"line {i} of the text\n" for i in range(36, 40)))
+
+
+def test_a_crlf_file_keeps_its_carriage_returns_with_sentencepiece(tmp_path):
+    # A single file is read byte for byte, so a CRLF file's lines end in
+    # "\r". SentencePiece's trainer drops a sentence's trailing "\r", so the
+    # model never learnt it and every line of the shards ended in <unk>.
+    text = "".join(f"line {i} of the book, said the cat\r\n" for i in range(300))
+    book = tmp_path / "book.txt"
+    book.write_bytes(text.encode())
+    tokenizer, splits = prepare_data(str(book), str(tmp_path / "w"), "sentencepiece",
+                                     vocabulary={"vocab_size": 60})
+    train = np.asarray(splits["train"])
+    assert int(np.count_nonzero(train == tokenizer.unk_id)) == 0
+    assert tokenizer.decode(train) == load_corpus(book).train
+    assert tokenizer.decode(tokenizer.encode("the cat\r\nsaid\r\r\n")) == "the cat\r\nsaid\r\r\n"
+    # Text without a "\r" trains the same model as before (no extra piece).
+    plain = build_tokenizer("sentencepiece", [text.replace("\r", "")], vocabulary_size=60)
+    assert "\r" not in plain.get_vocabulary()

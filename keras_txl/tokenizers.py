@@ -1734,6 +1734,30 @@ class WordTokenizer(_VocabularyTokenizer):
         return _join_lines(line_texts, lines_per_text)
 
 
+def _training_sentences(line: str, limit: int) -> list:
+    """`line` in pieces of at most `limit` UTF-8 bytes for SentencePiece's
+    trainer: each cut is before the last space that fits (a piece then
+    starts with the space, as SentencePiece's pieces "▁word" do), else
+    after the last whole character that fits."""
+    if len(line) * 4 <= limit or len(line.encode("utf-8")) <= limit:
+        return [line]
+    out, start = [], 0
+    while start < len(line):
+        window = line[start:start + limit]  # at least `limit` bytes, or the rest
+        data = window.encode("utf-8")
+        if len(data) <= limit and start + len(window) == len(line):
+            out.append(window)
+            break
+        # Whole characters (one, if even one does not fit: skipped then).
+        window = data[:limit].decode("utf-8", "ignore") or window[0]
+        cut = window.rfind(" ")
+        if cut <= 0:
+            cut = len(window)
+        out.append(window[:cut])
+        start += cut
+    return out
+
+
 @keras.saving.register_keras_serializable(package="keras_txl")
 class SentencePieceTokenizer(TransformerXLTokenizer):
     """SentencePiece subwords, applied with tensorflow-text.
@@ -1862,8 +1886,10 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
                 rest become `<unk>`.
             byte_fallback: bool. Encode uncovered characters as UTF-8 byte
                 pieces, so that every text round-trips (adds 256 pieces).
-            max_sentence_length: int. Longer lines (in bytes) are skipped
-                during training.
+            max_sentence_length: int. The trainer skips longer sentences
+                (in UTF-8 bytes), so a longer line is cut into sentences of
+                at most this many bytes, before a space where there is one
+                (or between two characters), and trained on.
             num_threads: int. Training threads. The model depends on it
                 (SentencePiece's trainer sums over each thread's share of
                 the lines), so the default is a fixed 16 (SentencePiece's
@@ -1893,11 +1919,15 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
         # Surrogateescape bytes (see `_check_surrogates`) are not UTF-8:
         # the trainer gets them as U+FFFD (the op reads each such byte as
         # U+FFFD).
+        checks.positive_int("max_sentence_length", max_sentence_length)
+        # The trainer skips a sentence longer than max_sentence_length: a
+        # long line (text8 is one line) is cut into sentences short enough.
         lines = [
-            line
+            piece
             for name, text in _as_texts(texts)
             for line in _as_valid_text(text, name).split("\n")
             if line.strip()
+            for piece in _training_sentences(line, int(max_sentence_length))
         ]
         # SentencePiece's trainer drops the "\r" that ends a sentence (a
         # CRLF line), so a text whose lines end so would never learn it and

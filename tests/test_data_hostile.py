@@ -1132,3 +1132,27 @@ def test_a_crlf_file_keeps_its_carriage_returns_with_sentencepiece(tmp_path):
     # Text without a "\r" trains the same model as before (no extra piece).
     plain = build_tokenizer("sentencepiece", [text.replace("\r", "")], vocabulary_size=60)
     assert "\r" not in plain.get_vocabulary()
+
+
+def test_sentencepiece_trains_on_lines_longer_than_its_sentence_limit(tmp_path):
+    # SentencePiece's trainer skips sentences longer than max_sentence_length
+    # (64 KiB): a file of one long line (text8, a CR-only file) left it
+    # nothing and it failed in C++ (`RuntimeError: INTERNAL: ...
+    # [!sentences_.empty()]`); a corpus of a few long lines trained on the
+    # short ones only. Long lines are cut at spaces for the trainer.
+    text = "".join(f"line {i} of the book, said the cat " for i in range(3000))
+    book = tmp_path / "book.txt"
+    book.write_bytes(text.encode())  # 98 KB, no newline
+    tokenizer, splits = prepare_data(str(book), str(tmp_path / "w"), "sentencepiece",
+                                     vocabulary={"vocab_size": 60})
+    train = np.asarray(splits["train"])
+    assert int(np.count_nonzero(train == tokenizer.unk_id)) == 0
+    assert tokenizer.decode(train) == load_corpus(book).train
+    assert set(text) - {" "} <= set(tokenizer.get_vocabulary())
+    # Cut before a space: pieces start with one ("▁1..."), none ends with it.
+    pieces = [p for p in tokenizer.get_vocabulary() if len(p) > 1 and p[0] != "<"]
+    assert pieces and all(p.startswith("▁") and not p.endswith("▁") for p in pieces)
+    # A line with no space to cut at is cut between characters, never inside one.
+    dense = "日本語のテキスト" * 4000  # 96 KB of three-byte characters
+    tokenizer = build_tokenizer("sentencepiece", [dense], vocabulary_size=30)
+    assert tokenizer.decode(tokenizer.encode(dense)) == dense

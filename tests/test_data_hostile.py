@@ -1097,7 +1097,7 @@ def test_prepare_data_names_its_own_tfds_arguments_not_the_cli_flags(tmp_path, c
         (dict(data_dir=str(data_dir)),
          r"pass tfds=\{'text_feature': NAME\}\.$"),
         (dict(data_dir=str(data_dir), tfds={"text_feature": "nope"}),
-         r"one of \['title', 'body'\]\. Received: tfds=\{'text_feature': 'nope'\}\.$"),
+         r"one of \['\w+', '\w+'\]\. Received: tfds=\{'text_feature': 'nope'\}\.$"),
         (dict(data_dir=str(data_dir), tfds={"text_feature": "body"}),
          r"no split found for \['valid'\]\. Pass tfds=\{'split_names': \{'valid': NAME\}\}"),
     ]

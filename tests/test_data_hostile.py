@@ -1156,3 +1156,34 @@ def test_sentencepiece_trains_on_lines_longer_than_its_sentence_limit(tmp_path):
     dense = "日本語のテキスト" * 4000  # 96 KB of three-byte characters
     tokenizer = build_tokenizer("sentencepiece", [dense], vocabulary_size=30)
     assert tokenizer.decode(tokenizer.encode(dense)) == dense
+
+
+def test_tfds_arguments_with_a_local_corpus_are_refused_in_python_too(tmp_path):
+    # The command line refuses --data-dir & co. with a folder or a file, but
+    # load_corpus, open_corpus_source and prepare_data ignored them in
+    # silence: a caller who meant a TFDS dataset got the local files.
+    folder = write_corpus(tmp_path / "c")
+    book = tmp_path / "book.txt"
+    book.write_text("some text\n" * 100)
+    for source in (folder, str(book)):
+        for call in (load_corpus, open_corpus_source):
+            for kwargs, named in ((dict(data_dir=str(tmp_path)), "data_dir"),
+                                  (dict(download=True), "download"),
+                                  (dict(text_feature="text"), "text_feature"),
+                                  (dict(split_names={"valid": "test"}), "split_names")):
+                with pytest.raises(ValueError, match=rf"^`{named}` applies to 'tfds:NAME' "
+                                   rf"sources only \(source '{source}' is not one\): "
+                                   "leave it out"):
+                    call(source, **kwargs)
+        with pytest.raises(ValueError, match=r"`max_examples` applies to 'tfds:NAME'"):
+            load_corpus(source, max_examples=3)
+    workdir = tmp_path / "w"
+    with pytest.raises(ValueError, match=r"^`data_dir` applies to 'tfds:NAME' sources only"):
+        prepare_data(folder, str(workdir), data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"^`tfds=\{'split_names': ...\}` applies to "
+                       r"'tfds:NAME' sources only"):
+        prepare_data(folder, str(workdir), tfds={"split_names": {"valid": "test"}})
+    assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
+    # Defaults, and char_symbols (a folder's option), are fine.
+    assert load_corpus(folder, data_dir=None, download=False, char_symbols=False).train
+    prepare_data(folder, str(workdir), "word", tfds={"char_symbols": False})

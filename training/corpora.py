@@ -373,7 +373,10 @@ def load_corpus(
     # The layouts are decided once, by the streaming reader: this reads its
     # chunks whole (every file as UTF-8 with universal newlines, raw files
     # byte for byte), so both give the same text by construction.
-    stream = open_corpus_source(source, char_symbols=char_symbols)
+    _refuse_tfds_arguments(source, {"max_examples": max_examples}, {})
+    stream = open_corpus_source(source, char_symbols=char_symbols, data_dir=data_dir,
+                                download=download, text_feature=text_feature,
+                                split_names=split_names)
     texts = {split: "".join(text for text, _ in stream.chunks(split, kind="byte"))
              for split in SPLITS}
     logger.info("%s: %s layout, splits of %d/%d/%d characters", stream.source,
@@ -432,6 +435,26 @@ _TFDS_FLAGS = {"download": "--download", "data_dir": "--data-dir ",
                "split_names": "--tfds-split valid=NAME",
                "given": "--tfds-text-feature {}"}
 _TFDS_NAMES = {False: _TFDS_ARGUMENTS, True: _TFDS_FLAGS, "prepare_data": _TFDS_PREPARE_DATA}
+# The TFDS arguments as a local corpus (folder or file) refuses them.
+_TFDS_ONLY = {False: {"data_dir": "`data_dir`", "download": "`download`",
+                      "text_feature": "`text_feature`", "split_names": "`split_names`"},
+              True: {"data_dir": "--data-dir", "download": "--download",
+                     "text_feature": "--tfds-text-feature", "split_names": "--tfds-split"},
+              "prepare_data": {"data_dir": "`data_dir`", "download": "`download`",
+                               "text_feature": "`tfds={'text_feature': ...}`",
+                               "split_names": "`tfds={'split_names': ...}`"}}
+
+
+def _refuse_tfds_arguments(source, given, names):
+    """A local corpus given TFDS-only arguments (`given`: name -> value, the
+    ones not at their defaults): a ValueError naming them, never ignored."""
+    given = [names.get(name, f"`{name}`") for name, value in given.items()
+             if value is not None and value is not False]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(
+            f"{' and '.join(given)} {verb} to 'tfds:NAME' sources only (source "
+            f"{str(source)!r} is not one): leave {'it' if len(given) == 1 else 'them'} out.")
 
 
 def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
@@ -1577,6 +1600,9 @@ def open_corpus_source(
             "`source` must be a folder, a file or 'tfds:NAME'. Received "
             f"type {type(source).__name__}."
         )
+    _refuse_tfds_arguments(
+        source, {"data_dir": data_dir, "download": download, "text_feature": text_feature,
+                 "split_names": split_names}, _TFDS_ONLY.get(cli_flags, _TFDS_ONLY[False]))
     path = pathlib.Path(source).expanduser()
     if path.is_file():
         if char_symbols:

@@ -1187,3 +1187,19 @@ def test_tfds_arguments_with_a_local_corpus_are_refused_in_python_too(tmp_path):
     # Defaults, and char_symbols (a folder's option), are fine.
     assert load_corpus(folder, data_dir=None, download=False, char_symbols=False).train
     prepare_data(folder, str(workdir), "word", tfds={"char_symbols": False})
+
+
+def test_prepare_data_checks_its_tfds_dict(tmp_path):
+    # prepare_data(tfds=...) passed the dict on as keyword arguments: a
+    # misspelt key was a TypeError about open_corpus_source, a function the
+    # caller never called, and a list one about `**`.
+    folder = write_corpus(tmp_path / "c")
+    workdir = str(tmp_path / "w")
+    for tfds, message in (
+            ({"feature": "text"}, r"^`tfds` takes the keys \['char_symbols', 'split_names', "
+                                  r"'text_feature'\]\. Received unknown key\(s\) \['feature'\]\.$"),
+            ({"max_examples": 3}, r"unknown key\(s\) \['max_examples'\]"),
+            (["text_feature"], r"^`tfds` must be a dict .*Received type list\.$")):
+        with pytest.raises(ValueError, match=message):
+            prepare_data(folder, workdir, tfds=tfds)
+    assert not (tmp_path / "w" / "data").exists()

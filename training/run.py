@@ -697,6 +697,11 @@ def prepare_main(args):
     return 0
 
 
+# The keys of `prepare_data(tfds=...)`: the arguments of `open_corpus_source`
+# that `tfds_options` gives from the flags.
+_TFDS_KEYS = ("text_feature", "split_names", "char_symbols")
+
+
 def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=False,
                  write=True, tokenizer_options=None, shard_tokens=None,
                  after_shard=None, vocabulary=None, tfds=None):
@@ -727,7 +732,9 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         tokenizer_kind: str or None. None: the corpus's own kind.
         data_dir, download: TFDS options (see `load_corpus`).
         tfds: dict or None. More TFDS options: `text_feature`,
-            `split_names` (see `load_corpus`; `tfds_options(args)`).
+            `split_names` (see `load_corpus`; `tfds_options(args)`), and
+            `char_symbols` for a folder of symbol files; other keys are a
+            ValueError.
         write: bool. False for a non-chief worker: nothing is written in
             the workdir; shards missing there are prepared in a private
             temporary folder.
@@ -746,6 +753,14 @@ def prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=F
         `(tokenizer, {split: ShardedTokens})` (or int32 arrays for an old
         workdir holding only `data/{split}.npy` and no --data).
     """
+    if tfds is not None:
+        if not isinstance(tfds, dict):
+            raise ValueError("`tfds` must be a dict of `text_feature`, `split_names` and "
+                             f"`char_symbols`, or None. Received type {type(tfds).__name__}.")
+        unknown = sorted(set(tfds) - set(_TFDS_KEYS), key=str)
+        if unknown:
+            raise ValueError(f"`tfds` takes the keys {sorted(_TFDS_KEYS)}. Received unknown "
+                             f"key(s) {unknown}.")
     arguments = dict(tokenizer_kind=tokenizer_kind, data_dir=data_dir, download=download,
                      write=write, tokenizer_options=tokenizer_options,
                      shard_tokens=shard_tokens, after_shard=after_shard,

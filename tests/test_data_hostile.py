@@ -1203,3 +1203,29 @@ def test_prepare_data_checks_its_tfds_dict(tmp_path):
         with pytest.raises(ValueError, match=message):
             prepare_data(folder, workdir, tfds=tfds)
     assert not (tmp_path / "w" / "data").exists()
+
+
+def test_a_tokenizer_deleted_after_preparation_is_noticed(tmp_path):
+    # Deleting the workdir's tokenizer after a finished preparation made the
+    # next run with --data build another one in silence (with the corpus's
+    # default options: 13 tokens instead of the 8 asked for) and replace every
+    # finished shard, which checkpoints had been trained on.
+    folder = write_corpus(tmp_path / "c")
+    workdir = tmp_path / "w"
+    prepare_data(folder, str(workdir), "word", vocabulary={"vocab_size": 8},
+                 shard_tokens=1024)
+    before = data_files(workdir)
+    shutil.rmtree(workdir / "tokenizer")
+    message = (rf"^{workdir / 'tokenizer'} is missing, but {workdir / 'data'} was encoded "
+               r"with the tokenizer that was there: restore it .* or delete "
+               rf"{workdir / 'data'} too to prepare again")
+    written = []
+    for kwargs in ({}, {"vocabulary": {"vocab_size": 8}}):
+        with pytest.raises(ValueError, match=message):
+            prepare_data(folder, str(workdir), after_shard=written.append, **kwargs)
+    assert written == [] and data_files(workdir) == before
+    assert not (workdir / "tokenizer").exists()
+    # Deleting the data too starts over, as the message says.
+    shutil.rmtree(workdir / "data")
+    tokenizer, _ = prepare_data(folder, str(workdir), vocabulary={"vocab_size": 8})
+    assert tokenizer.vocabulary_size() == 8

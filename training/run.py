@@ -880,6 +880,15 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 f"{tokenizer_dir} changed since {data_cache} was encoded with it: "
                 "delete the data folder to re-encode, or restore the tokenizer."
             )
+    elif (use_workdir_tokenizer and source is not None and meta is not None
+          and meta.get("tokenizer_sha256") and _finished(meta, data_cache)):
+        # Deleted after a finished preparation: building another one would
+        # replace every shard (and the tokens checkpoints were trained on).
+        raise ValueError(
+            f"{tokenizer_dir} is missing, but {data_cache} was encoded with the "
+            "tokenizer that was there: restore it (the shards, and the checkpoints "
+            f"and model trained on them, belong to it), or delete {data_cache} too to "
+            "prepare again with a new one.")
     if refused_splits is not None:
         raise ValueError(_rules_refusal_message(
             workdir, data_cache, tokenizer_dir, old_rules, refused_splits, source))

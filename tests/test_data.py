@@ -204,6 +204,13 @@ def test_mirrored_strategy_gives_each_replica_its_row_block_every_step():
             "`token_ids` must hold integers. Received dtype float64",
         ),
         (
+            # A padding or "no token" value: on a GPU the embedding lookup
+            # would read zeros for it in silence.
+            lambda: data.lm_dataset(np.array([5, 3, -1, 2] * 10), 2, 2),
+            "`token_ids` must be token ids, >= 0 (they index the vocabulary). "
+            "Received token_ids[2]=-1",
+        ),
+        (
             lambda: data.batchify([1, 2, 3], 4),
             "corpus has 3 tokens, fewer than batch_size=4",
         ),

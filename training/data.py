@@ -77,6 +77,14 @@ def _as_token_array(token_ids) -> np.ndarray:
             "`token_ids` must fit in int32. Received values in "
             f"[{array.min()}, {array.max()}]."
         )
+    if array.size and array.min() < 0:
+        # A padding or "no token" value: an embedding lookup on a GPU reads
+        # zeros for it in silence.
+        first = int(np.argmax(array < 0))
+        raise ValueError(
+            "`token_ids` must be token ids, >= 0 (they index the vocabulary). "
+            f"Received token_ids[{first}]={array[first]}."
+        )
     return array.astype(np.int32, copy=False)
 
 

@@ -2151,7 +2151,9 @@ class WordPieceTokenizer(_VocabularyTokenizer):
         Uses `tensorflow_text.tools.wordpiece_vocab.bert_vocab_from_dataset`
         over the non-empty lines of `texts`, with `eos_token` and
         `unk_token` reserved at ids 0 and 1. The result may be smaller than
-        `vocabulary_size` on a small corpus.
+        `vocabulary_size` on a small corpus, and larger (with a warning)
+        when the text has many distinct characters: the learner keeps every
+        character and its `##` form whatever the size.
 
         Args:
             texts: str or iterable of str. Training text.
@@ -2189,6 +2191,12 @@ class WordPieceTokenizer(_VocabularyTokenizer):
             len(lines),
             len(vocabulary),
         )
+        if len(vocabulary) > vocabulary_size:
+            logger.warning(
+                "the wordpiece vocabulary has %d tokens, more than vocabulary_size=%d: "
+                "bert_vocab_from_dataset keeps every character of the text, and its "
+                "\"##\" form, whatever the size asked. The model's vocabulary_size "
+                "must be %d.", len(vocabulary), vocabulary_size, len(vocabulary))
         return cls(
             vocabulary,
             lower_case=lower_case,

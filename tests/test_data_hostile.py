@@ -1229,3 +1229,20 @@ def test_a_tokenizer_deleted_after_preparation_is_noticed(tmp_path):
     shutil.rmtree(workdir / "data")
     tokenizer, _ = prepare_data(folder, str(workdir), vocabulary={"vocab_size": 8})
     assert tokenizer.vocabulary_size() == 8
+
+
+def test_a_wordpiece_vocabulary_larger_than_asked_is_said(caplog):
+    # bert_vocab_from_dataset keeps every character (and its "##" form)
+    # whatever vocab_size asks: --vocab-size 8 gave 36 tokens in silence, and
+    # the docstring said the result could only be smaller.
+    text = "the quick brown fox jumps over the lazy dog\n" * 20
+    with caplog.at_level("WARNING"):
+        tokenizer = build_tokenizer("wordpiece", [text], vocabulary_size=8)
+    size = tokenizer.vocabulary_size()
+    assert size > 8
+    assert (f"the wordpiece vocabulary has {size} tokens, more than vocabulary_size=8"
+            in caplog.text)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        build_tokenizer("wordpiece", [text], vocabulary_size=size + 50)
+    assert "more than vocabulary_size" not in caplog.text

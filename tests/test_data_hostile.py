@@ -1246,3 +1246,27 @@ def test_a_wordpiece_vocabulary_larger_than_asked_is_said(caplog):
     with caplog.at_level("WARNING"):
         build_tokenizer("wordpiece", [text], vocabulary_size=size + 50)
     assert "more than vocabulary_size" not in caplog.text
+
+
+def test_a_tfds_version_after_the_name_is_a_version_not_a_config(tmp_path):
+    # TFDS writes a pinned version as NAME:VERSION ("lm1b:1.1.0"), but
+    # "tfds:NAME:X" always read X as a config: "tfds:mine:1.0.0" looked for
+    # a config "1.0.0" and said the dataset was not found.
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    data_dir = tmp_path / "tfds"
+    lines = {"train": [b"hello world"] * 5, "validation": [b"fine"], "test": [b"good"]}
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="pinned", version="1.0.0",
+        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+        split_datasets={s: tf.data.Dataset.from_tensor_slices(v).map(
+            lambda line: {"text": line}) for s, v in lines.items()},
+        data_dir=str(data_dir), disable_shuffling=True)
+    for spec in ("tfds:pinned", "tfds:pinned:1.0.0", "tfds:pinned:1.*.*"):
+        assert load_corpus(spec, data_dir=str(data_dir)).test == "good\n"
+    assert corpora._parse_tfds_name("wiki40b:en:1.3.0") == "wiki40b/en:1.3.0"
+    assert corpora._parse_tfds_name("wiki40b:en") == "wiki40b/en"
+    assert corpora._parse_tfds_name("wiki40b/en:1.3.0") == "wiki40b/en:1.3.0"
+    with pytest.raises(ValueError, match=r"TFDS dataset 'pinned:2\.0\.0' was not found"):
+        load_corpus("tfds:pinned:2.0.0", data_dir=str(data_dir))

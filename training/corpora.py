@@ -406,16 +406,23 @@ def _import_tfds():
 
 
 def _parse_tfds_name(spec: str) -> str:
-    # "NAME", "NAME:CONFIG" or TFDS's own "NAME/CONFIG[:VERSION]".
+    # "NAME", "NAME:CONFIG", "NAME[:CONFIG]:VERSION" or TFDS's own
+    # "NAME/CONFIG[:VERSION]".
     if not spec or spec.startswith((":", "/")):
         raise ValueError(
             "a TFDS source must be 'tfds:NAME' or 'tfds:NAME:CONFIG'. "
             f"Received: 'tfds:{spec}'."
         )
+    # A last part that looks like a version ("1.0.0", "1.*.*") is the
+    # version, as TFDS writes it ("lm1b:1.1.0"), not a config.
+    head, sep, last = spec.rpartition(":")
+    version = None
+    if sep and re.fullmatch(r"\d+\.(\d+|\*)\.(\d+|\*)", last):
+        spec, version = head, last
     if "/" not in spec and ":" in spec:
         name, config = spec.split(":", 1)
-        return f"{name}/{config}"
-    return spec
+        spec = f"{name}/{config}"
+    return f"{spec}:{version}" if version else spec
 
 
 # How the TFDS arguments are named in errors: the Python ones (of

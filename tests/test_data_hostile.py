@@ -1270,3 +1270,20 @@ def test_a_tfds_version_after_the_name_is_a_version_not_a_config(tmp_path):
     assert corpora._parse_tfds_name("wiki40b/en:1.3.0") == "wiki40b/en:1.3.0"
     with pytest.raises(ValueError, match=r"TFDS dataset 'pinned:2\.0\.0' was not found"):
         load_corpus("tfds:pinned:2.0.0", data_dir=str(data_dir))
+
+
+def test_prepare_data_names_shard_tokens_as_its_argument(tmp_path, capsys):
+    # prepare_data(shard_tokens=10) said "--shard-tokens must be at least
+    # 1024": a flag of the command line, not the argument the caller passed.
+    folder = write_corpus(tmp_path / "c")
+    for value, message in ((0, r"^`shard_tokens` must be a positive integer \(tokens per "
+                               r"shard file\)\. Received: shard_tokens=0\.$"),
+                           (True, r"^`shard_tokens` must be a positive integer .*"
+                                  r"Received: shard_tokens=True\.$"),
+                           (10, r"^`shard_tokens` must be at least 1024 .*Received: "
+                                r"shard_tokens=10\. The default is 67108864\.$")):
+        with pytest.raises(ValueError, match=message):
+            prepare_data(folder, str(tmp_path / "w"), shard_tokens=value)
+    assert main(["prepare", "--data", folder, "--workdir", str(tmp_path / "w"),
+                 "--shard-tokens", "10"]) == 2
+    assert "--shard-tokens must be at least 1024" in capsys.readouterr().err

@@ -785,16 +785,19 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     from keras_txl.training.corpora import open_corpus_source
     from keras_txl.training.vocab import build_streaming_tokenizer
 
+    # The flag from `txl`, the argument from the Python API.
+    named, given = (("--shard-tokens", f"{shard_tokens!r}") if cli_flags
+                    else ("`shard_tokens`", f"shard_tokens={shard_tokens!r}"))
     if shard_tokens is not None and (isinstance(shard_tokens, bool)
                                      or not isinstance(shard_tokens, int) or shard_tokens < 1):
         raise ValueError(
-            f"--shard-tokens must be a positive integer (tokens per shard file). "
-            f"Received: {shard_tokens!r}.")
+            f"{named} must be a positive integer (tokens per shard file). "
+            f"Received: {given}.")
     if shard_tokens is not None and shard_tokens < shards.MIN_SHARD_TOKENS:
         raise ValueError(
-            f"--shard-tokens must be at least {shards.MIN_SHARD_TOKENS} (tokens per "
+            f"{named} must be at least {shards.MIN_SHARD_TOKENS} (tokens per "
             f"shard file; each shard is a file written and fsynced on its own). "
-            f"Received: {shard_tokens}. The default is {shards.DEFAULT_SHARD_TOKENS}.")
+            f"Received: {given}. The default is {shards.DEFAULT_SHARD_TOKENS}.")
     tokenizer_options = dict(tokenizer_options or {})
     tokenizer_dir = os.path.join(workdir, "tokenizer")
     data_cache = os.path.join(workdir, "data")

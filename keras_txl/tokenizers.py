@@ -1929,6 +1929,12 @@ class SentencePieceTokenizer(TransformerXLTokenizer):
             if line.strip()
             for piece in _training_sentences(line, int(max_sentence_length))
         ]
+        spaces = sum(line.count("\u2581") for line in lines)
+        if spaces:
+            logger.warning(
+                "the text holds U+2581 ('\u2581') %d times: SentencePiece writes a space "
+                "so, and decodes it as one, so that character does not come back from "
+                "decode (a space does). Replace it in the corpus to keep it apart.", spaces)
         # SentencePiece's trainer drops the "\r" that ends a sentence (a
         # CRLF line), so a text whose lines end so would never learn it and
         # encode every line end as <unk>: "\r" is then a piece of its own.

@@ -1287,3 +1287,19 @@ def test_prepare_data_names_shard_tokens_as_its_argument(tmp_path, capsys):
     assert main(["prepare", "--data", folder, "--workdir", str(tmp_path / "w"),
                  "--shard-tokens", "10"]) == 2
     assert "--shard-tokens must be at least 1024" in capsys.readouterr().err
+
+
+def test_sentencepiece_says_that_its_space_symbol_in_text_decodes_as_a_space(caplog):
+    # SentencePiece writes a space as U+2581 ("▁"), so the character itself
+    # (block drawings, sparklines) decodes as a space: text changed in
+    # silence.
+    text = "snake▁case and a▁b with spaces\n" * 50
+    with caplog.at_level("WARNING"):
+        tokenizer = build_tokenizer("sentencepiece", [text], vocabulary_size=40)
+    assert tokenizer.decode(tokenizer.encode("a▁b")) == "a b"
+    assert ("the text holds U+2581 ('▁') 100 times: SentencePiece writes a space so, "
+            "and decodes it as one") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        build_tokenizer("sentencepiece", [text.replace("▁", "_")], vocabulary_size=40)
+    assert "U+2581" not in caplog.text

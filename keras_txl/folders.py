@@ -6,6 +6,7 @@ folder, its config within `keras_txl.limits`, and the files keras-hub will
 read, present and bounded.
 """
 
+import copy
 import hashlib
 import json
 import logging
@@ -314,6 +315,10 @@ def check_preset_files(directory, limits):
     task = os.path.join(directory, PRESET_TASK_FILE)
     if os.path.lexists(task):
         _check_task(task, load_config(directory, limits), limits)
+    else:  # keras-hub builds the preprocessor from preprocessor.json
+        preprocessor = os.path.join(directory, PRESET_PREPROCESSOR_FILE)
+        if os.path.lexists(preprocessor):
+            _check_task_preprocessor(read_json(preprocessor, limits), preprocessor)
     # Last: the specific checks above name what is wrong with a hand-made
     # or foreign folder; this one names a damaged or changed file.
     verify_manifest(directory, limits)
@@ -453,10 +458,11 @@ def _check_task(path, config, limits):
 
 
 def _check_task_preprocessor(preprocessor, path):
-    """task.json's preprocessor (and its tokenizer), which keras-hub builds
-    from there: null, or Keras serializations of keras-txl classes. Another
-    class, or a damaged entry, failed inside Keras with a TypeError naming
-    neither the file nor the entry ("TransformerXLCausalLM could not be
+    """task.json's preprocessor (and its tokenizer), or preprocessor.json's
+    in a preset without a task, which keras-hub builds from there: null, or
+    Keras serializations of keras-txl classes that build. Another class, or
+    a damaged entry, failed inside Keras with a TypeError naming neither
+    the file nor the entry ("TransformerXLCausalLM could not be
     deserialized properly")."""
     if preprocessor is None:
         return
@@ -474,6 +480,19 @@ def _check_task_preprocessor(preprocessor, path):
                 '({"module": "keras_txl....", "class_name": ..., "config": {...}}), '
                 f"received {found}: a damaged or hand-edited preset?"
             )
+    # keras-hub builds it inside its loader, where the constructor's error
+    # (`sequence_length` must be a positive integer, an unknown keyword)
+    # named an argument the user never passed, not the file it came from.
+    # Built here without its vocabulary (`load_preset_assets` reads that).
+    import keras
+
+    try:
+        keras.saving.deserialize_keras_object(copy.deepcopy(preprocessor))
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path}: its preprocessor cannot be built from it: {error} "
+            "(a damaged or hand-edited preset?)"
+        ) from None
 
 
 HF_PREFIX = "hf://"

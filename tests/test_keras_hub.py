@@ -1223,6 +1223,34 @@ def test_a_preset_task_preprocessor_of_another_class_is_named(tmp_path, entry, s
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.parametrize("change, says", [
+    (dict(sequence_length=0), r"`sequence_length` must be a positive integer"),
+    (dict(add_start_token=True), r"`add_start_token=True`, but the 'word' tokenizer has no"),
+    (dict(bogus=1), r"Unrecognized keyword arguments .*'bogus'"),
+])
+@pytest.mark.parametrize("name", ["task.json", "preprocessor.json"])
+def test_a_preset_preprocessor_config_the_constructor_refuses_names_its_file(
+        tmp_path, name, change, says):
+    # keras-hub builds the preprocessor from task.json (preprocessor.json
+    # without one): the constructor's error named the argument, not the
+    # file it came from (the user never passed sequence_length=0).
+    import json
+
+    _, folder = word_preset(tmp_path)
+    (folder / "manifest.json").unlink()  # a hand-edited folder
+    if name == "preprocessor.json":
+        (folder / "task.json").unlink()
+        (folder / "task.weights.h5").unlink()
+    data = json.loads((folder / name).read_text())
+    entry = data["config"]["preprocessor"] if name == "task.json" else data
+    entry["config"].update(change)
+    (folder / name).write_text(json.dumps(data))
+    for load in (TransformerXLCausalLM.from_preset, keras_txl.load_pretrained):
+        with pytest.raises(ValueError, match=re.escape(name) + r": its preprocessor cannot be built "
+                           r"from it: " + says):
+            load(str(folder))
+
+
 @pytest.mark.parametrize("damage", ["nan", "int", "shape"])
 def test_a_preset_with_non_finite_or_integer_weights_is_refused(tmp_path, damage):
     import h5py

@@ -867,12 +867,18 @@ def save_preset_part(directory, write, entries, config=None):
     if config is not None:
         stale = _stale_task(directory, config)
         if stale is not None:
+            stale, state = stale
+            # A stateful task's settings are not in the kept files: say them,
+            # or a later from_preset loads a model without state in silence.
+            lost = ("" if state is None else
+                    f" It was stateful ({state}): load the new preset with "
+                    f"from_preset(..., {state}) to get a stateful model again.")
             logger.warning(
                 "%s: removed task.json and task.weights.h5, the previous model's task (its "
-                "backbone had %s): the preset would not load with this backbone's config. "
+                "backbone had %s): the preset would not load with this backbone's config.%s "
                 "The tokenizer and preprocessor are kept; save the whole model "
                 "(causal_lm.save_to_preset) to write a task again.",
-                directory, stale)
+                directory, stale, lost)
             entries = re.compile(f"(?:{entries.pattern})|{TASK_ENTRIES.pattern}")
 
     def staged(staging):
@@ -890,23 +896,29 @@ TASK_ENTRIES = re.compile(r"task\.json|task\.weights\.h5")
 
 def _stale_task(directory, config):
     """How the previous task of the preset `directory` differs from a
-    backbone of `config` saved there ("num_layers=2, not 3"), or None when
-    it holds no task or the task's backbone config is `config`. A task.json
-    that cannot be read or holds no valid backbone config is stale too."""
+    backbone of `config` saved there ("num_layers=2, not 3") and the
+    task's state ("stateful=True, batch_size=4", or None for a task without
+    state), or None when it holds no task or the task's backbone config is
+    `config`. A task.json that cannot be read or holds no valid backbone
+    config is stale too."""
     path = os.path.join(directory, PRESET_TASK_FILE)
     if not os.path.isdir(directory) or not os.path.lexists(path):
         return None
+    state = None
     try:
         data = read_json(path)
-        backbone = data["config"]["backbone"]
+        task = data["config"]
+        if isinstance(task, dict) and task.get("stateful") is True:
+            state = f"stateful=True, batch_size={task.get('batch_size')!r}"
+        backbone = task["backbone"]
         theirs = TransformerXLConfig.from_dict(preset_fields(backbone, path))
     except (AttributeError, TypeError, ValueError, KeyError) as error:
-        return f"a config that cannot be read: {error}"
+        return f"a config that cannot be read: {error}", state
     if theirs == config:
         return None
     old, new = theirs.to_dict(), config.to_dict()
     field = next(k for k in new if new[k] != old.get(k))
-    return f"{field}={shown(old.get(field))}, not {field}={shown(new[field])}"
+    return f"{field}={shown(old.get(field))}, not {field}={shown(new[field])}", state
 
 
 def _make_parent(directory, parent):

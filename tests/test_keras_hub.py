@@ -1173,6 +1173,34 @@ def test_a_backbone_save_over_a_task_preset_of_another_config_drops_the_task(tmp
         old.call_with_memory(ids)["log_probs"])
 
 
+def test_a_dropped_stateful_task_names_the_settings_it_held(tmp_path, caplog):
+    # The warning named the backbone's changed field but not that the task
+    # it removed was stateful: a later from_preset loaded a model without
+    # state, and nothing said which settings to pass to get it back.
+    import logging
+
+    keras.utils.set_random_seed(0)
+    old = TransformerXLCausalLM(tiny_config(vocabulary_size=256), stateful=True, batch_size=3)
+    folder = tmp_path / "preset"
+    old.save_to_preset(str(folder))
+    other = TransformerXLCausalLM(tiny_config(vocabulary_size=256, num_layers=3))
+    with caplog.at_level(logging.WARNING, logger="keras_txl"):
+        other.backbone.save_to_preset(str(folder))
+    (message,) = [r.getMessage() for r in caplog.records if "task.json" in r.getMessage()]
+    assert "stateful=True, batch_size=3" in message
+    assert "from_preset(..., stateful=True, batch_size=3)" in message
+    loaded = TransformerXLCausalLM.from_preset(str(folder), stateful=True, batch_size=3)
+    assert loaded.stateful and loaded.batch_size == 3 and loaded.txl_config.num_layers == 3
+    # A task without state held no such settings: none are named.
+    plain = TransformerXLCausalLM(tiny_config(vocabulary_size=256))
+    plain.save_to_preset(str(folder))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="keras_txl"):
+        other.backbone.save_to_preset(str(folder))
+    (message,) = [r.getMessage() for r in caplog.records if "task.json" in r.getMessage()]
+    assert "stateful=" not in message
+
+
 def test_a_preset_task_config_must_match_its_config(tmp_path):
     # keras-hub builds the model from task.json's copy of the backbone config,
     # not from config.json (the one checked against the limits).

@@ -14,6 +14,7 @@ from keras import ops
 from keras_hub.models import Backbone
 
 from keras_txl.adaptive import AdaptiveEmbedding
+from keras_txl.checks import positive_int
 from keras_txl.config import TransformerXLConfig
 from keras_txl.decoder_block import TransformerXLBlock
 from keras_txl.host import check_cpu_precision
@@ -442,6 +443,43 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
                 "`build_cache(..., keep_memory=False)`): build it with "
                 "`keep_memory=True` to read the memory back.")
         return ops.stack(cache["memory"], axis=1)
+
+    # --- keras-hub: LoRA --------------------------------------------------
+    def default_lora_layer_names(self):
+        """The layers `enable_lora(rank)` adapts: each block's feed-forward
+        Dense layers. keras-hub's defaults (the attention's "query_dense",
+        "value_dense") name no layer here: the attention keeps its query,
+        key and value projections in one fused weight, without LoRA."""
+        return ["intermediate_dense", "output_dense"]
+
+    def enable_lora(self, rank, target_layer_names=None):
+        """keras-hub's `enable_lora`: freezes the backbone's weights and adds
+        rank-`rank` adapters to the layers named `target_layer_names`
+        (default `default_lora_layer_names()`, the feed-forward Dense
+        layers), the only weights left to train; `save_lora_weights` /
+        `load_lora_weights` save and load those.
+
+        keras-hub froze every layer and adapted none, in silence, when no
+        layer had the names given (as with its defaults here), and left the
+        backbone's own relative biases trainable: names that match no layer
+        with LoRA are refused before anything is frozen, and the biases
+        are frozen too."""
+        rank = positive_int("rank", rank)
+        names = self.default_lora_layer_names() if target_layer_names is None else target_layer_names
+        if isinstance(names, str):
+            names = [names]
+        capable = sorted({layer.name for layer in self._flatten_layers(include_self=False)
+                          if layer.weights and hasattr(layer, "enable_lora")})
+        if not any(name in capable for name in names):
+            raise ValueError(
+                f"`target_layer_names`={list(names)!r} name no layer with LoRA in this "
+                f"TransformerXLBackbone; those that have it: {capable} (the attention's "
+                "query/key/value projection is one fused weight, without LoRA)."
+            )
+        super().enable_lora(rank, target_layer_names=list(names))
+        self._lora_target_names = list(names)  # a copy adapts the same layers
+        for variable in self._trainable_variables:  # content/position biases
+            variable.trainable = False
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, limits=None, **kwargs):

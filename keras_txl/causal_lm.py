@@ -1431,8 +1431,13 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         """Copies the weights of a model with the same architecture.
 
         The memory variable (if any) is left alone, so a stateful model can
-        take the weights of a pure one and the other way round.
+        take the weights of a pure one and the other way round. The LoRA
+        adapters of `other` (`backbone.enable_lora`) are added to this
+        model first, with their rank and layers, so a copy adapts as it does.
         """
+        lora = getattr(other.backbone, "_lora_target_names", None)
+        if lora is not None and getattr(self.backbone, "_lora_target_names", None) is None:
+            self.backbone.enable_lora(other.backbone._lora_rank, target_layer_names=lora)
         source, target = other.model_weights(), self.model_weights()
         if len(source) != len(target) or any(
             tuple(a.shape) != tuple(b.shape) for a, b in zip(source, target)

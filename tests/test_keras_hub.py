@@ -1313,6 +1313,54 @@ def _datasets(handle):
     return found
 
 
+def test_enable_lora_adapts_the_feed_forward_layers_and_their_weights_round_trip(tmp_path):
+    # keras-hub's default LoRA names (query_dense, value_dense, ...) match no
+    # layer here (the attention keeps q/k/v in one fused weight):
+    # `enable_lora(2)` froze every layer and adapted none, in silence (the
+    # relative biases alone still trained), and `save_lora_weights` then
+    # said "There are no lora-enabled layers in this model".
+    keras.utils.set_random_seed(0)
+    config = tiny_config(vocabulary_size=31)
+    model = TransformerXLCausalLM(config)
+    base = model.get_weights()
+    backbone = model.backbone
+    assert backbone.default_lora_layer_names() == ["intermediate_dense", "output_dense"]
+    backbone.enable_lora(2)
+    # Keras' Dense.enable_lora: the adapters, and the layer's bias, train.
+    trainable = [w.path.split("/")[-2:] for w in backbone.trainable_weights]
+    assert sorted({leaf for _, leaf in trainable}) == ["bias", "lora_kernel_a", "lora_kernel_b"]
+    assert {layer for layer, _ in trainable} == {"intermediate_dense", "output_dense"}
+    assert len(trainable) == 3 * 2 * config.num_layers
+    ids = random_ids((2, 8), 31)
+    frozen = [w.numpy() for w in backbone.non_trainable_weights]
+    model.compile(optimizer=keras.optimizers.Adam(0.05))
+    model.fit(ids, ids, epochs=3, verbose=0)
+    for before, after in zip(frozen, backbone.non_trainable_weights):
+        np.testing.assert_array_equal(before, after.numpy())
+    adapted = model.call_with_memory(ids)["log_probs"]
+    # A copy with other settings (`with_settings`, exports) adapts as it does.
+    stateful = model.with_settings(stateful=True, batch_size=2)
+    np.testing.assert_allclose(stateful(ids), adapted, atol=1e-5)
+    fresh = TransformerXLCausalLM(config)
+    fresh.set_weights(base)
+    assert np.abs(fresh.call_with_memory(ids)["log_probs"] - adapted).max() > 1e-3
+    # keras-hub's LoRA files: the adapters alone, onto the same base weights.
+    backbone.save_lora_weights(str(tmp_path / "adapters.lora.h5"))
+    trained = {w.path: w for w in model.weights}
+    for w in fresh.weights:  # the biases and the task's head trained too
+        w.assign(trained[w.path])
+    fresh.backbone.load_lora_weights(str(tmp_path / "adapters.lora.h5"))
+    np.testing.assert_allclose(fresh.call_with_memory(ids)["log_probs"], adapted, atol=1e-5)
+    # Names that match no layer with LoRA are refused before anything is frozen.
+    other = TransformerXLCausalLM(config)
+    with pytest.raises(ValueError, match=r"`target_layer_names`=\['query_dense'\] name no layer .*"
+                       r"\['intermediate_dense', 'output_dense'\]"):
+        other.backbone.enable_lora(2, target_layer_names=["query_dense"])
+    assert len(other.backbone.trainable_weights) == len(other.backbone.weights)
+    with pytest.raises(ValueError, match="`rank` must be a positive integer"):
+        other.backbone.enable_lora(0)
+
+
 def test_a_keras_file_reloads_compiled_as_saved(tmp_path):
     # Keras skips compile_from_config for a custom compile(): a reloaded
     # model sampled with the default top-k (not the saved beam search) and

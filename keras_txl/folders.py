@@ -139,6 +139,10 @@ def _check_layer_keys(config, path):
     # `{"class_name": ..., "config": {"name": "float32"}}`, or its absence.
     dtype = config.get("dtype")
     policy = dtype.get("config") if isinstance(dtype, dict) else None
+    if (isinstance(policy, dict) and dtype.get("class_name") == "DTypePolicyMap"
+            and dtype.get("module") == "keras.dtype_policies"
+            and isinstance(policy.get("policy_map"), dict)):
+        return  # a quantized model's (`quantize`), which keras-hub loads as it is
     if dtype is not None and not (isinstance(policy, dict)
                                   and isinstance(policy.get("name"), str)):
         raise ValueError(
@@ -360,6 +364,9 @@ def check_preset_weights(directory):
 
     from keras_txl.checks import WEIGHT_DTYPES
 
+    allowed = set(WEIGHT_DTYPES)
+    if saved_quantized(directory):
+        allowed.add("int8")  # a quantized model's kernels (int4 ones packed in int8)
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".weights.h5"):
             continue
@@ -369,7 +376,7 @@ def check_preset_weights(directory):
         def visit(key, item, bad=bad):
             # (an optimizer's step counter is an integer by design)
             if (isinstance(item, h5py.Dataset) and not key.startswith("optimizer/")
-                    and _stored_dtype(item) not in WEIGHT_DTYPES):
+                    and _stored_dtype(item) not in allowed):
                 bad.append(f"{key} ({_stored_dtype(item)})")
 
         try:
@@ -398,6 +405,16 @@ def _stored_dtype(dataset):
     if dtype.kind == "V" and dtype.itemsize == 2 and dataset.attrs.get("dtype") == "bfloat16":
         return "bfloat16"
     return dtype.name
+
+
+def saved_quantized(directory):
+    """The serialized `DTypePolicyMap` a quantized model's preset holds as
+    its dtype in `config.json` (as `quantize` leaves it), or None."""
+    data = read_json(os.path.join(directory, CONFIG_FILE))
+    dtype = data.get("config", {}).get("dtype") if isinstance(data, dict) else None
+    if isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicyMap":
+        return dtype
+    return None
 
 
 def saved_mixed_policy(directory):
@@ -618,6 +635,12 @@ def load_preset_folder(load, preset, load_weights=True, **kwargs):
         # keras-hub cannot read the mixed policy's name; resolve it
         # as it resolves a float dtype, to the current policy.
         kwargs["dtype"] = keras.config.dtype_policy()
+    quantized = saved_quantized(preset)
+    if kwargs.get("dtype") is None and quantized is not None:
+        # keras-hub's backbone loader replaces the saved dtype with the
+        # `dtype` argument even when that is None: a quantized backbone was
+        # built without its quantized layers, and its weights did not load.
+        kwargs["dtype"] = keras.dtype_policies.deserialize(copy.deepcopy(quantized))
     try:
         model = load(preset, load_weights=load_weights, **kwargs)
     except (OSError, KeyError) as error:

@@ -832,6 +832,31 @@ def test_a_bfloat16_model_saves_a_preset_that_loads(tmp_path):
         TransformerXLCausalLM.from_preset(folder)
 
 
+def test_a_quantized_model_saves_a_preset_that_loads(tmp_path):
+    # `quantize("int8")` leaves a DTypePolicyMap as the dtype and int8
+    # kernels: save_to_preset wrote them (keras-hub's CausalLM.from_preset
+    # loads such a preset), but TransformerXLCausalLM.from_preset refused its
+    # config.json ("dtype" must be a serialized Keras dtype policy) and its
+    # int8 weights, and the backbone loaded unquantized (keras-hub's backbone
+    # loader drops the saved dtype): "expected 2 variables, but received 0".
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31, hidden_dim=16,
+                                              intermediate_dim=32))
+    model.quantize("int8")
+    ids = random_ids((2, 8), 31)
+    expected = model.call_with_memory(ids)
+    folder = tmp_path / "preset"
+    model.save_to_preset(str(folder))
+    for load in (TransformerXLCausalLM.from_preset, keras_hub.models.CausalLM.from_preset):
+        loaded = load(str(folder))
+        assert loaded.backbone.blocks[0].intermediate_dense.quantization_mode == "int8"
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                      expected["log_probs"])
+    backbone = TransformerXLBackbone.from_preset(str(folder))
+    assert backbone.blocks[0].output_dense.quantization_mode == "int8"
+    np.testing.assert_array_equal(backbone(ids)[0], model.backbone(ids)[0])
+
+
 def test_a_stateful_mixed_precision_model_saves_a_preset_keras_hub_loads(tmp_path):
     # The float32 rewrite skipped stateful models: their preset named the
     # mixed policy and keras-hub's loader refused it ("Invalid dtype").

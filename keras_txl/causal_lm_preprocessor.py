@@ -17,6 +17,7 @@ from keras_hub.models import CausalLMPreprocessor
 # preprocessor (keras-hub's own `CausalLM.from_preset` deserializes them).
 from keras_txl import tokenizers  # noqa: F401
 from keras_txl.backbone import TransformerXLBackbone
+from keras_txl.checks import boolean
 from keras_txl.checks import positive_int
 from keras_txl.limits import ENVIRONMENT_VARIABLE
 from keras_txl.limits import resolve_limits
@@ -90,7 +91,8 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
             (every keras-txl kind), which would add nothing in silence.
         add_end_token: bool. Default False. True appends the tokenizer's
             `end_token_id` (`<eos>`); a ValueError for a kind without one
-            (`byte`, `char`, `official_symbols`).
+            (`byte`, `char`, `official_symbols`). Both flags must be bools
+            (a string such as "False" is refused, not read as True).
 
     Example:
     ```python
@@ -142,6 +144,10 @@ class TransformerXLCausalLMPreprocessor(CausalLMPreprocessor):
                 f"tokenize/detokenize), received {type(tokenizer).__name__}."
             )
         sequence_length = _sequence_length(sequence_length)
+        # keras-hub's packer reads them as truthy: add_end_token="False" (a
+        # config read as text) appended <eos> to every sample in silence.
+        add_start_token = boolean("add_start_token", add_start_token)
+        add_end_token = boolean("add_end_token", add_end_token)
         super().__init__(
             tokenizer, sequence_length=sequence_length,
             add_start_token=add_start_token, add_end_token=add_end_token,

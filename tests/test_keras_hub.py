@@ -1478,3 +1478,18 @@ def test_a_start_or_end_token_the_tokenizer_lacks_is_refused_not_skipped(tmp_pat
     word.save_assets(str(tmp_path))
     clone.tokenizer.load_assets(str(tmp_path))
     assert clone(["a a"])[0]["token_ids"].numpy().tolist() == [[2, 2, 0, 0]]
+
+
+@pytest.mark.parametrize("flag", ["add_start_token", "add_end_token"])
+@pytest.mark.parametrize("value", ["False", "no", 0, None])
+def test_a_start_or_end_token_flag_that_is_not_a_bool_is_refused(flag, value):
+    # add_end_token="False" (a config read as text) is truthy: the <eos> was
+    # appended to every sample in silence, and 0 or None meant False.
+    from keras_txl.tokenizers import WordTokenizer
+
+    word = WordTokenizer(["<eos>", "<unk>", "a"])
+    with pytest.raises(ValueError, match=f"`{flag}` must be True or False. Received: {flag}={value!r}"):
+        TransformerXLCausalLMPreprocessor(word, sequence_length=4, **{flag: value})
+    # NumPy booleans are booleans.
+    preprocessor = TransformerXLCausalLMPreprocessor(word, sequence_length=4, add_end_token=np.bool_(True))
+    assert preprocessor.add_end_token is True

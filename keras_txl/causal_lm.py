@@ -1413,9 +1413,17 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         """
         self.txl_config.check_trained_fields(changes, "this model's config")
         config = self.txl_config.replace(**changes)
+        dtype = self.dtype_policy
+        # A model quantized in place (`quantize`) keeps float policies at the
+        # top and its layers' modes in keras-hub's policy map: the copy is
+        # built quantized from that map (its int8 kernels would not fit a
+        # float copy).
+        saved = self.backbone.get_config().get("dtype")
+        if isinstance(saved, dict) and saved.get("class_name") == "DTypePolicyMap":
+            dtype = keras.dtype_policies.deserialize(saved)
         clone = TransformerXLCausalLM(
             config, preprocessor=self.preprocessor, stateful=stateful,
-            batch_size=batch_size, dtype=self.dtype_policy,
+            batch_size=batch_size, dtype=dtype,
         )
         clone.assign_weights_from(self)
         return clone

@@ -857,6 +857,25 @@ def test_a_quantized_model_saves_a_preset_that_loads(tmp_path):
     np.testing.assert_array_equal(backbone(ids)[0], model.backbone(ids)[0])
 
 
+def test_a_model_quantized_in_place_copies_with_other_settings():
+    # with_settings built a float copy of a model quantized by `quantize`
+    # (its policies stay float at the top): "assign_weights_from() needs a
+    # model with the same architecture; the weight shapes differ".
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31, hidden_dim=16,
+                                              intermediate_dim=32))
+    model.quantize("int8")
+    ids = random_ids((2, 8), 31)
+    stateful = model.with_settings(stateful=True, batch_size=2)
+    assert stateful.backbone.blocks[1].output_dense.quantization_mode == "int8"
+    np.testing.assert_array_equal(stateful(ids), model.call_with_memory(ids)["log_probs"])
+    # Another evaluation memory, the same quantized weights.
+    longer = model.with_settings(memory_length=8)
+    for a, b in zip(longer.model_weights(), model.model_weights()):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_stateful_mixed_precision_model_saves_a_preset_keras_hub_loads(tmp_path):
     # The float32 rewrite skipped stateful models: their preset named the
     # mixed policy and keras-hub's loader refused it ("Invalid dtype").

@@ -483,7 +483,12 @@ def check_sampler(sampler):
 def sampler_object(sampler):
     """A sampler name (one of `SAMPLERS`) as keras-hub's sampler; a
     `keras_hub.samplers.Sampler` as it is; a ValueError naming `sampler`
-    for anything else."""
+    for anything else (for keras-hub's "contrastive", the reason
+    `check_sampler` gives its sampler)."""
+    if isinstance(sampler, str) and sampler == "contrastive":
+        from keras_hub.samplers import ContrastiveSampler
+
+        check_sampler(ContrastiveSampler())
     if isinstance(sampler, str) and sampler not in SAMPLERS:
         raise ValueError(
             f"`sampler` must be one of {list(SAMPLERS)} or a "

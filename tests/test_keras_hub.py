@@ -1512,3 +1512,17 @@ def test_a_start_or_end_token_flag_that_is_not_a_bool_is_refused(flag, value):
     # NumPy booleans are booleans.
     preprocessor = TransformerXLCausalLMPreprocessor(word, sequence_length=4, add_end_token=np.bool_(True))
     assert preprocessor.add_end_token is True
+
+
+@pytest.mark.parametrize("sampler", ["contrastive", keras_hub.samplers.ContrastiveSampler()])
+def test_contrastive_search_is_refused_by_name_or_instance_saying_why(sampler):
+    # keras_hub.samplers.get("contrastive") exists: the name was refused as
+    # an unknown one ("must be one of ['greedy', ...]"), the instance with
+    # the reason.
+    model = generation_model()
+    with pytest.raises(ValueError, match=r"ContrastiveSampler \(contrastive search\) compares the "
+                       r"hidden states of the whole sequence"):
+        model.compile(sampler=sampler)
+    with pytest.raises(ValueError, match=r"contrastive search"):
+        model.sampler = sampler  # the name at once, an instance at generate()
+        model.generate([[1, 2]], max_length=4)

@@ -197,6 +197,13 @@ def normalize_prompts(inputs, preprocessor, max_length, vocabulary_size):
                     found += " (one prompt of ids is a list inside the list: [[1, 2, 3]])"
             elif any(isinstance(p, (str, bytes)) for p in prompts):
                 found = "strings mixed with id lists"
+            elif any(len(p) and all(isinstance(_as_host(i), (str, bytes)) for i in p)
+                     for p in prompts):
+                # [["a", "b"]] or a 2-D string tensor: was "an empty list or
+                # a list holding something else than int ids".
+                found = ("a batch of strings nested one level too deep (a list of lists "
+                         "of strings, or a string tensor of rank 2): pass one string per "
+                         'prompt, ["a prompt", "another"]')
             else:
                 found = "an empty list or a list holding something else than int ids"
             raise ValueError(

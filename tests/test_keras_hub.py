@@ -1526,3 +1526,16 @@ def test_contrastive_search_is_refused_by_name_or_instance_saying_why(sampler):
     with pytest.raises(ValueError, match=r"contrastive search"):
         model.sampler = sampler  # the name at once, an instance at generate()
         model.generate([[1, 2]], max_length=4)
+
+
+@pytest.mark.parametrize("inputs", [[["ab", "c"]], tf.constant([["ab"], ["c"]]), np.array([["ab"]])])
+def test_strings_nested_one_level_too_deep_are_named_as_such(inputs):
+    # A list of lists of strings (or a rank-2 string tensor) was refused as
+    # "an empty list or a list holding something else than int ids".
+    from testing import byte_causal_lm
+
+    model = byte_causal_lm()
+    model.compile(sampler="greedy")
+    with pytest.raises(ValueError, match=r"received a batch of strings nested one level too deep "
+                       r"\(a list of lists of strings, or a string tensor of rank 2\)"):
+        model.generate(inputs, max_length=6)

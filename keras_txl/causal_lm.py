@@ -1523,7 +1523,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             load_weights: bool.
             limits: None, a dict or a `keras_txl.limits.Limits`.
             stateful, batch_size: as for the constructor; by default those
-                the preset was saved with (its task.json). The weights are
+                the preset was saved with (its task.json), and `stateful=True`
+                alone takes a stateful preset's `batch_size`. The weights are
                 loaded into the model the files hold, which then gets
                 these settings (`with_settings`, as `load_preset` does).
             **kwargs: passed to keras-hub (e.g. `dtype`).
@@ -1540,6 +1541,11 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             saved = _saved_settings(preset)
             if stateful is None:
                 stateful, batch_size = saved["stateful"], saved["batch_size"]
+            elif stateful and batch_size is None and saved["stateful"]:
+                # The preset's own batch: stateful=True alone was refused
+                # ("needs a fixed positive integer `batch_size`") although
+                # the preset says which.
+                batch_size = saved["batch_size"]
             # Built as the weights files hold it (a stateful preset's task
             # weights include its memory), then given the settings asked for.
             kwargs["stateful"], kwargs["batch_size"] = saved["memory_rows"] is not None, saved["memory_rows"]

@@ -1539,3 +1539,19 @@ def test_strings_nested_one_level_too_deep_are_named_as_such(inputs):
     with pytest.raises(ValueError, match=r"received a batch of strings nested one level too deep "
                        r"\(a list of lists of strings, or a string tensor of rank 2\)"):
         model.generate(inputs, max_length=6)
+
+
+def test_from_preset_stateful_alone_takes_a_stateful_presets_batch_size(tmp_path):
+    # from_preset(folder, stateful=True) on a preset saved stateful with
+    # batch_size=2 said "needs a fixed positive integer `batch_size`",
+    # although the preset says which.
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=31), stateful=True, batch_size=2)
+    ids = random_ids((2, 4), 31)
+    model(ids)  # a memory to carry
+    folder = tmp_path / "preset"
+    model.save_to_preset(str(folder))
+    loaded = TransformerXLCausalLM.from_preset(str(folder), stateful=True)
+    assert loaded.stateful and loaded.batch_size == 2
+    np.testing.assert_array_equal(loaded.memory.numpy(), model.memory.numpy())
+    np.testing.assert_array_equal(loaded(ids), model(ids))

@@ -458,7 +458,7 @@ def check_sampler(sampler):
         # A k above the vocabulary is clamped to it (`clamp_top_k`).
         checks.positive_int(f"sampler ({name}) k", sampler.k)
     if isinstance(sampler, TopPSampler):
-        p = sampler.p
+        p = _setting_value(sampler.p)
         if (isinstance(p, bool) or not isinstance(p, numbers.Real)
                 or not 0 < p <= 1):
             raise ValueError(
@@ -467,17 +467,27 @@ def check_sampler(sampler):
             )
     # The log-probs are divided by the temperature: 0 gives NaN/Inf
     # probabilities, a negative one favours the least likely tokens.
+    temperature = _setting_value(getattr(sampler, "temperature", 1.0))
     checks.finite_number(
-        f"sampler ({name}) temperature", getattr(sampler, "temperature", 1.0),
+        f"sampler ({name}) temperature", temperature,
         expected="a finite number > 0 (use 'greedy' for temperature 0)",
     )
-    if not sampler.temperature >= checks.GREEDY_BELOW_TEMPERATURE:
+    if not temperature >= checks.GREEDY_BELOW_TEMPERATURE:
         # Below it keras-hub's softmax(logits / T) gives NaN under XLA.
         raise ValueError(
             f"`sampler ({name}) temperature` must be a finite number >= "
             f"{checks.GREEDY_BELOW_TEMPERATURE:g} (use 'greedy' for temperature 0, the "
-            f"limit), received temperature={sampler.temperature!r}."
+            f"limit), received temperature={temperature!r}."
         )
+
+
+def _setting_value(value):
+    """A sampler setting as a number: a scalar variable (as `generate_ids`
+    keeps the temperature and p, so that another value needs no new trace)
+    read as its float value; anything else as it is."""
+    if isinstance(value, tf.Variable) and value.shape.rank == 0 and value.dtype.is_floating:
+        return float(value.numpy())
+    return value
 
 
 def sampler_object(sampler):

@@ -658,6 +658,10 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
 # sampler setting (the most recently used ones).
 GENERATE_IDS_FUNCTIONS = 8
 
+# Sampler settings read by the trace as variables (float32, as the logits
+# they divide or the probabilities they cut): not part of the function's key.
+_SAMPLER_VARIABLES = ("temperature", "p")
+
 
 def _generate_ids_function(model, sampler):
     """`(sampler, function, remember)` for one `generate_ids` call.
@@ -673,7 +677,8 @@ def _generate_ids_function(model, sampler):
     """
     key = (
         type(sampler).__name__,
-        tuple(sorted((k, repr(v)) for k, v in sampler.get_config().items() if k != "seed")),
+        tuple(sorted((k, repr(v)) for k, v in sampler.get_config().items()
+                     if k not in ("seed",) + _SAMPLER_VARIABLES)),
         model.generate_jit_compile(),
         bool(model.run_eagerly),
     )
@@ -689,9 +694,24 @@ def _generate_ids_function(model, sampler):
         fresh = getattr(sampler, "seed_generator", None)
         if fresh is not None:
             kept_sampler.seed_generator.state.assign(fresh.state.value)
+        for name in _SAMPLER_VARIABLES:
+            if hasattr(kept_sampler, name):
+                getattr(kept_sampler, name).assign(float(getattr(sampler, name)))
         sampler = kept_sampler
     else:
+        # The temperature and top-p's p become variables the trace reads,
+        # so another value is an assignment, not another trace; the batch
+        # and the lengths are relaxed to unknown sizes after a second shape.
+        for name in _SAMPLER_VARIABLES:
+            value = getattr(sampler, name, None)
+            if isinstance(value, numbers.Real):
+                setattr(sampler, name, tf.Variable(float(value), dtype=tf.float32,
+                                                   trainable=False, name=name))
         function = None
+        if not model.run_eagerly:
+            function = tf.function(model.generate_step,
+                                   jit_compile=model.generate_jit_compile(),
+                                   reduce_retracing=True)
 
     def remember(traced):
         if traced is None:

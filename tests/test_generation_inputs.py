@@ -508,3 +508,52 @@ def test_generate_ids_reuses_its_trace_and_draws_as_a_new_sampler():
     for _ in range(2):
         generation.generate_ids(model, prompts, 5, temperature=0)
     assert len(traces) == count + 1
+
+
+def test_generate_ids_needs_no_new_trace_for_another_temperature_batch_or_length():
+    # The temperature (and top-p's p) was part of the kept function's key and
+    # every shape was traced anew: a server sweeping temperatures or batch
+    # sizes retraced the whole decoding loop at each new value (5-9 s a call
+    # under XLA on a 2-layer toy model).
+    model = id_model()
+    model.compile(sampler="greedy", jit_compile=False)
+    traces = []
+    step = model.generate_step
+
+    def counting_step(*args, **kwargs):
+        traces.append(1)
+        return step(*args, **kwargs)
+
+    model.generate_step = counting_step
+
+    def reference(prompts, n, **options):
+        """A new sampler and a new function."""
+        model.compile(sampler=generation.sampler_from_options(vocabulary_size=V, **options),
+                      jit_compile=False)
+        out = model.generate(prompts, max_length=max(map(len, prompts)) + n,
+                             stop_token_ids=None, strip_prompt=True)
+        return [np.asarray(row)[:n] for row in out]
+
+    calls = [([[1, 2, 3], [4]], 5, dict(temperature=0.7, seed=3)),
+             ([[1, 2, 3], [4]], 5, dict(temperature=1.6, seed=3)),
+             ([[1, 2, 3], [4]], 5, dict(temperature=0.2, seed=3)),
+             ([[1, 2], [4], [5, 6, 7]], 5, dict(temperature=1.6, seed=3)),
+             ([[1, 2], [4], [5, 6, 7], [8]], 5, dict(temperature=0.9, seed=3)),
+             ([[1, 2, 3, 4], [4]], 7, dict(temperature=0.9, seed=3))]
+    outputs = [generation.generate_ids(model, p, n, **o) for p, n, o in calls]
+    # One trace, then one per newly relaxed dimension (batch, length): none
+    # for a temperature.
+    assert len(traces) <= 3
+    topp = [generation.generate_ids(model, [[1, 2, 3], [4]], 5, top_p=p, temperature=1.5, seed=2)
+            for p in (0.9, 0.5, 0.99)]
+    assert len(traces) <= 4
+    count = len(traces)
+    for (prompts, n, options), out in zip(calls, outputs):
+        for a, b in zip(out, reference(prompts, n, **options)):
+            np.testing.assert_array_equal(a, b)
+    for p, out in zip((0.9, 0.5, 0.99), topp):
+        for a, b in zip(out, reference([[1, 2, 3], [4]], 5, top_p=p, temperature=1.5, seed=2)):
+            np.testing.assert_array_equal(a, b)
+    assert len(traces) > count  # the references trace: the counter counts
+    # The temperatures were not all the same draws.
+    assert not all(np.array_equal(a, b) for a, b in zip(outputs[0], outputs[1]))

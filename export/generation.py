@@ -69,6 +69,24 @@ def _shown(value, limit=80):
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _prompt_list(prompts):
+    """`prompts` as a non-empty list of str/bytes: a list or tuple of them,
+    or a 1-D numpy array or string tensor of them (as `model.generate` takes
+    a rank-1 string tensor); ValueError naming `prompts` for anything else
+    (one string is refused: it is not read as one prompt per character)."""
+    given = prompts
+    if tf.is_tensor(prompts) and prompts.dtype == tf.string and prompts.shape.rank == 1:
+        prompts = prompts.numpy()
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+        prompts = prompts.tolist()
+    if (not isinstance(prompts, (list, tuple)) or not prompts
+            or not all(isinstance(p, (str, bytes)) for p in prompts)):
+        raise ValueError(
+            "`prompts` must be a non-empty list of strings (or a 1-D array or "
+            f"string tensor of them), received {_shown(given)}.")
+    return list(prompts)
+
+
 class SavedModelBackend:
     """Runs an exported SavedModel through its `next_token` signature.
 
@@ -128,7 +146,8 @@ class SavedModelBackend:
 
     def generate_texts(self, prompts, max_new_tokens, temperature=0.0,
                        top_k=0, top_p=1.0, seed=0):
-        """The continuations of `prompts` (list of str) by the `generate`
+        """The continuations of `prompts` (list of str, or a 1-D array or
+        string tensor of them) by the `generate`
         signature: the whole loop in the graph, one call. Each is decoded
         alone (a word tokenizer's continuation has no leading space: to
         print it after its prompt, decode `generate_ids`' ids with it)."""
@@ -160,11 +179,7 @@ class SavedModelBackend:
         # string was read as one prompt per character, 2.5 new tokens or
         # top_k=2.5 cut to 2, and a seed or length past the int dtypes was
         # numpy's OverflowError.
-        if (not isinstance(prompts, (list, tuple)) or not prompts
-                or not all(isinstance(p, (str, bytes)) for p in prompts)):
-            raise ValueError(
-                "`prompts` must be a non-empty list of strings, received "
-                f"{_shown(prompts)}.")
+        prompts = _prompt_list(prompts)
         max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
         # The export's cap; unrecorded, the int32 of the request (the
         # signature refuses more than its own cap).

@@ -444,8 +444,9 @@ def test_the_backend_checks_a_generate_request_before_casting_it(exported):
     backend = SavedModelBackend(version_dir)
     assert backend.max_new_tokens == sig.MAX_NEW_TOKENS_CAP  # from its export.json
     for prompts in ("Hello", b"Hello", [], ["a", 3], None):
-        with pytest.raises(ValueError, match="`prompts` must be a non-empty list of strings, "
-                                             f"received {re.escape(repr(prompts))}"):
+        with pytest.raises(ValueError, match=r"`prompts` must be a non-empty list of strings \(or a "
+                                             r"1-D array or string tensor of them\), received "
+                                             f"{re.escape(repr(prompts))}"):
             backend.generate_texts(prompts, 2)
     for options, message in [
         ({"max_new_tokens": 2.5}, "`max_new_tokens` must be a positive integer"),
@@ -467,3 +468,22 @@ def test_the_backend_checks_a_generate_request_before_casting_it(exported):
     np.testing.assert_array_equal(
         backend.generate_ids(PROMPTS[:1], 4, top_k=2**40, **options)[0],
         backend.generate_ids(PROMPTS[:1], 4, top_k=256, **options)[0])
+
+
+def test_the_backend_takes_prompts_as_a_1d_array_or_string_tensor(exported):
+    # A 1-D numpy array of strings (what a DataFrame column gives) was refused
+    # as "not a list of strings", though model.generate takes one.
+    from keras_txl.export.generation import SavedModelBackend
+
+    _, version_dir, _ = exported
+    backend = SavedModelBackend(version_dir)
+    expected = backend.generate_texts(PROMPTS[:2], 3)
+    for prompts in (np.array(PROMPTS[:2]), np.array(PROMPTS[:2], dtype=object),
+                    np.array([p.encode() for p in PROMPTS[:2]]), tf.constant(PROMPTS[:2])):
+        assert backend.generate_texts(prompts, 3) == expected
+        for a, b in zip(backend.generate_ids(prompts, 3), backend.generate_ids(PROMPTS[:2], 3)):
+            np.testing.assert_array_equal(a, b)
+    for prompts in (np.array("Hello"), np.array([PROMPTS[:2]]), np.array([], str),
+                    np.array([1, 2]), tf.constant("Hello")):
+        with pytest.raises(ValueError, match="`prompts` must be a non-empty list of strings"):
+            backend.generate_texts(prompts, 2)

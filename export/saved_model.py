@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 
@@ -35,6 +36,7 @@ from keras_txl.export import serving
 from keras_txl.export import signatures as sig
 from keras_txl.folders import PRESET_TOKENIZER_FILE
 from keras_txl.safe_files import default_mode
+from keras_txl.safe_files import left_by_a_killed_process
 from keras_txl.safe_files import remove_path
 from keras_txl.safe_files import remove_stale_temporaries
 from keras_txl.safe_files import temporary_prefix
@@ -271,11 +273,13 @@ def export_saved_model(
             "serves the highest) or pass overwrite=True."
         )
     os.makedirs(base, exist_ok=True)
+    restore_moved_aside_versions(base)
     remove_stale_temporaries(base)
     # Not a number, so TF Serving ignores it while it is being written; the
     # writer's process and host in the name, so a later export can tell a
     # killed one's leftovers from a running one's.
     staging = tempfile.mkdtemp(prefix=temporary_prefix(version), dir=base)
+    old = None  # the version being replaced, while it is moved aside
     try:
         generate = has_generate(model)
         write_saved_model(
@@ -323,24 +327,64 @@ def export_saved_model(
                 os.path.join(extra, serving.WARMUP_FILE), requests
             )
         os.chmod(staging, default_mode(directory=True))
-        old = None
         if os.path.lexists(final):
             # The old version moves aside (a non-numeric name, which TF
             # Serving ignores) and the new one takes its name at once: a
             # server polling the base path never finds the version missing
-            # or half there, and a kill in between leaves the old version
-            # under a name the next export removes.
-            old = tempfile.mkdtemp(prefix=temporary_prefix(f"{version}_old"), dir=base)
+            # or half there. A failed rename below puts the old version
+            # back; a kill in between leaves it under a name the next export
+            # renames back (`restore_moved_aside_versions`).
+            old = tempfile.mkdtemp(prefix=temporary_prefix(f"{version}{OLD_TAG}"), dir=base)
             os.rmdir(old)
             os.rename(final, old)
         os.rename(staging, final)
-        if old is not None:
-            remove_path(old)
+        moved, old = old, None
+        if moved is not None:
+            remove_path(moved)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and not os.path.lexists(final):
+            try:
+                os.rename(old, final)
+            except OSError:
+                logger.error("The previous version %s is in %s: the export failed "
+                             "before the new one was in place.", final, old)
         raise
     logger.debug("SavedModel written to %s", final)  # `txl export` prints it
     return final
+
+
+# The tag of the temporary name an overwritten version is moved aside to.
+OLD_TAG = "_old"
+_MOVED_ASIDE = re.compile(r"^\.tmp-(\d+)" + OLD_TAG + "-")
+
+
+def restore_moved_aside_versions(base: str) -> list:
+    """Renames back the versions an export killed while overwriting them
+    left aside: `.tmp-<version>_old-...` of a dead process of this host,
+    when no folder `<version>` took its place (the kill came between moving
+    the old version aside and renaming the new one in). Returns the versions
+    restored. Run before `remove_stale_temporaries`, which would delete them."""
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return []
+    restored = []
+    for entry in entries:
+        match = _MOVED_ASIDE.match(entry)
+        if not match or not left_by_a_killed_process(entry):
+            continue
+        final = os.path.join(base, str(int(match.group(1))))
+        if os.path.lexists(final):
+            continue  # the new version is in place: a leftover
+        try:
+            os.rename(os.path.join(base, entry), final)
+        except OSError:
+            continue
+        logger.warning("Restored %s, moved aside by an export that was killed "
+                       "while overwriting it.", final)
+        restored.append(final)
+    return restored
 
 
 def check_version_path(base: str, final: str, flags=("`version`", "`name`")) -> None:

@@ -212,6 +212,22 @@ def temporary_prefix(tag=""):
 _TEMPORARY = re.compile(r"^\.tmp-(?:[A-Za-z0-9_.]+-)?(\d+)@(.+)-[a-z0-9_]+$")
 
 
+def left_by_a_killed_process(name):
+    """Whether the file name `name` is a temporary (`temporary_prefix`) of a
+    process of this host that is gone; another host's, a live process's and
+    names not made by `temporary_prefix` are not."""
+    match = _TEMPORARY.match(name)
+    if not match or match.group(2) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+        return False  # alive (or the pid reused: left alone)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        return False  # a live process of another user, or no such pid
+
+
 def remove_stale_temporaries(directory):
     """Removes the temporary files and folders in `directory` (not below)
     that a process of this host left when it was killed; another host's,
@@ -221,19 +237,10 @@ def remove_stale_temporaries(directory):
         entries = os.listdir(directory)
     except OSError:
         return []
-    host = socket.gethostname()
     removed = []
     for entry in entries:
-        match = _TEMPORARY.match(entry)
-        if not match or match.group(2) != host:
+        if not left_by_a_killed_process(entry):
             continue
-        try:
-            os.kill(int(match.group(1)), 0)
-            continue  # alive (or the pid reused: left alone)
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError, ValueError):
-            continue  # a live process of another user, or no such pid
         path = os.path.join(directory, entry)
         logger.warning("Removing %s, left by a keras-txl process that was killed.", path)
         if remove_path(path):

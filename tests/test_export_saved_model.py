@@ -485,6 +485,52 @@ def test_overwrite_removes_the_old_version_only_after_the_new_one_is_in_place(
     assert (final / "saved_model.pb").is_file()
 
 
+def test_an_overwrite_that_fails_or_dies_midway_keeps_the_old_version(
+        exported, tmp_path, monkeypatch):
+    # The old version moved aside before the new one was renamed in: when that
+    # rename failed, the version was missing and the old one stayed under its
+    # temporary name; and when the export was killed in between, the next
+    # export deleted it with the other leftovers. Both were lost.
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    saved_model.export_saved_model(exported.model, str(out), warmup=False)
+    base, final = out / "txl", out / "txl" / "1"
+    (final / "marker").write_text("old")
+    real = os.rename
+
+    def failing(source, target):
+        if os.path.basename(str(source)).startswith(".tmp-1-"):
+            raise OSError(28, "No space left on device")
+        return real(source, target)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(OSError, match="No space left"):
+        saved_model.export_saved_model(exported.model, str(out), warmup=False, overwrite=True)
+    monkeypatch.setattr(os, "rename", real)
+    assert sorted(os.listdir(base)) == ["1"]
+    assert (final / "marker").read_text() == "old"
+    # Killed in between: the old version under a dead process's name, none at 1.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    aside = base / f".tmp-1_old-{int(gone.stdout)}@{socket.gethostname()}-abc123"
+    real(final, aside)
+    assert saved_model.export_saved_model(exported.model, str(out), version=2,
+                                          warmup=False) == str(base / "2")
+    assert sorted(os.listdir(base)) == ["1", "2"]
+    assert (final / "marker").read_text() == "old"
+    # With a version in place, a dead export's old copy is a leftover.
+    real(final, aside)
+    shutil.copytree(aside, final)
+    (final / "marker").write_text("new")
+    saved_model.export_saved_model(exported.model, str(out), version=3, warmup=False)
+    assert sorted(os.listdir(base)) == ["1", "2", "3"]
+    assert (final / "marker").read_text() == "new"
+
+
 def test_one_request_cannot_ask_for_unbounded_activations(exported, tmp_path):
     # The id-level signatures took any segment length: memory grows with its
     # square (T = 8,000 peaked at 4.8 GB on the tiny preset). A request whose

@@ -365,6 +365,13 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             "`prompt_ids` must be a non-empty 1-D sequence of int ids, "
             f"received shape {prompt.shape} and dtype {prompt.dtype}."
         )
+    # Before anything runs, by this function's name: an id past int32 was
+    # numpy's OverflowError after the ids before it had run.
+    low, high = int(prompt.min()), int(prompt.max())
+    if low < 0 or high >= runner.vocabulary_size:
+        raise ValueError(
+            f"`prompt_ids` must hold ids in [0, vocabulary_size={runner.vocabulary_size}), "
+            f"received values in [{low}, {high}].")
     if (isinstance(max_new_tokens, (bool, np.bool_))
             or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0):
         raise ValueError(

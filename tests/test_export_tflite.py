@@ -517,3 +517,30 @@ def test_tflite_generate_checks_stop_token_ids_and_on_token_before_running():
                                          "each new id, received int"):
         tflite_generate(runner, [1, 2], 4, on_token=3)
     assert calls == []
+
+
+def test_tflite_generate_checks_the_prompt_ids_range_before_running():
+    # An id past int32 was numpy's OverflowError ("Python integer 4294967301
+    # out of bounds for int32") after the ids before it had run, and an id
+    # outside the vocabulary was refused as `token_ids` by the runner at its
+    # turn, not as the `prompt_ids` the caller passed.
+    from keras_txl.export.generation import tflite_generate
+
+    V = 11
+    calls = []
+
+    def run(name, token_ids, memory):
+        calls.append(int(token_ids[0, 0]))
+        return {sig.LOG_PROBS: np.zeros((1, V), np.float32), sig.MEMORY: memory}
+
+    runner = types.SimpleNamespace(stateful=False, segment_length=1, batch_size=1,
+                                   vocabulary_size=V, memory_shape=(1, 2, 3, 8), run=run)
+    for prompt, low, high in (([1, 2**32 + 5], 1, 2**32 + 5), ([3, -1], -1, 3),
+                              (np.array([4, 11], np.int64), 4, 11),
+                              (np.array([2**63], np.uint64), 2**63, 2**63)):
+        with pytest.raises(ValueError, match=re.escape(
+                f"`prompt_ids` must hold ids in [0, vocabulary_size={V}), received "
+                f"values in [{low}, {high}].")):
+            tflite_generate(runner, prompt, 2)
+    assert calls == []
+    assert tflite_generate(runner, np.array([10], np.uint8), 1, temperature=0)[0].tolist() == [0]

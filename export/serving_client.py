@@ -376,7 +376,9 @@ class RestTransport:
         try:
             parsed = json.loads(text) if text.strip() else None
             error = None
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
+            # RecursionError: arrays nested past Python's recursion limit
+            # (no TF Serving answer is), which escaped as such.
             parsed, error = None, e
         if status >= 400:
             message = text.strip() or "(empty body)"

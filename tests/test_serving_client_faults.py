@@ -74,6 +74,8 @@ class HostileServer:
             handler._send(200, '{"outputs": [1, 2')
         elif mode == "empty":
             handler._send(200, "")
+        elif mode == "deep_json":  # nested past Python's recursion limit
+            handler._send(200, '{"outputs": ' + "[" * 100_000 + "]" * 100_000 + "}")
         elif mode == "list":
             handler._send(200, "[1, 2, 3]")
         elif mode == "500_list":
@@ -129,6 +131,8 @@ def server():
 BAD_ANSWERS = {
     "invalid_json": (r"HTTP 200 .* a body that is not JSON", json.JSONDecodeError),
     "empty": (r"HTTP 200 .* an empty body", None),
+    # Was Python's RecursionError, not a ServingError.
+    "deep_json": (r"HTTP 200 .* a body that is not JSON", RecursionError),
     "list": (r"expected a JSON object, received a JSON list", None),
     "500_list": (r"HTTP 500: \[1, 2, 3\]", None),
     "no_memory": (r"has no `memory` output .* memory is unchanged", None),

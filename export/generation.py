@@ -119,6 +119,7 @@ class SavedModelBackend:
         self.segment_length = info.get("segment_length")
         # The `generate` signature's caps (export.json), None if unrecorded.
         self.max_new_tokens = (info.get("generate_caps") or {}).get("max_new_tokens")
+        self.max_batch_size = (info.get("generate_caps") or {}).get("max_batch_size")
         tokenizer = os.path.join(extra, "tokenizer")
         self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
         register_text_ops()  # its text signatures may use tensorflow-text's ops
@@ -180,6 +181,18 @@ class SavedModelBackend:
         # top_k=2.5 cut to 2, and a seed or length past the int dtypes was
         # numpy's OverflowError.
         prompts = _prompt_list(prompts)
+        # What the signature would refuse with an assertion buried in a
+        # graph error, said here by name.
+        empty = [i for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise ValueError(
+                f"`prompts`[{empty[0]}] is empty: every prompt needs at least one token "
+                "to continue.")
+        if self.max_batch_size and len(prompts) > self.max_batch_size:
+            raise ValueError(
+                f"`prompts` may hold at most {self.max_batch_size} prompts per request (the "
+                f"cap of this export's generate signature), received {len(prompts)}: "
+                "split them into several calls.")
         max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
         # The export's cap; unrecorded, the int32 of the request (the
         # signature refuses more than its own cap).

@@ -487,3 +487,20 @@ def test_the_backend_takes_prompts_as_a_1d_array_or_string_tensor(exported):
                     np.array([1, 2]), tf.constant("Hello")):
         with pytest.raises(ValueError, match="`prompts` must be a non-empty list of strings"):
             backend.generate_texts(prompts, 2)
+
+
+def test_the_backend_names_an_empty_prompt_and_too_many_prompts(exported):
+    # Both were the signature's InvalidArgumentError, a graph error with the
+    # message buried in "Detected at node assert_positive_3/..." lines.
+    from keras_txl.export.generation import SavedModelBackend
+
+    _, version_dir, _ = exported
+    backend = SavedModelBackend(version_dir)
+    with pytest.raises(ValueError, match=r"`prompts`\[1\] is empty: every prompt needs at least "
+                                         "one token"):
+        backend.generate_texts(["a", ""], 2)
+    many = ["a"] * (sig.MAX_GENERATE_BATCH + 1)
+    with pytest.raises(ValueError, match=f"`prompts` may hold at most {sig.MAX_GENERATE_BATCH} "
+                                         f"prompts per request .* received {len(many)}"):
+        backend.generate_ids(many, 1)
+    assert backend.max_batch_size == sig.MAX_GENERATE_BATCH  # from its export.json

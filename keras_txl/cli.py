@@ -1041,11 +1041,12 @@ def _demo_locked(args, start):
     parser = build_parser()
     train_memory = PRESETS["tiny"]["model"]["memory_length"]
     evaluation = PRESETS["tiny"]["eval"]
-    print(f"[demo] training; at the end, validation twice: the 'eval step' log "
-          f"line with the training settings (memory {train_memory}), the JSON "
-          f"line with the preset's evaluation settings (memory "
-          f"{evaluation['memory_length']}, same_length "
-          f"{evaluation['same_length']}), as in its 'settings'.")
+    # One validation, at the end, with the evaluation settings: the trainer's
+    # final evaluation is the one `txl train` prints as its JSON line.
+    print(f"[demo] training (memory {train_memory}); at the end, validation with the "
+          f"preset's evaluation settings (memory {evaluation['memory_length']}, "
+          f"same_length {evaluation['same_length']}): the 'eval step' log line and "
+          "the JSON line, whose 'settings' say so.")
     train_main(parser.parse_args([
         "train", "--data", corpus_dir, "--workdir", args.workdir,
         "--preset", "tiny", "--tokenizer", "byte", "--steps", str(args.steps),

@@ -326,3 +326,31 @@ def test_generate_no_cache_is_the_same_greedily_and_seeded_runs_repeat(char_work
 
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     assert "Greedy output is the same" in generate.format_help()
+
+
+def test_demo_says_its_validation_runs_once_with_the_evaluation_settings(tmp_path, capsys, caplog,
+                                                                         monkeypatch):
+    # `txl demo` announced "validation twice: the 'eval step' log line with the
+    # training settings (memory 32), the JSON line with the preset's evaluation
+    # settings (memory 96)", but training runs one final validation, with the
+    # evaluation settings: the log line and the JSON line are the same result.
+    import keras_txl.export.saved_model as saved_model
+    import keras_txl.export.tflite as tflite
+    import keras_txl.generation as generation
+
+    # Export and sampling are not what this test is about (and take tens of seconds).
+    monkeypatch.setattr(saved_model, "export_saved_model", lambda *a, **k: "skipped")
+    monkeypatch.setattr(tflite, "export_tflite", lambda *a, **k: "skipped")
+    monkeypatch.setattr(generation, "generate_text", lambda model_dir, prompt, **k: prompt)
+    with caplog.at_level("INFO"):  # the root's: `txl` sets keras_txl's to NOTSET
+        assert main(["demo", "--workdir", str(tmp_path / "demo"), "--max-chars", "20000",
+                     "--steps", "2", "--max-new-tokens", "1"]) == 0
+    out = capsys.readouterr().out
+    announced = next(line for line in out.splitlines() if line.startswith("[demo] training"))
+    assert "twice" not in announced and "training settings" not in announced, announced
+    assert "memory 96" in announced and "same_length True" in announced, announced
+    valid = json.loads(next(line for line in out.splitlines() if '"split": "valid"' in line))
+    assert valid["settings"]["memory_length"] == 96 and valid["settings"]["same_length"] is True
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval step")]
+    assert len(logged) == 1, logged
+    assert f"loss {valid['loss']:.4f}" in logged[0], (logged, valid)

@@ -587,3 +587,20 @@ def test_a_downloaded_wikitext_zip_or_its_parent_folder_says_what_to_pass(tmp_pa
     with pytest.raises(ValueError, match="holds a corpus folder .*unzip it and pass"):
         corpora.load_corpus(archive)
     assert corpora.load_corpus(inner).layout == "wikitext"
+
+
+def test_tfds_errors_without_a_data_dir_say_the_default_not_none():
+    # Without --data-dir the errors read "is not prepared in --data-dir None"
+    # (and data_dir=None from Python): as if None had been passed as the folder.
+    tfds = pytest.importorskip("tensorflow_datasets")
+    for names, flag in ((corpora._TFDS_FLAGS, "--data-dir"), (corpora._TFDS_ARGUMENTS, "data_dir")):
+        with pytest.raises(ValueError) as error:
+            corpora._tfds_builder(tfds, "lm1b", None, False, names)
+        message = str(error.value)
+        assert "None" not in message, message
+        assert f"TFDS's default data_dir (no {flag} given)" in message, message
+        assert "(looked in " in message and "lm1b" in message, message
+        with pytest.raises(ValueError) as error:
+            corpora._tfds_builder(tfds, "no_such_corpus_xyz", None, False, names)
+        message = str(error.value)
+        assert "None" not in message and f"TFDS's default data_dir (no {flag} given)" in message, message

@@ -466,7 +466,9 @@ def _refuse_tfds_arguments(source, given, names):
 
 def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
     names = names or _TFDS_ARGUMENTS
-    where = f"{names['data_dir']}{str(data_dir) if data_dir else None!r}"
+    flag = names["data_dir"].strip(" =")
+    where = (f"{names['data_dir']}{str(data_dir)!r}" if data_dir
+             else f"TFDS's default data_dir (no {flag} given)")
     if data_dir and not download and not os.path.isdir(data_dir):
         raise ValueError(
             f"{names['data_dir']}{str(data_dir)!r} does not exist: pass the folder the "
@@ -480,7 +482,7 @@ def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
             f"TFDS dataset {name!r} was not found in the TFDS catalog or in "
             f"{where} ({type(error).__name__}: {first_line}). Check the "
             "name (e.g. 'tfds:lm1b', 'tfds:wiki40b:en'); for a local dataset "
-            f"pass the {names['data_dir'].strip(' =')} given to build_local_tfds; for a "
+            f"pass the {flag} given to build_local_tfds; for a "
             f"catalog dataset pass {names['download']} (needs internet)."
         ) from None
     if not builder.is_prepared():
@@ -488,7 +490,7 @@ def _tfds_builder(tfds, name: str, data_dir, download: bool, names=None):
             raise ValueError(
                 f"TFDS dataset {name!r} is not prepared in {where} (looked in "
                 f"{builder.data_dir}). Pass {names['download']} to download and "
-                f"prepare it (needs internet), or the {names['data_dir'].strip(' =')} "
+                f"prepare it (needs internet), or the {flag} "
                 "where it was prepared."
             )
         logger.info("Downloading and preparing TFDS dataset %s", name)

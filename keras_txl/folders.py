@@ -80,6 +80,32 @@ def folder_format(directory, limits=None):
     return "keras-txl"
 
 
+# What `txl train` writes in a workdir beside its model folder (whose
+# config.json is the run's model config, and holds no weights).
+_WORKDIR_MARKERS = ("train_config.json", "checkpoints")
+
+
+def refuse_training_workdir(directory):
+    """A ValueError naming the model folder when the loaders are given a
+    `txl train` workdir (no weights file of its own, what train writes
+    beside model/) instead of its model folder."""
+    directory = folder_path(directory)
+    weights = (WEIGHTS_FILE, PRESET_WEIGHTS_FILE, PRESET_SHARD_INDEX)
+    if any(os.path.lexists(os.path.join(directory, name)) for name in weights):
+        return
+    if not any(os.path.lexists(os.path.join(directory, name)) for name in _WORKDIR_MARKERS):
+        return
+    model = os.path.join(directory, "model")
+    if os.path.isdir(model):
+        advice = (f"pass its model folder, {model!r} (`txl eval/generate/export --workdir "
+                  f"{directory}` read it).")
+    else:
+        advice = (f"it has no model yet (no {model!r}): train first (`txl train --workdir "
+                  f"{directory}`).")
+    raise ValueError(
+        f"{directory!r} is a training workdir (txl train), not a model folder: {advice}")
+
+
 def load_config(directory, limits=None):
     """The checked `TransformerXLConfig` of a model folder.
 
@@ -610,6 +636,7 @@ def check_preset_folder(preset, limits=None):
     """A local keras-hub preset of a TransformerXLBackbone, its config within
     `limits` and every file keras-hub will read present, regular and
     bounded (`check_preset_files`), before a layer is built."""
+    refuse_training_workdir(preset)
     layout = folder_format(preset, limits)
     if layout != "keras-hub":
         raise ValueError(

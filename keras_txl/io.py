@@ -37,6 +37,7 @@ from keras_txl.folders import check_replaceable
 from keras_txl.folders import check_replaceable_weights_folder
 from keras_txl.folders import folder_format
 from keras_txl.folders import load_config
+from keras_txl.folders import refuse_training_workdir
 from keras_txl.folders import sha256_file  # noqa: F401 (shards, checkpoints)
 from keras_txl.folders import verify_manifest
 from keras_txl.folders import write_manifest
@@ -217,6 +218,7 @@ def load_pretrained(directory, stateful=False, batch_size=None, limits=None,
     from keras_txl.weights_file import read_safetensors
     from keras_txl.weights_file import read_safetensors_header
 
+    refuse_training_workdir(directory)
     layout = folder_format(directory, limits)
     if layout == "keras-hub":
         return load_preset(directory, stateful, batch_size, limits, **changes)

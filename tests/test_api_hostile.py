@@ -507,3 +507,30 @@ def test_ragged_ids_dicts_files_and_caches_of_another_model_are_named(tmp_path):
         model.call_with_cache(np.zeros((2, 1), "int32"), other.build_cache(batch_size=2))
     with pytest.raises(ValueError, match="must be a dense \\(batch, length\\) array"):
         model.generate({"token_ids": tf.ragged.constant([[1, 2], [3]])}, max_length=6)
+
+
+def test_a_training_workdir_given_as_a_model_names_its_model_folder(tmp_path, model):
+    # load_pretrained("runs/demo") said "No weights file at
+    # 'runs/demo/model.safetensors'", and from_preset("runs/demo") advised
+    # load_pretrained("runs/demo"), which failed that way: the workdir's
+    # config.json is the run's model config, its model is in model/.
+    workdir = tmp_path / "demo"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(model.txl_config.to_dict()))
+    (workdir / "train_config.json").write_text("{}")
+    # No model folder yet (the first checkpoint not written): said so.
+    with pytest.raises(ValueError) as error:
+        load_pretrained(str(workdir))
+    message = str(error.value)
+    assert f"{str(workdir)!r} is a training workdir (txl train), not a model folder" in message
+    assert "no model yet" in message, message
+    save_preset(model, str(workdir / "model"))
+    model_dir = str(workdir / "model")
+    for load in (load_pretrained, TransformerXLCausalLM.from_preset):
+        with pytest.raises(ValueError) as error:
+            load(str(workdir))
+        message = str(error.value)
+        assert f"{str(workdir)!r} is a training workdir (txl train), not a model folder" in message
+        assert f"pass its model folder, {model_dir!r}" in message, message
+        assert "load_pretrained(" not in message, message
+    assert load_pretrained(model_dir).txl_config == model.txl_config

@@ -354,3 +354,28 @@ def test_demo_says_its_validation_runs_once_with_the_evaluation_settings(tmp_pat
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval step")]
     assert len(logged) == 1, logged
     assert f"loss {valid['loss']:.4f}" in logged[0], (logged, valid)
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["eval"],
+                                     ["export", "--out", "{tmp}/out"]])
+def test_a_model_folder_given_as_workdir_names_the_workdir_to_pass(tmp_path, capsys, command):
+    # `txl generate --workdir runs/demo/model` said "No model in
+    # runs/demo/model/model/ and no checkpoint in ...: train first": the
+    # folder is the model, and the flag wants the run that holds it.
+    keras_txl.save_preset(keras_txl.TransformerXLCausalLM(tiny_config(vocabulary_size=256)),
+                          str(tmp_path / "run" / "model"), tokenizer=ByteTokenizer())
+    (tmp_path / "run" / "checkpoints").mkdir()
+    model_dir = str(tmp_path / "run" / "model")
+    argv = [a.format(tmp=tmp_path) for a in command]
+    assert main([argv[0], "--workdir", model_dir, *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert (f"--workdir {model_dir!r} is a model folder, not a training workdir: pass the "
+            f"workdir that holds it, --workdir {str(tmp_path / 'run')!r}") in err, err
+    assert "train first" not in err
+    # A preset folder of its own (save_to_preset's): said how to load it.
+    keras_txl.save_preset(keras_txl.TransformerXLCausalLM(tiny_config(vocabulary_size=256)),
+                          str(tmp_path / "my_preset"), tokenizer=ByteTokenizer())
+    assert main([argv[0], "--workdir", str(tmp_path / "my_preset"), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "is a model folder, not a training workdir" in err, err
+    assert "TransformerXLCausalLM.from_preset" in err, err

@@ -493,10 +493,35 @@ def workdir_model_source(workdir, checkpoint=None):
         logger.info("%s is newer than %s: using the checkpoint.", newest, model_dir)
     if newest is not None:
         return "checkpoint", newest
+    _refuse_model_folder(workdir)
     raise ValueError(
         f"No model in {model_dir}/ and no checkpoint in {directory}/: train "
         "first (`txl train --workdir ...`)."
     )
+
+
+def _refuse_model_folder(workdir):
+    """A ValueError when `--workdir` names a model folder itself (a run's
+    WORKDIR/model, or a saved preset) rather than a training workdir."""
+    try:
+        weights = model_weights_file(workdir)
+    except ValueError:
+        return
+    if weights is None or not os.path.isfile(os.path.join(workdir, "config.json")):
+        return
+    parent = os.path.dirname(os.path.abspath(workdir))
+    if os.path.basename(os.path.abspath(workdir)) == "model" and any(
+            os.path.lexists(os.path.join(parent, name))
+            for name in ("checkpoints", "train_config.json")):
+        parent = os.path.dirname(workdir.rstrip(os.sep)) or "."
+        advice = f"pass the workdir that holds it, --workdir {parent!r}."
+    else:
+        advice = ("`txl eval/generate/export --workdir` read a training run's WORKDIR/model/; "
+                  "load this folder in Python (keras_txl.TransformerXLCausalLM.from_preset"
+                  f"({workdir!r}) or keras_txl.load_pretrained), or put it in a workdir "
+                  "as WORKDIR/model.")
+    raise ValueError(
+        f"--workdir {workdir!r} is a model folder, not a training workdir: {advice}")
 
 
 def model_from_checkpoint(path):

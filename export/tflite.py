@@ -619,14 +619,22 @@ class TFLiteRunner:
             kwargs["experimental_op_resolver_type"] = (
                 OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
             )
-        self.interpreter = Interpreter(
-            model_path=model_path, model_content=model_content,
-            num_threads=num_threads, **kwargs,
-        )
+        what = ("`model_content`" if model_path is None
+                else f"`model_path` {os.fspath(model_path)!r}")
+        try:
+            self.interpreter = Interpreter(
+                model_path=model_path, model_content=model_content,
+                num_threads=num_threads, **kwargs,
+            )
+        except ValueError as error:  # LiteRT names neither the file nor the argument
+            raise ValueError(
+                f"{what} is not a TFLite model (LiteRT: {error}); pass a .tflite file "
+                "that export_tflite or `txl export --format tflite` wrote."
+            ) from None
         self.signature_names = sorted(self.interpreter.get_signature_list())
         if SERVING_DEFAULT not in self.signature_names:
             raise ValueError(
-                f"Not a keras-txl TFLite model: no {SERVING_DEFAULT!r} "
+                f"{what}: not a keras-txl TFLite model: no {SERVING_DEFAULT!r} "
                 f"signature (found {self.signature_names})."
             )
         self._runners = {

@@ -689,7 +689,11 @@ def _generation_source(args):
     # LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate" from C++
     # on the first invoke: make that invoke here, hidden unless -v.
     with console.native_stderr_hidden(not getattr(args, "verbose", False)):
-        backend = TFLiteBackend.from_file(args.tflite)
+        try:
+            backend = TFLiteBackend.from_file(args.tflite)
+        except ValueError as error:  # the runner names `model_path`: say the flag
+            text = str(error).replace(f"`model_path` {args.tflite!r}", f"--tflite {args.tflite!r}")
+            raise ValueError(text) from None
         import numpy as np
 
         backend.run(np.zeros((1, backend.segment_length), np.int32),

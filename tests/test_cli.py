@@ -4,6 +4,7 @@ what a prompt becomes, and the names in the result JSON."""
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -379,3 +380,21 @@ def test_a_model_folder_given_as_workdir_names_the_workdir_to_pass(tmp_path, cap
     err = capsys.readouterr().err
     assert "is a model folder, not a training workdir" in err, err
     assert "TransformerXLCausalLM.from_preset" in err, err
+
+
+def test_a_file_that_is_no_tflite_model_is_named(tmp_path, capsys):
+    # `txl generate --tflite config.json` said only "The model is not a valid
+    # Flatbuffer buffer" (LiteRT's words), naming neither the flag nor the file;
+    # TFLiteRunner(path) the same.
+    from keras_txl.export.tflite import TFLiteRunner
+
+    path = tmp_path / "config.json"
+    path.write_text('{"not": "a model"}')
+    assert main(["generate", "--tflite", str(path), "--prompt-ids", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert f"txl generate: error: --tflite {str(path)!r} is not a TFLite model" in err, err
+    with pytest.raises(ValueError, match=f"`model_path` {re.escape(repr(str(path)))} is not a "
+                                         "TFLite model"):
+        TFLiteRunner(str(path))
+    with pytest.raises(ValueError, match="`model_content` is not a TFLite model"):
+        TFLiteRunner(model_content=b"not a flatbuffer at all")

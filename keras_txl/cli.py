@@ -1075,12 +1075,14 @@ def _demo_locked(args, start):
 
     model = load_pretrained(os.path.join(args.workdir, "model"))
     out = os.path.join(args.workdir, "export")
-    path = export_saved_model(model, out, tokenizer_dir=tokenizer_directory(
-        os.path.join(args.workdir, "model")), overwrite=True)
+    # Both exports carry the tokenizer, as `txl export` writes them: `txl
+    # generate --saved-model/--tflite` then take text prompts.
+    tokenizer_dir = tokenizer_directory(os.path.join(args.workdir, "model"))
+    path = export_saved_model(model, out, tokenizer_dir=tokenizer_dir, overwrite=True)
     print(f"[demo] SavedModel (any batch and segment length): {path}")
     T = model.txl_config.segment_length
     tfl = export_tflite(model, os.path.join(out, "txl.tflite"), batch_size=1,
-                        segment_length=T)
+                        segment_length=T, tokenizer_dir=tokenizer_dir)
     print(f"[demo] TFLite (batch 1, segment length {T}): {tfl}")
 
     from keras_txl.generation import generate_text

@@ -398,3 +398,27 @@ def test_a_file_that_is_no_tflite_model_is_named(tmp_path, capsys):
         TFLiteRunner(str(path))
     with pytest.raises(ValueError, match="`model_content` is not a TFLite model"):
         TFLiteRunner(model_content=b"not a flatbuffer at all")
+
+
+def test_the_demo_exports_its_tflite_model_with_the_tokenizer(tmp_path, capsys, monkeypatch):
+    # The demo passed its tokenizer to the SavedModel export only: its
+    # WORKDIR/export/txl.tflite had no tokenizer/ beside it, so `txl generate
+    # --tflite runs/demo/export/txl.tflite --prompt ...` said "this model has
+    # no tokenizer".
+    import keras_txl.export.saved_model as saved_model
+    import keras_txl.export.tflite as tflite
+    import keras_txl.generation as generation
+
+    calls = {}
+    monkeypatch.setattr(saved_model, "export_saved_model",
+                        lambda *a, **k: calls.setdefault("saved_model", k) and "skipped")
+    monkeypatch.setattr(tflite, "export_tflite",
+                        lambda *a, **k: calls.setdefault("tflite", k) and "skipped")
+    monkeypatch.setattr(generation, "generate_text", lambda model_dir, prompt, **k: prompt)
+    workdir = tmp_path / "demo"
+    assert main(["demo", "--workdir", str(workdir), "--max-chars", "20000", "--steps", "1",
+                 "--max-new-tokens", "1"]) == 0
+    expected = keras_txl.io.tokenizer_directory(str(workdir / "model"))
+    assert expected is not None
+    assert calls["saved_model"]["tokenizer_dir"] == expected
+    assert calls["tflite"].get("tokenizer_dir") == expected, calls["tflite"]

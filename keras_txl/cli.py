@@ -943,7 +943,10 @@ def _serve_client(args):
                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
             )
         except ServingError as e:
-            raise ValueError(f"the server answered: {e}") from e
+            where = f"--rest {args.rest!r}" if args.rest else f"--grpc {args.grpc!r}"
+            # status None: no answer came (unreachable, timed out).
+            said = "" if e.status is None else "the server answered: "
+            raise ValueError(f"{where}: {said}{e}") from e
     ids = client.token_ids or [None] * len(texts)
     for prompt, text, row in zip(args.prompt, texts, ids):
         line = {"prompt": prompt, "text": text}

@@ -422,3 +422,20 @@ def test_the_demo_exports_its_tflite_model_with_the_tokenizer(tmp_path, capsys, 
     assert expected is not None
     assert calls["saved_model"]["tokenizer_dir"] == expected
     assert calls["tflite"].get("tokenizer_dir") == expected, calls["tflite"]
+
+
+def test_serve_client_says_no_answer_came_when_the_server_is_unreachable(capsys):
+    # With no server listening, `txl serve-client generate --rest URL` said
+    # "the server answered: Cannot reach ...": no server had answered, and
+    # the flag to correct was not named.
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    assert main(["serve-client", "generate", "--rest", url, "--prompt", "hi",
+                 "--timeout", "5"]) == 2
+    err = capsys.readouterr().err
+    assert f"txl serve-client: error: --rest {url!r}: Cannot reach {url}/v1/models/txl" in err, err
+    assert "answered" not in err, err

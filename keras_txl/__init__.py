@@ -136,6 +136,16 @@ def require_tensorflow():
             "with a GPU: `pip install 'keras-txl[cuda]'`. See the README, "
             "'Installing'."
         ) from error
+    # keras-hub is an add-on installed --no-deps (it names tensorflow-text,
+    # which names the CUDA wheel): found without importing it (a config alone
+    # needs none of it).
+    if importlib.util.find_spec("keras_hub") is None:
+        raise ImportError(
+            "keras-txl needs keras-hub 0.32, which is not installed: `pip install "
+            "--no-deps 'keras-hub>=0.32,<0.33'` (its own dependencies are keras-txl's; "
+            "in a checkout: `pip install --no-deps -r requirements-tf-addons.txt`). See "
+            "the README, 'Installing'."
+        )
     # Its import lets the kernel reclaim the library pages that loading
     # TensorFlow read once (keras_txl.host_memory.release_library_pages).
     importlib.import_module("keras_txl.host_memory")

@@ -1323,8 +1323,11 @@ def main(argv=None):
     # TensorFlow prints C++ lines before its logging is set up, past
     # TF_CPP_MIN_LOG_LEVEL: hidden unless -v (shown if the import fails).
     try:
-        with console.native_stderr_hidden(not args.verbose):
-            require_tensorflow()
+        try:
+            with console.native_stderr_hidden(not args.verbose):
+                require_tensorflow()
+        except ImportError as e:  # a wheel or add-on missing: the message says which
+            raise ValueError(str(e)) from e
         _check_paths(args)
         if args.command == "train":
             from keras_txl.training.run import train_main

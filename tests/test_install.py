@@ -37,6 +37,20 @@ def test_missing_tensorflow_text_says_how_to_install_it():
     assert "pip install --no-deps 'tensorflow-text>=2.21,<2.22'" in result.stderr
 
 
+def test_missing_keras_hub_says_how_to_install_it():
+    # keras-hub is an add-on installed --no-deps (it names tensorflow-text):
+    # without it every model class failed with "No module named 'keras_hub'",
+    # and `txl train` the same, after the corpus was prepared.
+    result = run_without("keras_hub", "import keras_txl\nkeras_txl.TransformerXLCausalLM\n")
+    assert result.returncode != 0
+    assert "keras-txl needs keras-hub 0.32" in result.stderr, result.stderr[-2000:]
+    assert "pip install --no-deps 'keras-hub>=0.32,<0.33'" in result.stderr
+    result = run_without("keras_hub", "from keras_txl.cli import main\n"
+                                      "raise SystemExit(main(['eval', '--workdir', 'nowhere']))\n")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "txl eval: error: keras-txl needs keras-hub 0.32" in result.stderr, result.stderr[-2000:]
+
+
 def test_missing_serving_api_says_how_to_install_it(monkeypatch):
     from keras_txl.export import serving
 

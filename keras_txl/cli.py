@@ -1311,8 +1311,38 @@ def _check_paths(args):
         _check_text_file(args.text, "--text")
 
 
+def _check_flags(parser, argv):
+    """Exits with the command's usage when a `--flag` of `argv` is none of its
+    command's (nor a prefix argparse resolves), naming the closest one: argparse
+    says "txl: error: unrecognized arguments" under the top-level usage, or
+    first reports a required option the typo was meant to be."""
+    import difflib
+
+    command = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and token in sub.choices:
+            parser = sub.choices[token]
+            command.append(token)
+            continue
+        if not token.startswith("--") or not command:
+            continue
+        name = token.split("=", 1)[0]
+        flags = [f for a in parser._actions for f in a.option_strings if f.startswith("--")]
+        if name in flags or any(f.startswith(name) for f in flags):
+            continue
+        if index and argv[index - 1] in flags and not name[2:3].isalpha():
+            continue  # a value that looks like a flag (e.g. --prompt "--")
+        meant = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+        hint = f" (did you mean {meant[0]}?)" if meant else ""
+        parser.error(f"unrecognized argument {name}{hint}")
+
+
 def main(argv=None):
     parser = build_parser()
+    _check_flags(parser, sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(argv)
     from keras_txl import console
 

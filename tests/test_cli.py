@@ -439,3 +439,36 @@ def test_serve_client_says_no_answer_came_when_the_server_is_unreachable(capsys)
     err = capsys.readouterr().err
     assert f"txl serve-client: error: --rest {url!r}: Cannot reach {url}/v1/models/txl" in err, err
     assert "answered" not in err, err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["train", "--data", "c", "--workdir", "w", "--stpes", "3"],
+     "txl train: error: unrecognized argument --stpes (did you mean --steps?)"),
+    # The misspelt flag hid behind "one of the arguments --prompt --prompt-ids is required".
+    (["generate", "--workdir", "w", "--promt", "hi"],
+     "txl generate: error: unrecognized argument --promt (did you mean --prompt?)"),
+    (["eval", "--workdir", "w", "--memory_length=96"],
+     "txl eval: error: unrecognized argument --memory_length (did you mean --memory-length?)"),
+    (["serve-client", "generate", "--rest", "u", "--prompt", "a", "--max-tokens", "5"],
+     "txl serve-client: error: unrecognized argument --max-tokens (did you mean "
+     "--max-new-tokens?)"),
+])
+def test_a_misspelt_flag_is_named_with_the_flag_meant(capsys, argv, expected):
+    # Was `txl: error: unrecognized arguments: --stpes 3` under the top-level
+    # usage (which lists no flag of train), or a different error altogether.
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+
+
+def test_flags_argparse_accepts_are_not_taken_for_typos(tmp_path, capsys):
+    # Abbreviations argparse resolves, values after `--`, and `--flag=value`.
+    args = build_parser().parse_args(["train", "--data", "c", "--workdir", "w", "--step", "3"])
+    assert args.steps == 3
+    from keras_txl.cli import _check_flags
+
+    _check_flags(build_parser(), ["train", "--data", "c", "--workdir", "w", "--step", "3"])
+    _check_flags(build_parser(), ["-v", "eval", "--workdir=w", "--memory-length=9"])
+    _check_flags(build_parser(), ["generate", "--workdir", "w", "--prompt", "x", "--", "--odd"])

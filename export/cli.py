@@ -12,7 +12,9 @@ TFLite needs fixed shapes: `--batch-size` (default 1) and
 `--format saved_model` they are an error, not silently ignored.
 
 Sources: `--workdir DIR` (the training run's latest model folder,
-`DIR/model/`, written by `save_pretrained`), `--from-hf DIR` (a Hugging
+`DIR/model/`, written by `save_pretrained`), `--from-preset DIR|HANDLE`
+(a saved keras-hub preset or keras-txl weights folder, or a keras-hub
+handle, with its tokenizer), `--from-hf DIR` (a Hugging
 Face TransfoXL folder) or `--from-official DIR` (an official TF release,
 `docs/official_checkpoints.md`; `--vocabulary-file` adds its tokenizer).
 Outputs under `--out`:
@@ -43,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     source.add_argument(
         "--workdir",
         help="training run folder; its model is read from WORKDIR/model/",
+    )
+    from keras_txl.cli import PRESET_HELP
+
+    source.add_argument(
+        "--from-preset", dest="from_preset", metavar="DIR|HANDLE",
+        help=PRESET_HELP + " and exported with the model",
     )
     source.add_argument(
         "--from-hf", dest="from_hf", metavar="DIR",
@@ -121,12 +129,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _load(args):
-    """(model, tokenizer_dir) from --workdir or --from-hf."""
+    """(model, tokenizer_dir) from --workdir, --from-preset, --from-hf or
+    --from-official."""
     import keras_txl
     from keras_txl import io
 
     if getattr(args, "from_official", None) is not None:
         return _load_official(args)
+    if getattr(args, "from_preset", None) is not None:
+        from keras_txl.cli import preset_model
+
+        return preset_model(args.from_preset, args.vocabulary_file)
     if args.workdir is not None:
         model_dir = os.path.join(args.workdir, "model")
         if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):

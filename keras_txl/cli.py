@@ -258,6 +258,7 @@ def build_parser():
     _add_data_arguments(p, "the split the run encoded, WORKDIR/data/")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", help="training run; its model is WORKDIR/model/")
+    _add_preset_argument(source)
     _add_official_arguments(p, source)
     p.add_argument("--protocol", default=None,
                    choices=("paper", *_PROTOCOLS),
@@ -303,7 +304,8 @@ def build_parser():
 
     p = add_command(
         "generate", "sample text (or ids) with the memory, streamed",
-        description="A Keras model (--workdir, --from-hf, --from-official) "
+        description="A Keras model (--workdir, --from-preset, --from-hf, "
+        "--from-official) "
         "generates with keras-hub's compiled loop (model.generate; the prompt "
         "fed one token at a time) and prints the continuation when done; a "
         "SavedModel with a generate signature decodes in its graph. With "
@@ -316,6 +318,7 @@ def build_parser():
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", default=None,
                         help="training run; its model is WORKDIR/model/")
+    _add_preset_argument(source)
     source.add_argument("--from-hf", dest="from_hf", default=None, metavar="DIR",
                         help="Hugging Face TransfoXL folder (no tokenizer: "
                         "use --prompt-ids)")
@@ -463,6 +466,68 @@ def build_parser():
     return parser
 
 
+# === --from-preset (keras_txl/io.py, TransformerXLCausalLM.from_preset) ===
+PRESET_HELP = (
+    "a saved model folder: a keras-hub preset (save_to_preset, "
+    "keras_txl.io.save_preset, a downloaded preset, a run's WORKDIR/model) or a "
+    "keras-txl weights folder (save_pretrained), checked as from_preset checks it "
+    "(limits, manifest); or a keras-hub handle (hf://..., kaggle://...). Its own "
+    "tokenizer is used")
+
+
+def _add_preset_argument(source):
+    source.add_argument("--from-preset", dest="from_preset", default=None,
+                        metavar="DIR|HANDLE", help=PRESET_HELP)
+
+
+def preset_model(preset, vocabulary_file=None):
+    """(model, tokenizer folder or None) of `--from-preset`: a local model
+    folder read by `keras_txl.load_pretrained` (a keras-hub preset goes
+    through `TransformerXLCausalLM.from_preset`'s checks), or a keras-hub
+    handle through `from_preset` itself, whose tokenizer is written to a
+    temporary folder (removed at exit). Errors name the flag."""
+    if vocabulary_file is not None:
+        raise ValueError(
+            "--vocabulary-file applies to --from-official; --from-preset uses the "
+            "preset's own tokenizer (its tokenizer.json and assets/tokenizer/).")
+    from keras_txl import folders
+    from keras_txl import io
+
+    try:
+        if folders.is_local_preset(preset):
+            model = io.load_pretrained(preset)
+            return model, io.tokenizer_directory(preset)
+        if "://" not in preset:
+            # keras-hub's built-in names are other architectures': its
+            # "Unknown preset identifier" listed handle forms for a typo.
+            from keras_txl.presets import PRESETS
+
+            hint = (f" ({preset!r} is a keras-txl architecture, with no weights: train "
+                    f"it with `txl train --preset {preset}`)" if preset in PRESETS else "")
+            raise ValueError(
+                f"--from-preset {preset!r} is no folder, nor a keras-hub handle "
+                "(hf://OWNER/NAME, kaggle://OWNER/MODEL/keras/VARIANT): pass a saved "
+                f"preset folder{hint}.")
+        from keras_txl.causal_lm import TransformerXLCausalLM
+
+        model = TransformerXLCausalLM.from_preset(preset)
+    except ValueError as error:
+        text = str(error).replace("`preset`", "--from-preset")
+        if "--from-preset" not in text:
+            text = f"--from-preset {preset!r}: {text}"
+        raise ValueError(text) from None
+    if model.preprocessor is None:
+        return model, None
+    import atexit
+    import shutil
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="txl-preset-tokenizer-")
+    atexit.register(shutil.rmtree, out, True)
+    model.preprocessor.tokenizer.save(out)
+    return model, out
+
+
 # === --from-official (keras_txl/official_checkpoint.py) ===
 _PROTOCOLS = ("wt103", "enwik8", "text8", "lm1b")  # presets.EVAL_PROTOCOLS
 
@@ -487,7 +552,8 @@ def _protocol(args, dataset=None):
     if not getattr(args, "from_official", None):
         raise ValueError(
             "--protocol paper takes the dataset from --from-official's "
-            f"corpus-info.json; with --workdir, name the dataset: {choices}."
+            f"corpus-info.json; with --workdir or --from-preset, name the dataset: "
+            f"{choices}."
         )
     if dataset not in _PROTOCOLS:
         found = ("names no dataset" if dataset is None
@@ -521,10 +587,12 @@ def _official_model(args):
 
 
 def _eval(args):
-    """`txl eval`: a training run (training/run.py) or --from-official."""
+    """`txl eval`: a training run (training/run.py), --from-preset or
+    --from-official."""
+    if args.checkpoint is not None and not args.workdir:
+        raise ValueError("--checkpoint needs --workdir.")
     if args.from_official is None:
         from keras_txl.presets import eval_protocol
-        from keras_txl.training.run import eval_main
 
         if args.protocol is not None:
             settings = eval_protocol(_protocol(args))
@@ -532,6 +600,9 @@ def _eval(args):
                 if getattr(args, key) is None:
                     setattr(args, key, settings[key])
             args.same_length = args.same_length or settings["same_length"]
+    if args.workdir is not None:
+        from keras_txl.training.run import eval_main
+
         _check_eval_size(args)
         return eval_main(args)
     import json
@@ -543,10 +614,13 @@ def _eval(args):
     from keras_txl.training.run import tfds_options
     from keras_txl.training.run import warn_unknown_tokens
 
-    model, tokenizer = _official_model(args)
-    if not args.data or tokenizer is None:
-        raise ValueError("--from-official needs --data (the corpus to score) "
-                         "and --vocabulary-file (to tokenize it).")
+    if args.from_preset is not None:
+        model, tokenizer = _preset_eval_model(args)
+    else:
+        model, tokenizer = _official_model(args)
+        if not args.data or tokenizer is None:
+            raise ValueError("--from-official needs --data (the corpus to score) "
+                             "and --vocabulary-file (to tokenize it).")
     # Streamed into temporary shards (any size; the LM1B folder's held-out
     # shard 0 as the reference evaluates it).
     scratch = tempfile.TemporaryDirectory(prefix="txl-eval-")
@@ -572,6 +646,41 @@ def _eval(args):
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),
                       "settings": {**settings, **kwargs}}))
     return 0
+
+
+def _preset_eval_model(args):
+    """(model, tokenizer) of `txl eval --from-preset`: --data is required (a
+    preset holds no prepared splits) and so is the preset's tokenizer; the
+    evaluation memory is bounded as for --workdir."""
+    from keras_txl.causal_lm import MAX_INITIAL_MEMORY_BYTES
+    from keras_txl.tokenizers import load_tokenizer
+
+    if not args.data:
+        raise ValueError(
+            "--from-preset needs --data (the corpus to score): a preset holds no "
+            "prepared splits (those are a training run's, --workdir).")
+    _check_lengths(args, {"segment_length": args.segment_length,
+                          "memory_length": args.memory_length})
+    model, tokenizer_dir = preset_model(args.from_preset, args.vocabulary_file)
+    if tokenizer_dir is None:
+        raise ValueError(
+            f"--from-preset {args.from_preset!r} has no tokenizer (no tokenizer.json "
+            "and assets/tokenizer/, e.g. a backbone's preset): --data cannot be "
+            "tokenized. Save the model with its tokenizer (keras_txl.io.save_preset("
+            "model, folder, tokenizer=...)).")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
+    config = model.txl_config
+    M = args.memory_length if args.memory_length is not None else config.memory_length
+    memory = 4 * args.batch_size * config.num_layers * M * config.hidden_dim
+    if memory > MAX_INITIAL_MEMORY_BYTES:
+        raise ValueError(
+            f"--memory-length {M} with --batch-size {args.batch_size} needs a "
+            f"memory of {memory / 2**30:.1f} GiB (batch x {config.num_layers} layers "
+            f"x {M} x hidden {config.hidden_dim}, float32), more than the "
+            f"{MAX_INITIAL_MEMORY_BYTES // 2**30} GiB one evaluation may hold: "
+            "lower --memory-length or --batch-size.")
+    return model, tokenizer
 
 
 def _add_sampling_arguments(p, max_new_tokens, temperature, seed):
@@ -641,16 +750,21 @@ def _generation_source(args):
     if memory_length is not None:
         if memory_length < 1:
             raise ValueError(f"--memory-length must be >= 1, received {memory_length}.")
-        if not (args.from_official or args.workdir or args.from_hf):
+        if not (args.from_official or args.workdir or args.from_hf or args.from_preset):
             raise ValueError(
-                "--memory-length applies to Keras sources (--workdir, --from-hf, "
-                "--from-official); an export's memory length was fixed when it was "
-                "exported (txl export --memory-length N).")
+                "--memory-length applies to Keras sources (--workdir, --from-preset, "
+                "--from-hf, --from-official); an export's memory length was fixed when "
+                "it was exported (txl export --memory-length N).")
     if args.from_official:
         model, tokenizer = _official_model(args)
         if memory_length is not None:
             model = model.with_settings(memory_length=memory_length)
         return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer
+    if args.from_preset:
+        model, tokenizer_dir = preset_model(args.from_preset, args.vocabulary_file)
+        if memory_length is not None:
+            model = model.with_settings(memory_length=memory_length)
+        return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer_dir
     if args.workdir or args.from_hf:
         if args.workdir:
             model_dir = _workdir_model_dir(args)

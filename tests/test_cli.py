@@ -373,13 +373,13 @@ def test_a_model_folder_given_as_workdir_names_the_workdir_to_pass(tmp_path, cap
     assert (f"--workdir {model_dir!r} is a model folder, not a training workdir: pass the "
             f"workdir that holds it, --workdir {str(tmp_path / 'run')!r}") in err, err
     assert "train first" not in err
-    # A preset folder of its own (save_to_preset's): said how to load it.
+    # A preset folder of its own (save_to_preset's): the flag that reads it named.
     keras_txl.save_preset(keras_txl.TransformerXLCausalLM(tiny_config(vocabulary_size=256)),
                           str(tmp_path / "my_preset"), tokenizer=ByteTokenizer())
     assert main([argv[0], "--workdir", str(tmp_path / "my_preset"), *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert "is a model folder, not a training workdir" in err, err
-    assert "TransformerXLCausalLM.from_preset" in err, err
+    assert f"pass this folder as --from-preset {str(tmp_path / 'my_preset')!r}" in err, err
 
 
 def test_a_file_that_is_no_tflite_model_is_named(tmp_path, capsys):
@@ -472,3 +472,100 @@ def test_flags_argparse_accepts_are_not_taken_for_typos(tmp_path, capsys):
     _check_flags(build_parser(), ["train", "--data", "c", "--workdir", "w", "--step", "3"])
     _check_flags(build_parser(), ["-v", "eval", "--workdir=w", "--memory-length=9"])
     _check_flags(build_parser(), ["generate", "--workdir", "w", "--prompt", "x", "--", "--odd"])
+
+
+# --- --from-preset: a saved preset folder as the source ----------------------
+
+
+@pytest.fixture(scope="module")
+def saved_preset(tmp_path_factory):
+    """A tiny byte-level model saved with keras-hub's `save_to_preset`, the
+    same model as a training run's WORKDIR/model, and a text to score."""
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+
+    keras.utils.set_random_seed(0)
+    tmp = tmp_path_factory.mktemp("saved_preset")
+    model = keras_txl.TransformerXLCausalLM(
+        tiny_config(vocabulary_size=256, segment_length=16),
+        preprocessor=TransformerXLCausalLMPreprocessor(ByteTokenizer(), sequence_length=16))
+    model.save_to_preset(str(tmp / "preset"))
+    keras_txl.save_preset(model, str(tmp / "run" / "model"))
+    (tmp / "text.txt").write_text("the cat sat on the mat. " * 12)
+    return model, tmp
+
+
+def test_eval_and_generate_read_a_saved_preset_folder(saved_preset, capsys):
+    # `txl eval/generate/export` took no saved preset (save_to_preset, a
+    # downloaded one): --workdir wanted a training run. --from-preset reads
+    # it, with its own tokenizer, and gives what the same model gives.
+    _, tmp = saved_preset
+    results = {}
+    for flag, source in (("--from-preset", tmp / "preset"), ("--workdir", tmp / "run")):
+        assert main(["eval", flag, str(source), "--data", str(tmp / "text.txt"),
+                     "--split", "train", "--memory-length", "12"]) == 0
+        results[flag] = json.loads(capsys.readouterr().out)
+    preset, workdir = results["--from-preset"], results["--workdir"]
+    assert preset["tokens"] == workdir["tokens"] > 200
+    assert preset["loss"] == pytest.approx(workdir["loss"], abs=1e-6)
+    assert preset["bpc"] == pytest.approx(workdir["bpc"], abs=1e-6)
+    assert preset["settings"]["memory_length"] == 12
+    outputs = {}
+    for flag, source in (("--from-preset", tmp / "preset"), ("--workdir", tmp / "run")):
+        assert main(["generate", flag, str(source), "--prompt", "the cat",
+                     "--max-new-tokens", "12", "--temperature", "0"]) == 0
+        outputs[flag] = capsys.readouterr().out
+    assert outputs["--from-preset"] == outputs["--workdir"]
+    assert outputs["--from-preset"].startswith("the cat")
+    assert len(outputs["--from-preset"].rstrip("\n")) >= len("the cat")
+
+
+def test_export_reads_a_saved_preset_folder_with_its_tokenizer(saved_preset, tmp_path, capsys):
+    model, tmp = saved_preset
+    out = tmp_path / "exports"
+    assert main(["export", "--from-preset", str(tmp / "preset"), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [str(out / "txl" / "1")]
+    serve = tf.saved_model.load(str(out / "txl" / "1")).signatures["serving_default"]
+    ids = np.random.default_rng(0).integers(0, 256, (2, 16)).astype(np.int32)
+    got = serve(token_ids=tf.constant(ids), memory=tf.zeros((2, 2, 8, 16)))
+    reference = keras_txl.TransformerXLCausalLM.from_preset(
+        str(tmp / "preset")).call_with_memory(ids, None)
+    np.testing.assert_allclose(got["log_probs"], reference["log_probs"], atol=1e-5)
+    np.testing.assert_allclose(got["log_probs"], model.call_with_memory(ids, None)["log_probs"],
+                               atol=1e-5)
+    # The preset's tokenizer went with it: the SavedModel takes text.
+    assert (out / "txl" / "1" / "assets.extra" / "tokenizer" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"],
+                                     ["eval", "--data", "{tmp}/text.txt"],
+                                     ["export", "--out", "{tmp}/out"]])
+def test_from_preset_errors_name_the_flag_and_the_folder(saved_preset, tmp_path, capsys, command):
+    _, tmp = saved_preset
+    name, *rest = [a.format(tmp=tmp) for a in command]
+    # One source: with another, argparse names both.
+    with pytest.raises(SystemExit):
+        main([name, "--from-preset", str(tmp / "preset"), "--workdir", str(tmp / "run"), *rest])
+    assert "--workdir: not allowed with argument --from-preset" in capsys.readouterr().err
+    missing = str(tmp_path / "no" / "preset")
+    assert main([name, "--from-preset", missing, *rest]) == 2
+    assert f"error: --from-preset {missing!r}: no such folder" in capsys.readouterr().err
+    assert main([name, "--from-preset", "tiny", *rest]) == 2
+    err = capsys.readouterr().err
+    assert "--from-preset 'tiny' is no folder, nor a keras-hub handle" in err, err
+    assert "train it with `txl train --preset tiny`" in err, err
+    # A broken preset: a weights file cut short is refused by its manifest.
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(tmp / "preset", broken)
+    weights = broken / "model.weights.h5"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert main([name, "--from-preset", str(broken), *rest]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"txl {name}: error: "), err
+    assert f"{weights} has {weights.stat().st_size} bytes, {broken / 'manifest.json'} says" in err, err
+    # Its tokenizer is its own: --vocabulary-file is --from-official's.
+    assert main([name, "--from-preset", str(tmp / "preset"), "--vocabulary-file",
+                 str(tmp / "text.txt"), *rest]) == 2
+    assert ("--vocabulary-file applies to --from-official; --from-preset uses the preset's "
+            "own tokenizer") in capsys.readouterr().err

@@ -315,7 +315,7 @@ def test_eval_memory_and_protocol_messages(word_run, capsys):
         (workdir / "config.json").unlink()
     refused(capsys, ["eval", "--workdir", str(workdir), "--protocol", "paper"],
             r"--protocol paper takes the dataset from --from-official's "
-            r"corpus-info.json; with --workdir, name the dataset: --protocol \{wt103")
+            r"corpus-info.json; with --workdir or --from-preset, name the dataset: --protocol \{wt103")
 
 
 def test_generation_without_a_memory_is_refused_and_the_way_out_works(tmp_path, capsys, caplog):

@@ -312,6 +312,33 @@ def test_readme_eval_and_generate_run(tmp_path, monkeypatch, capsys):
     assert out.startswith("ROMEO:") and len(out.rstrip("\n")) >= len("ROMEO:") + 50
 
 
+def test_from_preset_commands_run(tmp_path, monkeypatch, capsys):
+    """The README's and docs/export.md's `--from-preset` commands, as written, on a tiny
+    byte-level model saved with save_to_preset as `my_preset` (the quick start's name)."""
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.tokenizers import ByteTokenizer
+
+    runs = [txl_argv(t) for doc, _, t in COMMANDS
+            if doc in ("README.md", "export.md") and txl_argv(t) and "--from-preset" in t]
+    assert [argv[0] for argv in runs] == ["generate", "eval", "export"]
+    config = keras_txl.TransformerXLConfig(
+        vocabulary_size=256, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=32,
+        segment_length=16, memory_length=16)
+    keras_txl.TransformerXLCausalLM(
+        config, preprocessor=TransformerXLCausalLMPreprocessor(ByteTokenizer(), sequence_length=16),
+    ).save_to_preset(str(tmp_path / "my_preset"))
+    (tmp_path / "my_text.txt").write_text("The history of the text. " * 20, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(runs[0]) == 0
+    assert capsys.readouterr().out.startswith("The history of")
+    assert main(runs[1]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["split"] == "train" and result["tokens"] > 100
+    assert main(runs[2]) == 0
+    path = capsys.readouterr().out.strip()
+    assert (tmp_path / path / "assets.extra" / "tokenizer" / "tokenizer.json").is_file(), path
+
+
 def test_readme_export_command_is_the_one_tests_run():
     from test_cli import README_EXPORT
 

@@ -517,9 +517,7 @@ def _refuse_model_folder(workdir):
         advice = f"pass the workdir that holds it, --workdir {parent!r}."
     else:
         advice = ("`txl eval/generate/export --workdir` read a training run's WORKDIR/model/; "
-                  "load this folder in Python (keras_txl.TransformerXLCausalLM.from_preset"
-                  f"({workdir!r}) or keras_txl.load_pretrained), or put it in a workdir "
-                  "as WORKDIR/model.")
+                  f"pass this folder as --from-preset {workdir!r} instead.")
     raise ValueError(
         f"--workdir {workdir!r} is a model folder, not a training workdir: {advice}")
 

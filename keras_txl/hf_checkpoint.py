@@ -570,7 +570,14 @@ def load_hf_weights(model, tensors, path="model.safetensors"):
                     "belongs to these weights?"
                 )
         sd.used.add(name)
-    _check_frequencies(sd, D, path)
+    found = stored_frequency_dtype(sd, D, path)
+    if found is not None and found != cfg.position_frequency_dtype:
+        raise ValueError(
+            f"{path}: {_INV_FREQ} holds the frequencies of position_frequency_dtype="
+            f"{found!r}, with which transformers computes the sinusoids; the model has "
+            f"position_frequency_dtype={cfg.position_frequency_dtype!r}: build it with "
+            f"{found!r} (load_hf_checkpoint does)."
+        )
     unused = sorted(set(tensors) - sd.used)
     if unused:
         raise ValueError(
@@ -660,34 +667,46 @@ def _weights_header(directory, limits):
 _INV_FREQ = "transformer.pos_emb.inv_freq"
 
 
-def _check_frequencies(sd, hidden_dim, path):
-    """transformers computes the sinusoids with the stored `inv_freq`
-    buffer, keras-txl with `1 / 10000^(2k / d_model)`: other frequencies
-    are refused, and frequencies rounded by a float16/bfloat16 save (which
-    transformers then runs with) are named in a warning."""
+def stored_frequency_dtype(sd, hidden_dim, path):
+    """The `position_frequency_dtype` of the stored `inv_freq` buffer, which
+    transformers computes the sinusoids with: "float32" for
+    `1 / 10000^(2k / d_model)`, "float16"/"bfloat16" for those values
+    rounded so (a save in that precision), None without a buffer. Other
+    frequencies are refused; ones within 1% that are no such rounding load
+    as "float32" with a warning naming the difference."""
+    from keras_txl.position_encoding import rounded_frequencies
+
     sd.used.add(_INV_FREQ)
     if not sd.has(_INV_FREQ):
-        return
+        return None
     size = len(range(0, hidden_dim, 2))
-    stored = sd.get(_INV_FREQ, (size,)).astype(np.float64)
+    stored = sd.get(_INV_FREQ, (size,))
     exact = 1.0 / 10000.0 ** (np.arange(0, hidden_dim, 2, dtype=np.float64) / hidden_dim)
-    off = float(np.max(np.abs(stored - exact) / exact)) if size else 0.0
+    off = float(np.max(np.abs(stored.astype(np.float64) - exact) / exact)) if size else 0.0
+    if off <= 1e-6:
+        return "float32"
     if off > 1e-2:
         raise ValueError(
             f"{path}: {_INV_FREQ} holds other frequencies than 1 / 10000^(2k / d_model) "
             f"(d_model={hidden_dim}): up to {off:.0%} off. keras-txl computes the standard "
             "sinusoids, so a model with other position frequencies cannot be loaded."
         )
-    if off > 1e-6:
-        dtype = getattr(sd.tensors, "header", {}).get(_INV_FREQ, (None, "a half-precision type"))[1]
-        names = {"F16": "float16", "BF16": "bfloat16"}
-        logger.warning(
-            "%s: %s is stored rounded (%s), up to %.2g%% off 1 / 10000^(2k / d_model): "
-            "transformers runs with the rounded values, keras-txl with the exact ones, so its "
-            "outputs differ from transformers' (about 1e-3 in log-probs at short distances, far "
-            "more at long ones). The exact ones are those of a model trained in float32.",
-            path, _INV_FREQ, names.get(dtype, dtype), 100 * off,
-        )
+    for dtype in ("float16", "bfloat16"):
+        if np.array_equal(stored, rounded_frequencies(hidden_dim, dtype)):
+            logger.info(
+                "%s: %s holds the frequencies rounded to %s (a %s save): the sinusoids are "
+                "computed with them, as transformers does (position_frequency_dtype=%r).",
+                path, _INV_FREQ, dtype, dtype, dtype,
+            )
+            return dtype
+    logger.warning(
+        "%s: %s holds frequencies up to %.2g%% off 1 / 10000^(2k / d_model) that are not "
+        "those rounded to float16 or bfloat16: transformers runs with the stored values, "
+        "keras-txl with the exact ones, so its outputs differ from transformers' (about 1e-3 "
+        "in log-probs at short distances, far more at long ones).",
+        path, _INV_FREQ, 100 * off,
+    )
+    return "float32"
 
 
 def _check_lm_head(header, hf, weights_path):
@@ -733,7 +752,10 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             memory, `dropout=0.0`). The fields the checkpoint fixes
             (`keras_txl.config.TRAINED_FIELDS`: widths, layers, `pre_layer_norm`,
             `layer_norm_epsilon`, `same_length_convention`, ...) may be
-            repeated, not changed.
+            repeated, not changed; `position_frequency_dtype` is read from
+            the stored `inv_freq` buffer ("float16"/"bfloat16" for a save in
+            that precision, whose rounded frequencies transformers computes
+            with).
 
     Returns:
         A `TransformerXLCausalLM` with the checkpoint's weights.
@@ -768,7 +790,9 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
     config = config_from_hf(hf, config_path)
     check_config(config, limits, source=config_path)
     if changes:
-        config.check_trained_fields(changes, config_path)
+        # position_frequency_dtype is read from the weights, further down.
+        config.check_trained_fields(
+            {k: v for k, v in changes.items() if k != "position_frequency_dtype"}, config_path)
         config = config.replace(**changes)
         check_config(config, limits, source="the overrides")
     weights_path = os.path.join(directory, "model.safetensors")
@@ -812,6 +836,13 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
         tensors = _LazyTensors(weights_path, header)
     else:
         tensors = _ShardedTensors(shards, header)
+    # The stored frequencies decide position_frequency_dtype (a float16 or
+    # bfloat16 save rounds them, and transformers computes with them).
+    found = stored_frequency_dtype(_StateDict(tensors, weights_path), config.hidden_dim, weights_path)
+    if found is not None:
+        config.replace(position_frequency_dtype=found).check_trained_fields(
+            {k: v for k, v in changes.items() if k == "position_frequency_dtype"}, weights_path)
+        config = config.replace(position_frequency_dtype=found)
     model = TransformerXLCausalLM(
         config, stateful=stateful, batch_size=batch_size
     )

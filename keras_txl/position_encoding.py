@@ -3,22 +3,54 @@
 Shape legend: K = key length (memory + segment), D = hidden_dim.
 """
 
+import numpy as np
 from keras import ops
 
+# The precisions the frequencies may be rounded to (`position_frequency_dtype`).
+FREQUENCY_DTYPES = ("float32", "float16", "bfloat16")
 
-def inverse_frequencies(hidden_dim):
-    """`1 / 10000^(2k / D)` for k = 0..D/2-1, float32, as the official code."""
+
+def rounded_frequencies(hidden_dim, dtype):
+    """`1 / 10000^(2k / D)` rounded to float32, then to `dtype` (float16 or
+    bfloat16, to nearest, ties to even), as float32 NumPy values: the
+    frequencies of a transformers checkpoint saved in that precision, whose
+    `inv_freq` buffer transformers loads back into float32 and computes with.
+    """
+    exact = 1.0 / 10000.0 ** (np.arange(0, hidden_dim, 2, dtype=np.float64) / hidden_dim)
+    values = exact.astype(np.float32)
+    if dtype == "float16":
+        return values.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        # The top 16 bits of the float32, rounded to nearest even (positive,
+        # finite values: no sign, NaN or overflow to care for).
+        bits = values.view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.astype(np.uint32).view(np.float32)
+    raise ValueError(
+        f"`dtype` must be 'float16' or 'bfloat16', received dtype={dtype!r}."
+    )
+
+
+def inverse_frequencies(hidden_dim, dtype="float32"):
+    """`1 / 10000^(2k / D)` for k = 0..D/2-1, float32, as the official code;
+    with `dtype` "float16"/"bfloat16", those values rounded to it (a
+    half-precision transformers checkpoint's; `rounded_frequencies`), a
+    constant in float32."""
+    if dtype != "float32":
+        return ops.convert_to_tensor(rounded_frequencies(hidden_dim, dtype))
     exponents = ops.arange(0, hidden_dim, 2, dtype="float32") / hidden_dim
     return 1.0 / ops.power(10000.0, exponents)  # (D/2,)
 
 
-def sinusoid_embedding(positions, hidden_dim):
+def sinusoid_embedding(positions, hidden_dim, frequency_dtype="float32"):
     """Sinusoids of `positions` (float32, (K,)) as `[sin | cos]` halves.
 
     The halves are concatenated, not interleaved, as in the official code.
+    `frequency_dtype`: see `inverse_frequencies`.
     """
     angles = ops.einsum(
-        "k,f->kf", ops.cast(positions, "float32"), inverse_frequencies(hidden_dim)
+        "k,f->kf", ops.cast(positions, "float32"),
+        inverse_frequencies(hidden_dim, frequency_dtype),
     )  # (K, D/2)
     return ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)  # (K, D)
 
@@ -35,13 +67,16 @@ def relative_positions(key_length, clamp_length=-1):
     return positions
 
 
-def relative_position_embedding(key_length, hidden_dim, clamp_length=-1):
+def relative_position_embedding(key_length, hidden_dim, clamp_length=-1,
+                                frequency_dtype="float32"):
     """The matrix R of the paper: (K, D) float32, row c = distance K-1-c."""
     return sinusoid_embedding(
-        relative_positions(key_length, clamp_length), hidden_dim
+        relative_positions(key_length, clamp_length), hidden_dim, frequency_dtype
     )
 
 
-def absolute_position_embedding(length, hidden_dim):
+def absolute_position_embedding(length, hidden_dim, frequency_dtype="float32"):
     """Sinusoids of positions 0..T-1: the vanilla Transformer baseline."""
-    return sinusoid_embedding(ops.arange(0, length, dtype="float32"), hidden_dim)
+    return sinusoid_embedding(
+        ops.arange(0, length, dtype="float32"), hidden_dim, frequency_dtype
+    )

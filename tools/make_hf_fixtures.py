@@ -26,6 +26,10 @@ For every option set in OPTION_SETS it
      README.md;
   6. reloads config.json + model.safetensors into a fresh HF model, recomputes, and
      requires every array to be bit-identical.
+An option set with `save_dtype` is instead saved as a user's half-precision copy is
+(`model.to(dtype).save_pretrained(folder, safe_serialization=True)`: config.json with the
+non-default fields, tensors rounded, the inv_freq buffer too), and steps 4-6 run on
+`TransfoXLLMHeadModel.from_pretrained(folder)` (float32, with the rounded frequencies).
 """
 
 import argparse
@@ -117,6 +121,28 @@ OPTION_SETS = {
                "[30, 0] and emb_projs.3 / out_projs.3 are [16, 0] (transformers builds it; its tokens embed to "
                "zero and score by their bias alone). This folder stores the 0-size tensors; transformers' own "
                "save_pretrained leaves some of them out (the test checks that form too).",
+    ),
+    # Saved as a user's half-precision copy is: `model.to(dtype).save_pretrained(...)`, which rounds the
+    # inv_freq buffer too; the expected outputs are transformers' of that folder loaded back in float32
+    # (`from_pretrained`, the default dtype), which computes its sinusoids with the rounded frequencies.
+    "half_float16_frequencies": dict(
+        args=dict(vocab_size=30, cutoffs=[], div_val=1, d_model=32, d_embed=32, n_head=2, d_head=8,
+                  d_inner=32, n_layer=1, mem_len=10, clamp_len=1000, same_length=False, pre_lnorm=False,
+                  untie_r=True),
+        T=5,
+        save_dtype="float16",
+        covers="a checkpoint saved in float16 by `save_pretrained` (every tensor rounded, the "
+               "transformer.pos_emb.inv_freq buffer included; tied copies left out, the config.json only "
+               "the fields that differ from the defaults), loaded back by transformers in float32: its "
+               "sinusoids use the rounded frequencies (up to 0.05% off 1 / 10000^(2k / d_model)).",
+    ),
+    "half_bfloat16_frequencies": dict(
+        args=dict(vocab_size=30, cutoffs=[], div_val=1, d_model=32, d_embed=32, n_head=2, d_head=8,
+                  d_inner=32, n_layer=1, mem_len=10, clamp_len=1000, same_length=False, pre_lnorm=False,
+                  untie_r=True),
+        T=5,
+        save_dtype="bfloat16",
+        covers="as half_float16_frequencies, saved in bfloat16: frequencies up to 0.4% off.",
     ),
 }
 
@@ -274,6 +300,20 @@ def attention_stats(model, ids, T):
 def write_fixture(name, spec):
     args, T = spec["args"], spec["T"]
     model, rows = build_model(args)
+    folder = os.path.join(OUT_ROOT, name)
+    os.makedirs(folder, exist_ok=True)
+    for f in os.listdir(folder):
+        os.remove(os.path.join(folder, f))
+    if spec.get("save_dtype"):
+        # The reference is the half-precision save loaded back in float32.
+        exact = model.transformer.pos_emb.inv_freq.clone()
+        model.to(getattr(torch, spec["save_dtype"])).save_pretrained(folder, safe_serialization=True)
+        for extra in set(os.listdir(folder)) - {"config.json", "model.safetensors"}:
+            os.remove(os.path.join(folder, extra))
+        model = TransfoXLLMHeadModel.from_pretrained(folder)
+        model.eval()
+        if model.dtype != torch.float32 or torch.equal(model.transformer.pos_emb.inv_freq, exact):
+            raise RuntimeError("the reference must run in float32 with the rounded frequencies")
     cfg = model.config
     ids = draw_inputs(cfg.vocab_size, cfg.cutoffs, T)
     results = run_segments(model, ids, T)
@@ -281,16 +321,12 @@ def write_fixture(name, spec):
     for (a, b) in zip(results, again):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
-    folder = os.path.join(OUT_ROOT, name)
-    os.makedirs(folder, exist_ok=True)
-    for f in os.listdir(folder):
-        os.remove(os.path.join(folder, f))
-
-    with open(os.path.join(folder, "config.json"), "w") as fh:
-        json.dump(cfg.to_dict(), fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(sd, os.path.join(folder, "model.safetensors"))
+    if not spec.get("save_dtype"):
+        with open(os.path.join(folder, "config.json"), "w") as fh:
+            json.dump(cfg.to_dict(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(sd, os.path.join(folder, "model.safetensors"))
     np.save(os.path.join(folder, "inputs.npy"), ids)
     for s, (lp, hd, mm) in enumerate(results):
         np.save(os.path.join(folder, f"expected_logprobs_seg{s}.npy"), lp)
@@ -405,8 +441,16 @@ def write_readme(folder, name, spec, model, rows, ids, results, ent, mp):
 
     lines.append("## Files (s = 0..2)\n")
     lines.append("| file | dtype, shape | meaning |\n| --- | --- | --- |")
-    lines.append("| config.json | | `model.config.to_dict()` |")
-    lines.append("| model.safetensors | float32 | full `state_dict()` (tied tensors stored once per name) |")
+    if spec.get("save_dtype"):
+        lines.append(f"| config.json | | written by `model.to(torch.{spec['save_dtype']}).save_pretrained(folder, "
+                     f"safe_serialization=True)` (only the fields that differ from the defaults) |")
+        lines.append(f"| model.safetensors | {spec['save_dtype']} | the same save: every tensor rounded to "
+                     f"{spec['save_dtype']}, `transformer.pos_emb.inv_freq` included, tied copies left out; the "
+                     f"expected outputs are those of `TransfoXLLMHeadModel.from_pretrained(folder)` (float32, "
+                     f"so the rounded values upcast, the frequencies too) |")
+    else:
+        lines.append("| config.json | | `model.config.to_dict()` |")
+        lines.append("| model.safetensors | float32 | full `state_dict()` (tied tensors stored once per name) |")
     lines.append(f"| inputs.npy | int32 {list(ids.shape)} | token ids |")
     lines.append(f"| expected_logprobs_seg{{s}}.npy | float32 {list(results[0][0].shape)} | HF `prediction_scores` "
                  f"(log-probabilities) |")
@@ -442,8 +486,11 @@ def verify_fixture(name, spec):
         if getattr(cfg, k) != v:
             raise AssertionError(f"{name}: config.json {k}={getattr(cfg, k)} != {v}")
     torch.manual_seed(12345)  # different init, everything must come from the file
-    model = TransfoXLLMHeadModel(cfg)
-    model.load_state_dict(load_file(os.path.join(folder, "model.safetensors")), strict=True)
+    if spec.get("save_dtype"):
+        model = TransfoXLLMHeadModel.from_pretrained(folder)  # float32, as the reference was run
+    else:
+        model = TransfoXLLMHeadModel(cfg)
+        model.load_state_dict(load_file(os.path.join(folder, "model.safetensors")), strict=True)
     model.eval()
     ids = np.load(os.path.join(folder, "inputs.npy"))
     assert ids.dtype == np.int32 and ids.shape == (BATCH, N_SEG * spec["T"])

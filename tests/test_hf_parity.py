@@ -369,3 +369,17 @@ def test_a_position_frequency_dtype_of_another_name_is_refused():
                        r"'bfloat16'\], received position_frequency_dtype='half'"):
         keras_txl.TransformerXLConfig(vocabulary_size=10, num_layers=1, hidden_dim=8, num_heads=2,
                                       intermediate_dim=8, position_frequency_dtype="half")
+
+
+def test_the_rounded_frequencies_are_those_of_a_transformers_half_precision_save():
+    # PyTorch computes the float32 frequencies with its own power; rounded from
+    # a float64 computation, a value next to a float16/bfloat16 midpoint went
+    # the other way for d_model 312, 508, 578, 624, 738 (the importer then
+    # fell back to the exact frequencies and a warning).
+    from keras_txl.position_encoding import rounded_frequencies
+
+    with np.load(FIXTURES / "hf_rounded_inv_freq.npz") as stored:
+        assert len(stored.files) == 26
+        for key in stored.files:
+            dtype, d_model = key.split("_")
+            np.testing.assert_array_equal(rounded_frequencies(int(d_model), dtype), stored[key], err_msg=key)

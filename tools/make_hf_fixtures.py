@@ -510,11 +510,37 @@ def verify_fixture(name, spec):
     return True
 
 
+FREQUENCIES = os.path.join(OUT_ROOT, "hf_rounded_inv_freq.npz")
+# d_model values: the fixtures', the released models' (410, 512, 1024, 1280), and ones whose float32
+# frequencies lie next to a float16/bfloat16 rounding midpoint (a NumPy float64 computation rounded
+# them the other way).
+FREQUENCY_D_MODELS = (16, 32, 64, 312, 410, 508, 512, 578, 624, 738, 1024, 1280, 2048)
+
+
+def write_rounded_frequencies():
+    """transformers' inv_freq buffer (float32, as TransfoXL computes it) after a float16 / bfloat16
+    save, loaded back as float32: keys `float16_{D}` / `bfloat16_{D}`."""
+    from transformers.models.deprecated.transfo_xl.modeling_transfo_xl import PositionalEmbedding
+
+    arrays = {}
+    for d in FREQUENCY_D_MODELS:
+        model = PositionalEmbedding(d)
+        for dtype in ("float16", "bfloat16"):
+            arrays[f"{dtype}_{d}"] = model.inv_freq.to(getattr(torch, dtype)).float().numpy()
+    np.savez(FREQUENCIES, **arrays)
+    print(f"wrote {FREQUENCIES} ({os.path.getsize(FREQUENCIES) / 1024:.1f} KiB)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="option sets (default: all)")
     ap.add_argument("--verify", action="store_true", help="only re-check existing folders")
+    ap.add_argument("--frequencies", action="store_true",
+                    help=f"only write {os.path.relpath(FREQUENCIES, REPO)}")
     a = ap.parse_args()
+    if a.frequencies:
+        write_rounded_frequencies()
+        return
     if transformers.__version__ != "4.37.2":
         print(f"warning: transformers {transformers.__version__}, fixtures were made with 4.37.2", file=sys.stderr)
     torch.set_num_threads(1)

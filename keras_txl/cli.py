@@ -267,21 +267,25 @@ def build_parser():
                    "dataset of --from-official's corpus-info.json")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"],
                    help="which split")
+    # Without a flag (or --protocol): with --workdir, the setting of the run's
+    # final evaluation (WORKDIR/eval_config.json), else the model's own.
+    recorded = "with --workdir, that of txl train's final evaluation, else "
     p.add_argument("--batch-size", dest="batch_size", type=_int_flag("--batch-size", 1),
-                   default=1, help="parallel streams the split is cut into")
+                   default=None, help="parallel streams the split is cut into "
+                   f"(default: {recorded}1)")
     p.add_argument("--segment-length", dest="segment_length",
                    type=_int_flag("--segment-length", 1),
-                   default=None, help="default: the model's")
+                   default=None, help=f"default: {recorded}the model's")
     p.add_argument("--memory-length", dest="memory_length",
                    type=_int_flag("--memory-length", 0),
-                   default=None, help="test-time memory (default: the model's)")
+                   default=None, help=f"test-time memory (default: {recorded}the model's)")
     p.add_argument("--clamp-length", dest="clamp_length",
                    type=_int_flag("--clamp-length", -1), default=None,
-                   help="largest relative distance encoded (default: the "
-                   "model's; -1: none)")
-    p.add_argument("--same-length", dest="same_length", action="store_true",
-                   help="every position attends to the same number of keys "
-                   "(default: the model's setting)")
+                   help="largest relative distance encoded (default: "
+                   f"{recorded}the model's; -1: none)")
+    p.add_argument("--same-length", dest="same_length", action=argparse.BooleanOptionalAction,
+                   default=None, help="every position attends to the same number of keys "
+                   f"(default: {recorded}the model's setting)")
     p.add_argument("--max-segments", dest="max_segments",
                    type=_int_flag("--max-segments", 0), default=0,
                    help="stop after this many segments (0: the whole split)")
@@ -591,15 +595,16 @@ def _eval(args):
     --from-official."""
     if args.checkpoint is not None and not args.workdir:
         raise ValueError("--checkpoint needs --workdir.")
-    if args.from_official is None:
+    if args.from_official is None and args.protocol is not None:
         from keras_txl.presets import eval_protocol
 
-        if args.protocol is not None:
-            settings = eval_protocol(_protocol(args))
-            for key in ("segment_length", "memory_length", "clamp_length"):
+        # Below the flags, above the run's recorded evaluation settings.
+        args.protocol_name = _protocol(args)
+        args.protocol_settings = eval_protocol(args.protocol_name)
+        if args.from_preset is not None:  # no recorded settings: below the flags only
+            for key in ("segment_length", "memory_length", "clamp_length", "same_length"):
                 if getattr(args, key) is None:
-                    setattr(args, key, settings[key])
-            args.same_length = args.same_length or settings["same_length"]
+                    setattr(args, key, args.protocol_settings[key])
     if args.workdir is not None:
         from keras_txl.training.run import eval_main
 
@@ -610,6 +615,7 @@ def _eval(args):
 
     from keras_txl.training.loop import evaluate
     from keras_txl.training.run import bits_named
+    from keras_txl.training.run import effective_eval_settings
     from keras_txl.training.run import encode_split_to_shards
     from keras_txl.training.run import tfds_options
     from keras_txl.training.run import warn_unknown_tokens
@@ -627,12 +633,10 @@ def _eval(args):
     tokens = encode_split_to_shards(args.data, args.split, tokenizer, scratch.name,
                                     data_dir=args.data_dir, download=args.download,
                                     tfds=tfds_options(args))
-    kwargs = {"batch_size": args.batch_size}
-    for key in ("segment_length", "memory_length", "clamp_length"):
+    kwargs = {"batch_size": args.batch_size or 1}
+    for key in ("segment_length", "memory_length", "clamp_length", "same_length"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
-    if args.same_length:
-        kwargs["same_length"] = True
     try:
         result = evaluate(model, tokens, max_segments=args.max_segments or 0,
                           unknown_id=tokenizer.unk_id, **kwargs)
@@ -641,10 +645,9 @@ def _eval(args):
         scratch.cleanup()
     warn_unknown_tokens(result.pop("unknown_tokens", 0), result["tokens"], args.data,
                         tokenizer)
-    settings = {k: getattr(model.txl_config, k) for k in (
-        "segment_length", "memory_length", "clamp_length", "same_length")}
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),
-                      "settings": {**settings, **kwargs}}))
+                      "settings": effective_eval_settings(model.txl_config, kwargs,
+                                                          args.max_segments or 0)}))
     return 0
 
 
@@ -672,10 +675,11 @@ def _preset_eval_model(args):
     tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
     config = model.txl_config
     M = args.memory_length if args.memory_length is not None else config.memory_length
-    memory = 4 * args.batch_size * config.num_layers * M * config.hidden_dim
+    B = args.batch_size or 1
+    memory = 4 * B * config.num_layers * M * config.hidden_dim
     if memory > MAX_INITIAL_MEMORY_BYTES:
         raise ValueError(
-            f"--memory-length {M} with --batch-size {args.batch_size} needs a "
+            f"--memory-length {M} with --batch-size {B} needs a "
             f"memory of {memory / 2**30:.1f} GiB (batch x {config.num_layers} layers "
             f"x {M} x hidden {config.hidden_dim}, float32), more than the "
             f"{MAX_INITIAL_MEMORY_BYTES // 2**30} GiB one evaluation may hold: "
@@ -1365,6 +1369,7 @@ def _check_eval_size(args):
     """`txl eval --workdir`'s memory before the model is read (the model's
     own check names an argument no flag sets)."""
     from keras_txl.causal_lm import MAX_INITIAL_MEMORY_BYTES
+    from keras_txl.training.run import resolve_eval_settings
 
     _check_lengths(args, {"segment_length": args.segment_length,
                           "memory_length": args.memory_length})
@@ -1372,14 +1377,18 @@ def _check_eval_size(args):
         with open(os.path.join(args.workdir, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         L, D = int(config["num_layers"]), int(config["hidden_dim"])
-        M = int(args.memory_length if args.memory_length is not None
-                else config["memory_length"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # not a training run's folder: the loader says what is wrong
-    memory = 4 * args.batch_size * L * M * D
+    # A damaged eval_config.json is named here, before the model is read.
+    settings, _ = resolve_eval_settings(args, config)
+    try:
+        M, B = int(settings["memory_length"]), int(settings["batch_size"])
+    except (ValueError, TypeError):
+        return
+    memory = 4 * B * L * M * D
     if memory > MAX_INITIAL_MEMORY_BYTES:
         raise ValueError(
-            f"--memory-length {M} with --batch-size {args.batch_size} needs a "
+            f"--memory-length {M} with --batch-size {B} needs a "
             f"memory of {memory / 2**30:.1f} GiB (batch x {L} layers x {M} x "
             f"hidden {D}, float32), more than the "
             f"{MAX_INITIAL_MEMORY_BYTES // 2**30} GiB one evaluation may hold: "

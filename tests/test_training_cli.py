@@ -160,9 +160,51 @@ def test_eval_prints_json_with_the_test_time_settings(corpus_dir, tmp_path, caps
                  "--split", "test", "--memory-length", "24", "--clamp-length", "10",
                  "--same-length"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["settings"] == {"batch_size": 1, "memory_length": 24,
-                                  "clamp_length": 10, "same_length": True}
+    # Every setting the evaluation ran with: the flags, and the segment length of
+    # the run's final evaluation (the tiny preset's, recorded in the workdir).
+    assert result["settings"] == {"segment_length": 32, "memory_length": 24,
+                                  "clamp_length": 10, "same_length": True,
+                                  "batch_size": 1, "max_segments": 0}
     assert result["tokens"] > 0 and result["bpc"] == pytest.approx(result["loss"] / np.log(2))
+
+
+def test_eval_without_flags_reproduces_the_final_evaluation_of_train(corpus_dir, tmp_path,
+                                                                     capsys, caplog):
+    # `txl train` ends with the preset's evaluation settings (memory 96, same_length);
+    # `txl eval --workdir` used the model's training ones (segment 8, memory 32) and
+    # printed another loss for the same model and split, its settings saying only
+    # {"batch_size": 1}.
+    workdir = tmp_path / "run"
+    assert main(["train", "--data", str(corpus_dir), "--workdir", str(workdir),
+                 "--preset", "tiny", "--tokenizer", "char", "--steps", "2",
+                 "--batch-size", "4", "--segment-length", "8",
+                 "--set", "warmup_steps=1"]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    complete = {"segment_length": 32, "memory_length": 96, "clamp_length": -1,
+                "same_length": True, "batch_size": 1, "max_segments": 0}
+    assert trained["settings"] == complete
+    assert json.loads((workdir / "eval_config.json").read_text()) == {
+        k: v for k, v in complete.items() if k != "max_segments"}
+    caplog.set_level("INFO")
+    assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["settings"] == trained["settings"]
+    assert evaluated["tokens"] == trained["tokens"]
+    assert evaluated["loss"] == pytest.approx(trained["loss"], rel=1e-5)
+    assert "memory_length 96 (eval_config.json: txl train's final evaluation)" in caplog.text
+    # Flags still win, and are said to.
+    assert main(["eval", "--workdir", str(workdir), "--split", "valid",
+                 "--memory-length", "0", "--no-same-length", "--batch-size", "2"]) == 0
+    flagged = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert flagged["settings"] == {**complete, "memory_length": 0, "same_length": False,
+                                   "batch_size": 2}
+    assert flagged["loss"] != pytest.approx(trained["loss"], rel=1e-5)
+    assert "memory_length 0 (--memory-length)" in caplog.text
+    # A damaged record is named, not evaluated around.
+    (workdir / "eval_config.json").write_text('{"memory_length": -5}')
+    assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 2
+    err = capsys.readouterr().err
+    assert f'{workdir / "eval_config.json"}: "eval" memory_length must be an integer >= 0' in err
 
 
 def test_the_fit_loop_keeps_stdout_for_the_result(corpus_dir, tmp_path, capsys):

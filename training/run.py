@@ -5,6 +5,8 @@ A workdir holds everything of a run:
     workdir/
       config.json          the model config (TransformerXLConfig)
       train_config.json    the training config
+      eval_config.json     the settings of `txl train`'s final evaluation, in full
+                           (what `txl eval --workdir` evaluates with by default)
       tokenizer/           the tokenizer, fitted on the training split
       data/{split}/        the encoded splits as token shards (training/shards.py)
       data/source.json     what the shards were made from (source path; each file's
@@ -48,6 +50,12 @@ CONFIG_SECTIONS = ("model", "train", "eval")
 EVAL_DEFAULTS = {"segment_length": 0, "memory_length": 0, "clamp_length": -1,
                  "same_length": False, "batch_size": 1}
 _CONFIG_MAX_BYTES = 16 << 20
+# `txl train` records in the workdir every setting its final evaluation runs
+# with (the model's own filled in), and `txl eval --workdir` defaults to
+# them: without flags it gives the number `txl train` printed.
+EVAL_CONFIG_FILE = "eval_config.json"
+EVAL_SETTING_KEYS = ("segment_length", "memory_length", "clamp_length", "same_length",
+                     "batch_size")
 
 
 def _unknown_keys(where, what, data, known):
@@ -1324,6 +1332,11 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
     logger.info("Training: %s", train_config)
     tokenizer_dir = os.path.join(args.workdir, "tokenizer")
     eval_kwargs = _eval_kwargs(eval_settings)
+    # Stated whole in the JSON line, and recorded for `txl eval --workdir`
+    # (before training: an interrupted run's is there too).
+    final_settings = effective_eval_settings(model_config, eval_kwargs)
+    if chief:
+        write_eval_config(args.workdir, final_settings)
     try:
         if train_config.loop == "fit":
             # Keras prints its progress to stdout, which holds the result.
@@ -1382,7 +1395,7 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
         result = bits_named(result, tokenizer)
     else:
         result = {k: v for k, v in trainer.final_eval.items() if k != "step"}
-    result = {"split": "valid", **result, "settings": eval_kwargs}
+    result = {"split": "valid", **result, "settings": final_settings}
     print(json.dumps(result))
     return 0
 
@@ -1412,6 +1425,79 @@ def _lost_peer(strategy, error):
     reason = reason.group(1).strip().rstrip(":")[:200] if reason else (
         f"{type(error).__name__}: {text.strip().splitlines()[0][:200]}")
     return f"{named} stopped answering: {reason}" if named else reason
+
+
+def effective_eval_settings(model_config, kwargs, max_segments=0):
+    """Every setting `evaluate(model, tokens, **kwargs)` runs with, in the
+    order of `EVAL_SETTING_KEYS` (+ max_segments): those of `kwargs`, the
+    model's own for the others, one stream by default. What the JSON
+    lines of `txl train` and `txl eval` state."""
+    own = {key: getattr(model_config, key) for key in EVAL_SETTING_KEYS if key != "batch_size"}
+    own["batch_size"] = 1
+    return {**{key: kwargs.get(key, own[key]) for key in EVAL_SETTING_KEYS},
+            "max_segments": max_segments}
+
+
+def write_eval_config(workdir, settings):
+    """WORKDIR/eval_config.json: the settings of `txl train`'s final evaluation."""
+    from keras_txl.safe_files import atomic_write_bytes
+
+    recorded = {key: settings[key] for key in EVAL_SETTING_KEYS}
+    atomic_write_bytes(os.path.join(workdir, EVAL_CONFIG_FILE),
+                       (json.dumps(recorded, indent=2) + "\n").encode(), make_parents=True)
+
+
+def recorded_eval_settings(workdir):
+    """The settings WORKDIR/eval_config.json records (`write_eval_config`),
+    or {} when there is none (a run of an older keras-txl). A damaged file
+    is refused, naming it, rather than evaluated around in silence."""
+    path = os.path.join(workdir, EVAL_CONFIG_FILE)
+    if not os.path.isfile(path):
+        return {}
+    remedy = ("delete it (txl eval then uses the model's own settings) or run `txl train` "
+              "again to write it")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read(_CONFIG_MAX_BYTES + 1))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not the JSON `txl train` writes ({e}): {remedy}.") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object of evaluation settings, "
+                         f"received {type(data).__name__}: {remedy}.")
+    data = {key: data[key] for key in EVAL_SETTING_KEYS if key in data}
+    _check_eval_section(path, data)
+    if data.get("segment_length") == 0:
+        data.pop("segment_length")  # 0: the model's own
+    return data
+
+
+def resolve_eval_settings(args, model_settings):
+    """`txl eval --workdir`'s settings and where each comes from: its flag;
+    else --protocol's (`args.protocol_settings`, set by the CLI); else the
+    run's final evaluation (WORKDIR/eval_config.json); else the model's
+    own (`model_settings`: a config or config dict), and one stream.
+
+    Returns (settings, sources): dicts by `EVAL_SETTING_KEYS`.
+    """
+    recorded = recorded_eval_settings(args.workdir)
+    protocol = getattr(args, "protocol_settings", None) or {}
+    settings, sources = {}, {}
+    for key in EVAL_SETTING_KEYS:
+        flag = getattr(args, key, None)
+        if flag is not None:
+            value, source = flag, "--" + key.replace("_", "-")
+        elif key in protocol:
+            value, source = protocol[key], f"--protocol {args.protocol_name}"
+        elif key in recorded:
+            value, source = recorded[key], f"{EVAL_CONFIG_FILE}: txl train's final evaluation"
+        elif key == "batch_size":
+            value, source = 1, "default"
+        else:
+            value = (model_settings.get(key) if isinstance(model_settings, dict)
+                     else getattr(model_settings, key))
+            source = "the model's"
+        settings[key], sources[key] = value, source
+    return settings, sources
 
 
 def _eval_kwargs(settings, **overrides):
@@ -1459,13 +1545,9 @@ def eval_main(args):
     else:
         tokens = workdir_split(args.workdir, args.split)
         check_workdir_tokens(args.workdir, args.split, kind, source, tokenizer_dir)
-    kwargs = {"batch_size": args.batch_size}
-    for key in ("segment_length", "memory_length", "clamp_length"):
-        value = getattr(args, key)
-        if value is not None:
-            kwargs[key] = value
-    if args.same_length:
-        kwargs["same_length"] = True
+    kwargs, sources = resolve_eval_settings(args, model.txl_config)
+    logger.info("Evaluation settings: %s.", ", ".join(
+        f"{key} {value} ({sources[key]})" for key, value in kwargs.items()))
     unknown_id = None if tokenizer is None else tokenizer.unk_id
     try:
         result = evaluate(model, tokens, max_segments=args.max_segments or 0,
@@ -1478,7 +1560,8 @@ def eval_main(args):
                         tokenizer)
     has_tokenizer = os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json"))
     result = bits_named(result, load_tokenizer(tokenizer_dir) if has_tokenizer else None)
-    print(json.dumps({"split": args.split, **result, "settings": kwargs}))
+    print(json.dumps({"split": args.split, **result, "settings": effective_eval_settings(
+        model.txl_config, kwargs, args.max_segments or 0)}))
     return 0
 
 

@@ -646,8 +646,9 @@ def _eval(args):
     warn_unknown_tokens(result.pop("unknown_tokens", 0), result["tokens"], args.data,
                         tokenizer)
     print(json.dumps({"split": args.split, **bits_named(result, tokenizer),
-                      "settings": effective_eval_settings(model.txl_config, kwargs,
-                                                          args.max_segments or 0)}))
+                      "settings": {**effective_eval_settings(model.txl_config, kwargs,
+                                                             args.max_segments or 0),
+                                   "dtype": model.dtype_policy.name}}))
     return 0
 
 

@@ -306,7 +306,7 @@ def test_readme_eval_and_generate_run(tmp_path, monkeypatch, capsys):
     # Every setting, the flags' and the model's (a workdir without eval_config.json).
     assert result["settings"] == {"segment_length": 16, "memory_length": 512,
                                   "clamp_length": 400, "same_length": True, "batch_size": 1,
-                                  "max_segments": 0}
+                                  "max_segments": 0, "dtype": "float32"}
     assert result["bpc"] == pytest.approx(result["loss"] / np.log(2))
     assert main(runs[1]) == 0
     out = capsys.readouterr().out

@@ -610,7 +610,8 @@ def test_cli_eval_from_official_with_the_paper_protocol(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["settings"] == {"segment_length": 128, "memory_length": 3800,
                                   "clamp_length": 1000, "same_length": True,
-                                  "batch_size": 1, "max_segments": 0}
+                                  "batch_size": 1, "max_segments": 0,
+                                  "dtype": "float32"}
     # The same number from the NumPy transcription under tf/sota/text8.sh
     # settings: one stream, segments of 128 with the memory carried.
     paper = dataclasses.replace(layout, tgt_len=128, mem_len=3800,

@@ -164,7 +164,7 @@ def test_eval_prints_json_with_the_test_time_settings(corpus_dir, tmp_path, caps
     # the run's final evaluation (the tiny preset's, recorded in the workdir).
     assert result["settings"] == {"segment_length": 32, "memory_length": 24,
                                   "clamp_length": 10, "same_length": True,
-                                  "batch_size": 1, "max_segments": 0}
+                                  "batch_size": 1, "max_segments": 0, "dtype": "float32"}
     assert result["tokens"] > 0 and result["bpc"] == pytest.approx(result["loss"] / np.log(2))
 
 
@@ -181,10 +181,10 @@ def test_eval_without_flags_reproduces_the_final_evaluation_of_train(corpus_dir,
                  "--set", "warmup_steps=1"]) == 0
     trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     complete = {"segment_length": 32, "memory_length": 96, "clamp_length": -1,
-                "same_length": True, "batch_size": 1, "max_segments": 0}
+                "same_length": True, "batch_size": 1, "max_segments": 0, "dtype": "float32"}
     assert trained["settings"] == complete
     assert json.loads((workdir / "eval_config.json").read_text()) == {
-        k: v for k, v in complete.items() if k != "max_segments"}
+        k: v for k, v in complete.items() if k not in ("max_segments", "dtype")}
     caplog.set_level("INFO")
     assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -205,6 +205,22 @@ def test_eval_without_flags_reproduces_the_final_evaluation_of_train(corpus_dir,
     assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 2
     err = capsys.readouterr().err
     assert f'{workdir / "eval_config.json"}: "eval" memory_length must be an integer >= 0' in err
+
+
+def test_the_json_lines_name_the_precision_the_evaluation_computed_in(corpus_dir, tmp_path,
+                                                                       capsys):
+    # A mixed-precision run evaluates at the end in bf16; `txl eval` reads its model
+    # folder in float32: two numbers, and before, nothing in the lines said why.
+    workdir = tmp_path / "bf16"
+    assert main(["train", "--data", str(corpus_dir), "--workdir", str(workdir),
+                 "--preset", "tiny", "--tokenizer", "char", "--steps", "2",
+                 "--batch-size", "4", "--segment-length", "8", "--precision", "mixed_bfloat16",
+                 "--set", "warmup_steps=1"]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert trained["settings"]["dtype"] == "mixed_bfloat16"
+    assert main(["eval", "--workdir", str(workdir), "--split", "valid"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["settings"] == {**trained["settings"], "dtype": "float32"}
 
 
 def test_the_fit_loop_keeps_stdout_for_the_result(corpus_dir, tmp_path, capsys):

@@ -1395,7 +1395,10 @@ def _train_locked(args, strategy, chief, model_dict, train_config,
         result = bits_named(result, tokenizer)
     else:
         result = {k: v for k, v in trainer.final_eval.items() if k != "step"}
-    result = {"split": "valid", **result, "settings": final_settings}
+    # The precision it computed in: a mixed-precision run's final evaluation
+    # is in it, `txl eval` reads the model folder in float32.
+    result = {"split": "valid", **result,
+              "settings": {**final_settings, "dtype": model.dtype_policy.name}}
     print(json.dumps(result))
     return 0
 
@@ -1560,8 +1563,8 @@ def eval_main(args):
                         tokenizer)
     has_tokenizer = os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json"))
     result = bits_named(result, load_tokenizer(tokenizer_dir) if has_tokenizer else None)
-    print(json.dumps({"split": args.split, **result, "settings": effective_eval_settings(
-        model.txl_config, kwargs, args.max_segments or 0)}))
+    print(json.dumps({"split": args.split, **result, "settings": {**effective_eval_settings(
+        model.txl_config, kwargs, args.max_segments or 0), "dtype": model.dtype_policy.name}}))
     return 0
 
 

@@ -438,6 +438,119 @@ def test_a_byte_order_mark_is_not_text(tmp_path, capsys):
     assert "the valid split of --data" in capsys.readouterr().err
 
 
+def _bom_free_and_bom_corpora(tmp_path):
+    """A single file and a split folder, each written plain and with a byte
+    order mark in front of every file; every text holds a U+FEFF inside (a
+    zero-width no-break space: text). The single file's valid part (cut
+    90/5/5 from the bytes after the mark) starts with one."""
+    rng = np.random.default_rng(3)
+    words = " ".join(rng.choice(WORDS, size=400)).encode()
+    text = words[:600] + b"\n" + words[600:900] + " x\ufeffy \n".encode() + words[900:]
+    text += b"\n" * (17 - len(text) % 20)  # the old 90/5/5 cut of text+BOM differed
+    held = len(text) // 20
+    train = len(text) - 2 * held
+    text = text[:train] + "\ufeff".encode() + text[train + 3:]
+    assert len(text) % 20 >= 17 and (len(text) + 3) // 20 != len(text) // 20
+    out = {}
+    for name, bom in (("plain", b""), ("bom", b"\xef\xbb\xbf")):
+        single = tmp_path / name / "book.txt"
+        single.parent.mkdir()
+        single.write_bytes(bom + text)
+        folder = tmp_path / name / "splits"
+        write_corpus(folder)
+        for split in ("train", "valid", "test"):
+            path = folder / f"{split}.txt"
+            path.write_bytes(bom + path.read_bytes() + " a\ufeffb\n".encode())
+        out[name] = {"single": single, "splits": folder}
+    return out, text
+
+
+def test_a_byte_order_mark_is_dropped_at_the_start_of_a_single_file_too(tmp_path):
+    # A single text file (and a raw text8) is read byte for byte: its byte
+    # order mark was kept as text, so the char tokenizer learnt a "\ufeff"
+    # token and the word tokenizer "\ufeffthe" beside "the", and the 90/5/5
+    # cut counted its 3 bytes: the file gave other splits than without it.
+    corpora_, text = _bom_free_and_bom_corpora(tmp_path)
+    single = load_corpus(corpora_["bom"]["single"])
+    plain = load_corpus(corpora_["plain"]["single"])
+    for split in ("train", "valid", "test"):
+        assert single.split(split) == plain.split(split)
+    assert single.train == text[:len(single.train.encode())].decode()
+    assert not single.train.startswith("\ufeff") and single.valid.startswith("\ufeff")
+    assert "x\ufeffy" in single.train  # a U+FEFF inside the text is text
+    folder = load_corpus(corpora_["bom"]["splits"])
+    assert all(folder.split(s).endswith("a\ufeffb\n") and folder.split(s)[0] != "\ufeff"
+               for s in ("train", "valid", "test"))
+    # The same tokens (and vocabulary) from both, for char and word, in
+    # chunks of every size.
+    for layout in ("single", "splits"):
+        for kind in ("char", "word"):
+            got = {}
+            for name in ("plain", "bom"):
+                tokenizer, splits = prepare_data(
+                    str(corpora_[name][layout]), str(tmp_path / f"w-{layout}-{kind}-{name}"),
+                    kind, shard_tokens=1024)
+                got[name] = (tokenizer.get_vocabulary(),
+                             {s: np.asarray(t).tolist() for s, t in splits.items()})
+            assert got["bom"] == got["plain"], (layout, kind)
+            inside = {"single": "x\ufeffy", "splits": "a\ufeffb"}[layout]
+            assert ("\ufeff" if kind == "char" else inside) in got["bom"][0]
+            assert not any(t.startswith("\ufeff") for t in got["bom"][0] if len(t) > 1)
+    source = open_corpus_source(corpora_["bom"]["single"], chunk_bytes=1)
+    assert "".join(t for t, _ in source.chunks("train", kind="char")) == plain.train
+    # A file holding only a byte order mark is empty; the raw enwik8 is bytes: kept.
+    (tmp_path / "only.txt").write_bytes(b"\xef\xbb\xbf")
+    with pytest.raises(ValueError, match=r"only\.txt is empty \(it holds only a byte order mark\)"):
+        load_corpus(tmp_path / "only.txt")
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "enwik8").write_bytes(b"\xef\xbb\xbf" + b"ab" * 30)
+    assert load_corpus(tmp_path / "e").train.startswith("\ufeffab")
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "text8").write_bytes(b"\xef\xbb\xbf" + b" ab cd" * 30)
+    assert load_corpus(tmp_path / "t").train.startswith(" ab cd")
+
+
+def test_a_workdir_of_text_rules_2_from_a_file_with_a_byte_order_mark_is_refused(tmp_path):
+    # Rules 2 kept a single file's byte order mark: shards prepared by them
+    # hold other tokens than this version encodes from that file (refused),
+    # and the same as before from a file without one (kept).
+    corpora_, text = _bom_free_and_bom_corpora(tmp_path)
+    assert corpora.TEXT_RULES == 3
+
+    def rules2_text(path):
+        data = path.read_bytes()
+        held = len(data) // 20
+        cuts = (0, len(data) - 2 * held, len(data) - held, len(data))
+        return {split: data[cuts[i]:cuts[i + 1]].decode("utf-8", "surrogateescape")
+                for i, split in enumerate(("train", "valid", "test"))}
+
+    for name in ("bom", "plain"):
+        path = corpora_[name]["single"]
+        workdir = str(tmp_path / f"w-{name}")
+        _, before = prepare_data(str(path), workdir, "char", shard_tokens=1024)
+        keys = {s: t.key for s, t in before.items()}
+        old_text = rules2_text(path)
+        meta = as_an_older_version_left_it(workdir, path, old_text, rules=2)
+        assert meta["text_rules"] == 2
+        if name == "bom":
+            assert old_text["train"].startswith("\ufeff")
+            old = data_files(workdir)
+            with pytest.raises(ValueError, match=r"older keras-txl, which read text by other "
+                               r"rules \(version 2; this one reads by version 3, where a byte "
+                               r"order mark at the start of a single file is dropped\): its "
+                               r"train, valid, test shards hold other tokens"):
+                prepare_data(str(path), workdir)
+            assert data_files(workdir) == old
+            refused = json.loads((pathlib.Path(workdir) / "data" / "source.json").read_text())
+            assert refused["text_rules"] == 2
+            assert refused["text_rules_refused"]["text_rules"] == 3
+        else:
+            _, after = prepare_data(str(path), workdir)
+            assert {s: t.key for s, t in after.items()} == keys
+            assert json.loads((pathlib.Path(workdir) / "data" / "source.json")
+                              .read_text())["text_rules"] == 3
+
+
 def test_a_byte_order_mark_in_a_vocabulary_file_is_not_a_token(tmp_path):
     # Notepad's UTF-8 file starts with U+FEFF: it became part of the first
     # token, so "the" read as <unk> everywhere (or <eos> was "missing").
@@ -887,17 +1000,20 @@ def test_a_nul_byte_in_a_text_corpus_is_refused_naming_the_file_and_byte(tmp_pat
     assert load_corpus(tmp_path / "e").train.startswith("\x00ab")
 
 
-def as_an_older_version_left_it(workdir, folder, rules1_text):
-    """Rewrites a workdir prepared now as keras-txl with text rules 1 left it:
-    no "text_rules" in source.json, the key without it, and the shards of
-    `rules1_text` (split -> the text rules 1 read) under that key."""
+def as_an_older_version_left_it(workdir, folder, rules1_text, rules=1):
+    """Rewrites a workdir prepared now as keras-txl with text rules `rules`
+    left it: source.json and the key with that "text_rules" (none for 1),
+    and the shards of `rules1_text` (split -> the text those rules read)
+    under that key."""
     from keras_txl.tokenizers import load_tokenizer
 
     data = pathlib.Path(workdir) / "data"
     meta = json.loads((data / "source.json").read_text())
     meta.pop("text_rules", None)
+    if rules != 1:
+        meta["text_rules"] = rules
     fields = {k: meta[k] for k in ("sha256", "identity", "tokenizer_sha256",
-                                   "shard_tokens", "dtype")}
+                                   "shard_tokens", "dtype", "text_rules") if k in meta}
     meta["key"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer"))
     for split, text in rules1_text.items():
@@ -926,7 +1042,7 @@ def test_shards_of_older_text_rules_are_noticed_never_reused_in_silence(tmp_path
     assert old != now
     # Without --data: refused, saying to pass it.
     with pytest.raises(ValueError, match=r"encoded under the text rules of an older "
-                       r"keras-txl \(version 1; this one reads text by version 2\).*"
+                       rf"keras-txl \(version 1; this one reads text by version {corpora.TEXT_RULES}\).*"
                        rf"Pass --data {folder} "):
         prepare_data(None, workdir)
     # With it: encoded again, other tokens in valid: refused, the workdir as it was.

@@ -29,7 +29,9 @@ dataset with its line order kept, so that the TFDS path works offline.
 Every split is one string. The files of a folder are read as UTF-8 with
 universal newlines; a single file (and raw enwik8/text8) is read byte for
 byte, cut at byte positions, and must be UTF-8 too, except the raw enwik8,
-which is read as bytes for the byte tokenizer (see `CorpusSource`).
+which is read as bytes for the byte tokenizer (see `CorpusSource`). A byte
+order mark at the start of a file is not text: dropped (the cut of a single
+file is of the bytes after it), except in the raw enwik8.
 Each `Corpus` also names the tokenizer the reference code uses for it
 (`tokenizer_kind`, `tokenizer_options`) and the splits its vocabulary is
 counted on (`vocabulary_splits`: train only for WikiText-103, all three for
@@ -64,6 +66,7 @@ __all__ = [
     "DEFAULT_STDLIB_DOCS_CHARS",
     "SPLITS",
     "TEXT_RULES",
+    "TEXT_RULES_CHANGES",
     "Corpus",
     "CorpusSource",
     "build_local_tfds",
@@ -83,7 +86,16 @@ SPLITS = ("train", "valid", "test")
 # any change that can change the text read from the same bytes.
 #   1: (not recorded) before 2.
 #   2: a last line without a newline is given one (its <eos>).
-TEXT_RULES = 2
+#   3: a byte order mark at the start of a single text file (and a raw text8)
+#      is dropped, as it was at the start of every file of a folder, and the
+#      file is split 90/5/5 by the bytes after it.
+TEXT_RULES = 3
+# What each version changed, for the messages that refuse shards of an older one.
+TEXT_RULES_CHANGES = {
+    2: "a last line without a newline gets its <eos>",
+    3: "a byte order mark at the start of a single file is dropped",
+}
+_BOM = b"\xef\xbb\xbf"
 _TEXT_FILES = {split: f"{split}.txt" for split in SPLITS}
 _WIKITEXT_FILES = {split: f"wiki.{split}.tokens" for split in SPLITS}
 _WIKITEXT_RAW_FILES = {split: f"wiki.{split}.raw" for split in SPLITS}
@@ -1063,7 +1075,9 @@ class CorpusSource:
     (the files of a folder) `"\r\n"` and a lone `"\r"` are read as `"\n"`;
     a raw file cut into three (a single file, `text8`) keeps every byte, and
     the bytes of a character that the cut falls inside stay on each side
-    (as `surrogateescape` stand-ins). With `universal_newlines` every file
+    (as `surrogateescape` stand-ins). A text file's byte order mark (U+FEFF
+    at its first byte) is dropped; a U+FEFF elsewhere is text. With
+    `universal_newlines` every file
     is read as lines, as the reference `vocabulary.py` reads it: a last line
     without a newline is given one (its `<eos>`), so it never runs into the
     first line of the next file (LM1B's training files). A raw `enwik8` (`errors=
@@ -1343,9 +1357,10 @@ class CorpusSource:
         if low or high < len(block):
             text = (block[:low].decode("utf-8", "surrogateescape") + text
                     + block[high:].decode("utf-8", "surrogateescape"))
-        if self._universal_newlines and position == 0 and text.startswith("\ufeff"):
+        if position == 0 and text.startswith("\ufeff"):
             # A text file's byte order mark (Notepad writes one) is not text:
-            # it would glue itself to the first word.
+            # it would glue itself to the first word (a folder's file, or a
+            # single file, whose split sizes leave it out: `_raw_source`).
             text = text[1:]
         if self._universal_newlines and "\r" in text:
             # Text files: universal newlines, as read_text does. A chunk
@@ -1487,10 +1502,18 @@ def _zip_member_size(path: pathlib.Path) -> int:
 
 def _raw_source(path: pathlib.Path, layout: str, **common) -> CorpusSource:
     total = _zip_member_size(path) if path.suffix == ".zip" else path.stat().st_size
-    if total == 0:
-        raise ValueError(f"corpus file {path} is empty.")
-    train, valid, _ = standard_split_sizes(total)
-    cuts = (0, train, train + valid, total)
+    # A text file's byte order mark is not text (dropped when read, see
+    # `_decode`): the 90/5/5 split is of the bytes after it, so the file
+    # gives the same splits as without it. The raw enwik8 is bytes: kept.
+    bom = 0
+    if layout != "enwik8" and total >= len(_BOM):
+        with _open_binary(str(path)) as handle:
+            bom = len(_BOM) if handle.read(len(_BOM)) == _BOM else 0
+    if total - bom == 0:
+        raise ValueError(f"corpus file {path} is empty"
+                         + (" (it holds only a byte order mark)." if bom else "."))
+    train, valid, _ = standard_split_sizes(total - bom)
+    cuts = (0, bom + train, bom + train + valid, total)
     # Cuts are at byte positions (as in the prep scripts) and may fall inside a UTF-8
     # character: its bytes stay on each side (surrogateescape), and the byte tokenizer
     # encodes them back exactly. Raw files keep every byte ("\r" included); only the

@@ -1115,11 +1115,16 @@ def _rules_refusal_key(meta, sha, corpus_source, tokenizer_dir):
 
 def _rules_refusal_message(workdir, data_cache, tokenizer_dir, old_rules, differ, source):
     from keras_txl.training.corpora import TEXT_RULES
+    from keras_txl.training.corpora import TEXT_RULES_CHANGES
 
+    # What changed since the workdir's version (an unknown version: all of it).
+    changes = [change for version, change in sorted(TEXT_RULES_CHANGES.items())
+               if not isinstance(old_rules, int) or version > old_rules] \
+        or list(TEXT_RULES_CHANGES.values())
     return (
         f"{workdir} was prepared by an older keras-txl, which read text by other "
         f"rules (version {old_rules}; this one reads by version {TEXT_RULES}, "
-        "where a last line without a newline gets its <eos>): its "
+        f"where {'; and '.join(changes)}): its "
         f"{', '.join(differ)} shards hold other tokens than this version encodes "
         f"from --data {_where(source)}. Its tokenizer and shards, and the "
         "checkpoints and model trained on them, belong to the old reading: train in "

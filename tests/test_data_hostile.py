@@ -3,6 +3,7 @@ quick check, long lines joined by any whitespace, damaged shards of an
 unfinished split, text that is not UTF-8 in TFDS, empty splits, and the
 wording of the errors."""
 
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -537,7 +538,7 @@ def test_a_workdir_of_text_rules_2_from_a_file_with_a_byte_order_mark_is_refused
             old = data_files(workdir)
             with pytest.raises(ValueError, match=r"older keras-txl, which read text by other "
                                r"rules \(version 2; this one reads by version 3, where a byte "
-                               r"order mark at the start of a single file is dropped\): its "
+                               r"order mark at the start of a single file is dropped.*\): its "
                                r"train, valid, test shards hold other tokens"):
                 prepare_data(str(path), workdir)
             assert data_files(workdir) == old
@@ -549,6 +550,41 @@ def test_a_workdir_of_text_rules_2_from_a_file_with_a_byte_order_mark_is_refused
             assert {s: t.key for s, t in after.items()} == keys
             assert json.loads((pathlib.Path(workdir) / "data" / "source.json")
                               .read_text())["text_rules"] == 3
+
+
+def test_a_symbol_file_with_a_byte_order_mark_is_detected_as_symbols(tmp_path):
+    # The detection read the mark as part of the first symbol ("\ufeff60"):
+    # an enwik8/text8 folder saved with one was read as plain words, with an
+    # <eos> per line and the vocabulary of train only, in silence.
+    for name, line in (("enwik8", b"60 104 101 32 99 97 116\n"), ("text8", b"a b c _ d e f\n")):
+        plain, bom = tmp_path / f"{name}-plain", tmp_path / f"{name}-bom"
+        for folder, mark in ((plain, b""), (bom, b"\xef\xbb\xbf")):
+            folder.mkdir()
+            for split in ("train", "valid", "test"):
+                (folder / f"{split}.txt").write_bytes(mark + line * 20)
+        assert load_corpus(bom) == dataclasses.replace(load_corpus(plain), name=bom.name,
+                                                       source=str(bom))
+        assert load_corpus(bom).layout == "char-symbols"
+        _, expected = prepare_data(str(plain), str(tmp_path / f"w-{name}-plain"),
+                                   shard_tokens=1024)
+        _, got = prepare_data(str(bom), str(tmp_path / f"w-{name}-bom"), shard_tokens=1024)
+        for split in ("train", "valid", "test"):
+            assert np.asarray(got[split]).tolist() == np.asarray(expected[split]).tolist()
+    # A workdir of text rules 2, which read that folder as the splits layout:
+    # refused as such (the same bytes), not as "different content".
+    bom = tmp_path / "enwik8-bom"
+    workdir = tmp_path / "w-old"
+    prepare_data(str(bom), str(workdir), tfds={"char_symbols": False}, shard_tokens=1024)
+    meta = json.loads((workdir / "data" / "source.json").read_text())
+    assert meta["identity"]["layout"] == "splits"
+    words = load_corpus(bom, char_symbols=False)
+    as_an_older_version_left_it(str(workdir), bom, {s: words.split(s) for s in corpora.SPLITS},
+                                rules=2)
+    with pytest.raises(ValueError, match=r"older keras-txl, which read text by other rules "
+                       r"\(version 2; this one reads by version 3, .*\): it read --data "
+                       r".*enwik8-bom as the 'splits' layout, this one reads it as "
+                       r"'char-symbols', so its shards hold other tokens .*new --workdir"):
+        prepare_data(str(bom), str(workdir))
 
 
 def test_a_byte_order_mark_in_a_vocabulary_file_is_not_a_token(tmp_path):

@@ -88,12 +88,14 @@ SPLITS = ("train", "valid", "test")
 #   2: a last line without a newline is given one (its <eos>).
 #   3: a byte order mark at the start of a single text file (and a raw text8)
 #      is dropped, as it was at the start of every file of a folder, and the
-#      file is split 90/5/5 by the bytes after it.
+#      file is split 90/5/5 by the bytes after it; a train.txt of symbols
+#      (enwik8/text8 prepared) that starts with one is detected as symbols.
 TEXT_RULES = 3
 # What each version changed, for the messages that refuse shards of an older one.
 TEXT_RULES_CHANGES = {
     2: "a last line without a newline gets its <eos>",
-    3: "a byte order mark at the start of a single file is dropped",
+    3: ("a byte order mark at the start of a single file is dropped, and a "
+        "train.txt of symbols starting with one is read as symbols"),
 }
 _BOM = b"\xef\xbb\xbf"
 _TEXT_FILES = {split: f"{split}.txt" for split in SPLITS}
@@ -270,6 +272,9 @@ def _looks_like_symbols(path: pathlib.Path) -> bool:
     """True if the start of `path` is space-separated single symbols."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         sample = handle.read(_SYMBOL_SAMPLE_CHARS)
+    # A byte order mark is not text (dropped when read): not part of the
+    # first symbol.
+    sample = sample.removeprefix("\ufeff")
     symbols = sample.split()
     if len(sample) == _SYMBOL_SAMPLE_CHARS and len(symbols) > 1:
         symbols = symbols[:-1]  # the last one may be cut

@@ -350,6 +350,8 @@ def _check_source(workdir, meta, corpus_source, data_cache, stat):
     (size, mtime, ctime and inode of every file): a ctime or inode that
     changed (an edit with its mtime set back, a moved or copied corpus)
     falls to the content."""
+    from keras_txl.training.corpora import TEXT_RULES
+
     identity = corpus_source.identity()
     if meta.get("stat") == stat and meta.get("identity") == identity:
         return meta.get("sha256")
@@ -364,6 +366,16 @@ def _check_source(workdir, meta, corpus_source, data_cache, stat):
                        meta.get("source"), corpus_source.source)
         return None
     where = _where(corpus_source.source)
+    old_rules = meta.get("text_rules", 1)
+    old_layout = (meta.get("identity") or {}).get("layout")
+    if (sha == meta.get("sha256") and old_rules != TEXT_RULES
+            and old_layout != identity.get("layout")):
+        # The same bytes, read as another layout by this version's text
+        # rules (a symbol file starting with a byte order mark): not other
+        # content, and no recheck can keep shards of another layout.
+        raise ValueError(_rules_refusal_message(
+            workdir, data_cache, os.path.join(workdir, "tokenizer"), old_rules, None,
+            corpus_source.source, layouts=(old_layout, identity.get("layout"))))
     raise ValueError(
         f"{workdir} was prepared from {meta.get('source')!r}; --data "
         f"{where!r} has different content. Its tokenizer and prepared shards belong to "
@@ -1113,7 +1125,10 @@ def _rules_refusal_key(meta, sha, corpus_source, tokenizer_dir):
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def _rules_refusal_message(workdir, data_cache, tokenizer_dir, old_rules, differ, source):
+def _rules_refusal_message(workdir, data_cache, tokenizer_dir, old_rules, differ, source,
+                           layouts=None):
+    """`differ`: the splits whose tokens differ; or `layouts`, (the layout
+    the workdir read the corpus as, the one this version reads)."""
     from keras_txl.training.corpora import TEXT_RULES
     from keras_txl.training.corpora import TEXT_RULES_CHANGES
 
@@ -1124,9 +1139,13 @@ def _rules_refusal_message(workdir, data_cache, tokenizer_dir, old_rules, differ
     return (
         f"{workdir} was prepared by an older keras-txl, which read text by other "
         f"rules (version {old_rules}; this one reads by version {TEXT_RULES}, "
-        f"where {'; and '.join(changes)}): its "
-        f"{', '.join(differ)} shards hold other tokens than this version encodes "
-        f"from --data {_where(source)}. Its tokenizer and shards, and the "
+        f"where {'; and '.join(changes)}): "
+        + (f"it read --data {_where(source)} as the {layouts[0]!r} layout, this one reads "
+           f"it as {layouts[1]!r}, so its shards hold other tokens than this version "
+           "encodes from it." if layouts else
+           f"its {', '.join(differ)} shards hold other tokens than this version encodes "
+           f"from --data {_where(source)}.")
+        + " Its tokenizer and shards, and the "
         "checkpoints and model trained on them, belong to the old reading: train in "
         f"a new --workdir (or, to start this one over, delete {data_cache}, "
         f"{tokenizer_dir} and its checkpoints/ and model/; or keep using this "

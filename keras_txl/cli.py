@@ -1092,7 +1092,7 @@ def _attention(args):
     model = io.load_pretrained(model_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
-    with open(args.text, encoding="utf-8") as f:
+    with open(args.text, encoding="utf-8-sig") as f:  # a leading BOM is no text
         ids = tokenizer.encode(f.read())
     if len(ids) < 2:
         raise ValueError(

@@ -74,6 +74,14 @@ def test_txl_attention_writes_the_pictures(tmp_path, capsys):
     assert summary["num_segments"] == 16 and summary["segment"] == 1
     assert len(summary["loss_with_memory"]) == 8
     assert np.all(np.isfinite(summary["loss_without_memory"]))
+    # A byte order mark before the text is not read as text.
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + TEXT.encode("utf-8"))
+    assert main(["attention", "--workdir", str(tmp_path / "run"), "--text", str(bom),
+                 "--out", str(tmp_path / "bom_pictures"), "--layers", "0,1", "--heads",
+                 "1"]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "bom_pictures" / "insight.json").read_text()) == summary
 
     assert main(["attention", "--workdir", str(tmp_path / "run"), "--text",
                  str(text), "--out", str(out), "--heads", "2"]) == 2

@@ -360,6 +360,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
             that takes none.
     """
     from keras_txl.decoding import stop_token_id_tuple
+    from keras_txl.generation import check_max_new_tokens
     from keras_txl.generation import check_sampling
     from keras_txl.generation import sample_next
     from keras_txl.generation import sampler_from_options
@@ -373,7 +374,10 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
         )
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     prompt = np.asarray(prompt_ids)
-    if prompt.ndim != 1 or prompt.size == 0 or prompt.dtype.kind not in "iu":
+    if prompt.ndim == 1 and prompt.size == 0:
+        # np.asarray([]) is float64: said as what it is, not as its dtype.
+        raise ValueError("`prompt_ids` is empty: it must hold at least one token id.")
+    if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
         raise ValueError(
             "`prompt_ids` must be a non-empty 1-D sequence of int ids, "
             f"received shape {prompt.shape} and dtype {prompt.dtype}."
@@ -385,12 +389,7 @@ def tflite_generate(model, prompt_ids, max_new_tokens, temperature=0.0,
         raise ValueError(
             f"`prompt_ids` must hold ids in [0, vocabulary_size={runner.vocabulary_size}), "
             f"received values in [{low}, {high}].")
-    if (isinstance(max_new_tokens, (bool, np.bool_))
-            or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0):
-        raise ValueError(
-            "`max_new_tokens` must be an integer >= 0, received "
-            f"max_new_tokens={max_new_tokens!r}."
-        )
+    max_new_tokens = check_max_new_tokens(max_new_tokens, prompt.size)
     if on_token is not None and not callable(on_token):
         # Checked before anything runs, not at the first new id.
         raise ValueError(

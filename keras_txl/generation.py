@@ -107,6 +107,46 @@ def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
     return temperature, top_k, float(top_p)
 
 
+# How to go past `check_max_new_tokens`' cap, said in its error.
+IN_PIECES = (
+    "Generate a longer text in pieces, each continuing from the memory of the one "
+    "before: model.generate(..., return_memory=True), then memory= (and memory_mask=); "
+    "the host loop's initial_memory= (and initial_memory_mask=); tflite_generate returns "
+    "its memory for its memory=."
+)
+
+
+def check_max_new_tokens(max_new_tokens, prompt_length, minimum=0):
+    """`max_new_tokens` as an int, checked before anything runs.
+
+    One cap for every entry point, `model.generate`'s: the prompt and the new
+    tokens of one call come to at most `MAX_GENERATE_LENGTH` (2**20), as
+    `generate_ids` and `txl generate` refuse more. Without it, the host loops
+    (`generate`, `generate_iter`, `tflite_generate`) ran for as long as asked,
+    2**40 steps in effect forever. ValueError naming the argument and the
+    limit, and how to generate a longer text.
+    """
+    from keras_txl.causal_lm import MAX_GENERATE_LENGTH
+
+    if (isinstance(max_new_tokens, (bool, np.bool_))
+            or not isinstance(max_new_tokens, numbers.Integral)
+            or max_new_tokens < minimum):
+        raise ValueError(
+            f"`max_new_tokens` must be an integer >= {minimum}, received "
+            f"max_new_tokens={max_new_tokens!r}."
+        )
+    max_new_tokens = int(max_new_tokens)
+    limit = MAX_GENERATE_LENGTH - int(prompt_length)
+    if max_new_tokens > limit:
+        raise ValueError(
+            f"`max_new_tokens` must be at most {max(limit, 0)}: the prompt "
+            f"({prompt_length} tokens) and the new tokens come to more than the "
+            f"{MAX_GENERATE_LENGTH} (MAX_GENERATE_LENGTH, 2**20) tokens of one call; "
+            f"received max_new_tokens={max_new_tokens}. {IN_PIECES}"
+        )
+    return max_new_tokens
+
+
 def sample_next(log_probs, sampler):
     """One id from a (V,) vector of log-probabilities, chosen by a keras-hub
     sampler (see `sampler_from_options`): the host loops below (exported
@@ -384,14 +424,7 @@ def generate_iter(model, prompt_ids, max_new_tokens, temperature=1.0,
             f"`prompt_ids` must be in [0, vocabulary_size={vocabulary_size}), "
             f"received values in [{prompt.min()}, {prompt.max()}]."
         )
-    if (isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, numbers.Integral)
-            or max_new_tokens < 0):
-        raise ValueError(
-            "`max_new_tokens` must be an integer >= 0, received "
-            f"max_new_tokens={max_new_tokens!r}."
-        )
-    max_new_tokens = int(max_new_tokens)
+    max_new_tokens = check_max_new_tokens(max_new_tokens, prompt.size)
     config = getattr(backend, "config", None)
     if config is not None:
         checks.memory_for_generation(config.memory_length)
@@ -616,8 +649,6 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
         rows.append([int(t) for t in array])
     # Checked here, by this function's names (model.generate would name
     # its own `inputs` and `max_length`).
-    from keras_txl.causal_lm import MAX_GENERATE_LENGTH
-
     vocabulary_size = model.txl_config.vocabulary_size
     for i, row in enumerate(rows):
         if min(row) < 0 or max(row) >= vocabulary_size:
@@ -626,14 +657,7 @@ def generate_ids(model, prompts, max_new_tokens, temperature=1.0, top_k=0,
                 f"{vocabulary_size}), received values in [{min(row)}, {max(row)}]."
             )
     longest = max(len(r) for r in rows)
-    if longest + max_new_tokens > MAX_GENERATE_LENGTH:
-        raise ValueError(
-            f"`max_new_tokens` must be at most {MAX_GENERATE_LENGTH - longest}: "
-            f"the longest prompt ({longest} tokens) and the new tokens come to "
-            f"more than the {MAX_GENERATE_LENGTH} (2**20) tokens of one call; "
-            f"received max_new_tokens={max_new_tokens}. Generate a longer text "
-            "in pieces (model.generate(..., return_memory=True), then memory=...)."
-        )
+    check_max_new_tokens(max_new_tokens, longest, minimum=1)
     sampler = sampler_from_options(temperature, top_k, top_p, seed,
                                    vocabulary_size=vocabulary_size)
     sampler, function, remember = _generate_ids_function(model, sampler)
@@ -788,6 +812,9 @@ def generate_text(model_dir, prompt, max_new_tokens=200, temperature=1.0,
     from keras_txl.io import tokenizer_directory
     from keras_txl.tokenizers import load_tokenizer
 
+    # Before the model is read (a prompt has at least one token); with the
+    # prompt's length again in `generate_ids`.
+    check_max_new_tokens(max_new_tokens, 1, minimum=1)
     model = load_pretrained(model_dir)
     directory = tokenizer_directory(model_dir)
     if directory is None:

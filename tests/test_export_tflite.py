@@ -397,7 +397,7 @@ def test_token_by_token_tflite_equals_generate_and_ships_the_vocabulary(tmp_path
     assert worst < 1e-4
     print(f"max |memory(TFLite) - memory(generate)| = {worst:.2e}")
     with pytest.raises(ValueError, match="non-empty 1-D"):
-        tflite_generate(runner, [], 1)
+        tflite_generate(runner, [[1, 2]], 1)
 
 
 def test_shapes_too_large_for_a_device_are_refused_before_allocating(artifacts, tmp_path):
@@ -544,3 +544,39 @@ def test_tflite_generate_checks_the_prompt_ids_range_before_running():
             tflite_generate(runner, prompt, 2)
     assert calls == []
     assert tflite_generate(runner, np.array([10], np.uint8), 1, temperature=0)[0].tolist() == [0]
+
+
+def test_tflite_generate_caps_max_new_tokens_and_names_an_empty_prompt():
+    # max_new_tokens=2**40 ran one TFLite call per token for as long as asked
+    # (in effect forever, the new ids in a growing Python list), where
+    # model.generate, generate_ids and txl generate refuse more than 2**20
+    # tokens per call; and tflite_generate([]) said "dtype float64".
+    from keras_txl.export.generation import tflite_generate
+
+    V = 11
+    calls = []
+
+    def run(name, token_ids, memory):
+        calls.append(int(token_ids[0, 0]))
+        return {sig.LOG_PROBS: np.zeros((1, V), np.float32), sig.MEMORY: memory}
+
+    def stop_after_one(token):
+        raise RuntimeError("the loop ran")
+
+    runner = types.SimpleNamespace(stateful=False, segment_length=1, batch_size=1,
+                                   vocabulary_size=V, memory_shape=(1, 2, 3, 8), run=run)
+    for new, prompt in ((2**40, [1, 2]), (2**20 - 1, [1, 2]), (np.int64(2**20), [1])):
+        with pytest.raises(ValueError, match=re.escape(
+                f"`max_new_tokens` must be at most {2**20 - len(prompt)}: the prompt "
+                f"({len(prompt)} tokens) and the new tokens come to more than the 1048576 "
+                f"(MAX_GENERATE_LENGTH, 2**20) tokens of one call; received "
+                f"max_new_tokens={int(new)}. Generate a longer text in pieces")) as e:
+            tflite_generate(runner, prompt, new, on_token=stop_after_one)
+        assert "tflite_generate returns its memory for its memory=" in str(e.value)
+    with pytest.raises(ValueError, match=re.escape(
+            "`prompt_ids` is empty: it must hold at least one token id.")):
+        tflite_generate(runner, [], 1)
+    assert calls == []
+    # The largest allowed count is taken (and runs: one id, then on_token stops it).
+    with pytest.raises(RuntimeError, match="the loop ran"):
+        tflite_generate(runner, [1], 2**20 - 1, on_token=stop_after_one)

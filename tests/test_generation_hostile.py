@@ -2,6 +2,8 @@
 greedy text as `model.generate` gives it, on an untrained model whose
 log-probs depend on how the prompt was fed."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -158,3 +160,36 @@ def test_host_loop_refuses_a_non_bool_use_cache_and_a_non_callable_on_token(untr
         generation.generate(untrained, [1, 2], 2, on_token=5)
     generation.generate(untrained, [1, 2], 2, on_token=seen.append, use_cache=np.bool_(False))
     assert len(seen) == 2
+
+
+def test_host_loops_cap_max_new_tokens_before_anything_runs(untrained, tmp_path):
+    # generate/generate_iter (the Keras, SavedModel and TFLite host loops)
+    # took max_new_tokens=2**40 and ran one step per token for as long as
+    # asked, in effect forever; model.generate, generate_ids and txl
+    # generate refuse more than 2**20 tokens (prompt included) per call.
+    def stop(token):
+        raise RuntimeError("the loop ran")
+
+    expected = re.escape(
+        "`max_new_tokens` must be at most 1048573: the prompt (3 tokens) and the new "
+        "tokens come to more than the 1048576 (MAX_GENERATE_LENGTH, 2**20) tokens of "
+        "one call; received max_new_tokens=1099511627776. Generate a longer text in "
+        "pieces, each continuing from the memory of the one before: "
+        "model.generate(..., return_memory=True), then memory=")
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match=expected):
+            generation.generate(untrained, [1, 2, 3], 2**40, on_token=stop,
+                                use_cache=use_cache)
+        with pytest.raises(ValueError, match=expected):
+            generation.generate_iter(untrained, [1, 2, 3], 2**40, use_cache=use_cache)
+    with pytest.raises(ValueError, match=r"must be at most 1048573: .* received "
+                                         r"max_new_tokens=1048574\."):
+        generation.generate_iter(untrained, [1, 2, 3], 2**20 - 2)
+    with pytest.raises(ValueError, match=r"must be at most 1048575: .* received "
+                                         r"max_new_tokens=1099511627776\."):
+        generation.generate_ids(untrained, [[1]], 2**40)
+    # The largest allowed count is accepted.
+    assert next(generation.generate_iter(untrained, [1, 2, 3], 2**20 - 3)) in range(50)
+    # generate_text: refused before the model folder is read (there is none).
+    with pytest.raises(ValueError, match=r"`max_new_tokens` must be at most 1048575: "):
+        generation.generate_text(str(tmp_path / "no-model"), "hi", 2**40)

@@ -315,6 +315,7 @@ def check_tflite_export(model, out_paths: dict, *, batch_size: int, segment_leng
 
     checks.positive_int("batch_size", batch_size, allow_none=False)
     checks.positive_int("segment_length", segment_length, allow_none=False)
+    _check_not_quantized(model)
     model = float32_model(saved_model.pure_model(model))
     _check_memory(model, stateful)
     _check_sizes(model.txl_config, batch_size, segment_length)
@@ -390,6 +391,7 @@ def export_tflite_variants(
             f"`quantize` must be one of {QUANTIZATIONS}, received "
             f"{unknown or 'nothing'}."
         )
+    _check_not_quantized(model)
     model = float32_model(saved_model.pure_model(model))
     _check_memory(model, stateful)
     _check_sizes(model.txl_config, batch_size, segment_length)
@@ -505,6 +507,34 @@ def _id_level(model):
     copy = type(model)(model.txl_config, dtype=model.dtype_policy.name)
     copy.assign_weights_from(model)
     return copy
+
+
+def _check_not_quantized(model):
+    """A model quantized in Keras (`model.quantize("int8")`, "int4",
+    "float8"), refused by name: its int8 kernels reached the converter as a
+    `tfl.fully_connected` of int8 operands, hundreds of lines of MLIR
+    (with a preprocessor, "assign_weights_from() needs a model with the
+    same architecture" from the id-level copy). Its dequantized kernels
+    would not give its outputs (Keras' int8 layers quantize their inputs
+    too), so there is nothing exact to export."""
+    layers = getattr(model, "_flatten_layers", None)
+    if layers is None:
+        return
+    quantized = [layer for layer in layers(include_self=False)
+                 if getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)]
+    if not quantized:
+        return
+    modes = sorted({layer.dtype_policy.quantization_mode for layer in quantized})
+    names = [getattr(layer, "path", layer.name) for layer in quantized]
+    shown = names[:4] + (["..."] if len(names) > 4 else [])
+    raise ValueError(
+        f"TFLite export of a model quantized in Keras (model.quantize({modes[0]!r}): "
+        f"{len(names)} layers in {', '.join(modes)} mode, {shown}) is not supported: "
+        "TFLite's builtin kernels and converter take the float graph. Export the float "
+        "model with `quantize=\"dynamic_int8\"` (TFLite's own int8 weights; `txl export "
+        "--quantize dynamic_int8`) or \"float16\"; the Keras-quantized model itself "
+        "exports as a SavedModel (`export_saved_model`, `--format saved_model`), whose "
+        "signatures give its outputs.")
 
 
 def float32_model(model):

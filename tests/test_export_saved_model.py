@@ -645,3 +645,38 @@ def test_a_file_or_link_at_the_version_is_refused_before_anything_is_written(tmp
         run_cli("--workdir", tmp_path / "none", "--out", tmp_path / "other",
                 "--format", "all", "--overwrite")
     assert os.listdir(tmp_path / "other") == ["txl"]
+
+
+@pytest.mark.parametrize("kind", ["lora", "int8"])
+def test_lora_and_keras_quantized_models_export_their_own_outputs(tmp_path, kind):
+    # The export builds copies (pure_model, with_settings, assign_weights_from):
+    # a copy that dropped the LoRA adapters (`backbone.enable_lora`, which
+    # adapts the feed-forward Dense layers) or the int8 kernels would serve
+    # the un-adapted, float model. Both the pure and the stateful model's
+    # signatures give the Keras model's log-probs.
+    import warnings
+
+    keras.utils.set_random_seed(0)
+    model = keras_txl.TransformerXLCausalLM(tiny_config(vocabulary_size=11))
+    ids = np.array([[1, 5, 7, 3]], np.int32)
+    plain = np.asarray(model.call_with_memory(ids)["log_probs"])
+    if kind == "lora":
+        model.backbone.enable_lora(2)
+        rng = np.random.default_rng(1)
+        adapters = [v for v in model.backbone.weights if "lora_kernel_b" in v.path]
+        assert len(adapters) == 4  # two feed-forward Dense layers in each of 2 blocks
+        for v in adapters:  # as after training: adapters that matter
+            v.assign(rng.normal(0, 0.5, v.shape).astype("float32"))
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.quantize("int8")
+    expected = np.asarray(model.call_with_memory(ids)["log_probs"])
+    assert np.abs(expected - plain).max() > 1e-3  # the adapters / int8 kernels count (1e-5 below)
+    memory = np.zeros((1, 2, 4, 8), np.float32)
+    for source in (model, model.with_settings(stateful=True, batch_size=1)):
+        path = saved_model.export_saved_model(source, str(tmp_path / str(source.stateful)),
+                                              warmup=False)
+        out = tf.saved_model.load(path).signatures[sig.SERVING_DEFAULT](
+            token_ids=tf.constant(ids), memory=tf.constant(memory))
+        np.testing.assert_allclose(out[sig.LOG_PROBS].numpy(), expected, atol=1e-5)

@@ -580,3 +580,54 @@ def test_tflite_generate_caps_max_new_tokens_and_names_an_empty_prompt():
     # The largest allowed count is taken (and runs: one id, then on_token stops it).
     with pytest.raises(RuntimeError, match="the loop ran"):
         tflite_generate(runner, [1], 2**20 - 1, on_token=stop_after_one)
+
+
+def test_a_model_quantized_in_keras_is_refused_by_name_before_converting(tmp_path):
+    # model.quantize("int8") then export_tflite: the int8 kernels reached the
+    # converter, a ConverterError of hundreds of MLIR lines ("'tfl.fully_connected'
+    # op operand #0 must be tensor of 32-bit float ... but got 'tensor<16x64xi8>'");
+    # with a preprocessor, "assign_weights_from() needs a model with the same
+    # architecture". (Its SavedModel gives its outputs: test_export_saved_model.)
+    import warnings
+
+    from testing import byte_causal_lm
+
+    for preprocessor in (False, True):
+        model = byte_causal_lm(preprocessor=preprocessor)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.backbone.quantize("int8")
+        out = tmp_path / f"out{preprocessor}"
+        message = (r"TFLite export of a model quantized in Keras \(model.quantize\('int8'\): "
+                   r"\d+ layers in int8 mode, .*\) is not supported: .*"
+                   r'`quantize="dynamic_int8"`.*`export_saved_model`')
+        with pytest.raises(ValueError, match=message):
+            tflite.export_tflite(model, str(out / "m.tflite"), batch_size=1, segment_length=4)
+        with pytest.raises(ValueError, match=message):
+            tflite.check_tflite_export(model, {"none": str(out / "m.tflite")}, batch_size=1,
+                                       segment_length=4)
+        assert not out.exists()
+
+
+def test_a_lora_model_exports_its_adapted_outputs(tmp_path):
+    # The TFLite export converts an id-level float32 copy of the model
+    # (`assign_weights_from`): the LoRA adapters of `backbone.enable_lora`
+    # travel with it, and the .tflite file gives the adapted log-probs.
+    from testing import byte_causal_lm
+
+    keras.utils.set_random_seed(0)
+    model = byte_causal_lm(preprocessor=True)
+    ids = np.random.default_rng(0).integers(0, 256, (1, 4)).astype(np.int32)
+    plain = np.asarray(model.call_with_memory(ids)["log_probs"])
+    model.backbone.enable_lora(2)
+    rng = np.random.default_rng(1)
+    for v in model.backbone.weights:
+        if "lora_kernel_b" in v.path:
+            v.assign(rng.normal(0, 0.5, v.shape).astype("float32"))
+    expected = np.asarray(model.call_with_memory(ids)["log_probs"])
+    assert np.abs(expected - plain).max() > 1.0
+    runner = tflite.TFLiteRunner(tflite.export_tflite(
+        model, str(tmp_path / "m.tflite"), batch_size=1, segment_length=4))
+    out = runner.run("serving_default", token_ids=ids,
+                     memory=np.zeros(runner.memory_shape, np.float32))
+    np.testing.assert_allclose(out["log_probs"], expected, atol=1e-4)

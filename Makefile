@@ -32,7 +32,7 @@ TEST_WORKERS ?= 2
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 demo: setup
 	$(VENV)/bin/txl demo --workdir runs/demo

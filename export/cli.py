@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--workdir",
         help="training run folder; its model is read from WORKDIR/model/",
     )
-    from keras_txl.cli import PRESET_HELP
+    from keras_txl.sources import PRESET_HELP
 
     source.add_argument(
         "--from-preset", dest="from_preset", metavar="DIR|HANDLE",
@@ -137,7 +137,7 @@ def _load(args):
     if getattr(args, "from_official", None) is not None:
         return _load_official(args)
     if getattr(args, "from_preset", None) is not None:
-        from keras_txl.cli import preset_model
+        from keras_txl.sources import preset_model
 
         return preset_model(args.from_preset, args.vocabulary_file)
     if args.workdir is not None:

@@ -12,6 +12,9 @@ import logging
 import os
 import sys
 
+from keras_txl.sources import PRESET_HELP
+from keras_txl.sources import preset_model
+
 logger = logging.getLogger("txl")
 
 
@@ -470,66 +473,10 @@ def build_parser():
     return parser
 
 
-# === --from-preset (keras_txl/io.py, TransformerXLCausalLM.from_preset) ===
-PRESET_HELP = (
-    "a saved model folder: a keras-hub preset (save_to_preset, "
-    "keras_txl.io.save_preset, a downloaded preset, a run's WORKDIR/model) or a "
-    "keras-txl weights folder (save_pretrained), checked as from_preset checks it "
-    "(limits, manifest); or a keras-hub handle (hf://..., kaggle://...). Its own "
-    "tokenizer is used")
-
-
+# === --from-preset (keras_txl/sources.py) ===
 def _add_preset_argument(source):
     source.add_argument("--from-preset", dest="from_preset", default=None,
                         metavar="DIR|HANDLE", help=PRESET_HELP)
-
-
-def preset_model(preset, vocabulary_file=None):
-    """(model, tokenizer folder or None) of `--from-preset`: a local model
-    folder read by `keras_txl.load_pretrained` (a keras-hub preset goes
-    through `TransformerXLCausalLM.from_preset`'s checks), or a keras-hub
-    handle through `from_preset` itself, whose tokenizer is written to a
-    temporary folder (removed at exit). Errors name the flag."""
-    if vocabulary_file is not None:
-        raise ValueError(
-            "--vocabulary-file applies to --from-official; --from-preset uses the "
-            "preset's own tokenizer (its tokenizer.json and assets/tokenizer/).")
-    from keras_txl import folders
-    from keras_txl import io
-
-    try:
-        if folders.is_local_preset(preset):
-            model = io.load_pretrained(preset)
-            return model, io.tokenizer_directory(preset)
-        if "://" not in preset:
-            # keras-hub's built-in names are other architectures': its
-            # "Unknown preset identifier" listed handle forms for a typo.
-            from keras_txl.presets import PRESETS
-
-            hint = (f" ({preset!r} is a keras-txl architecture, with no weights: train "
-                    f"it with `txl train --preset {preset}`)" if preset in PRESETS else "")
-            raise ValueError(
-                f"--from-preset {preset!r} is no folder, nor a keras-hub handle "
-                "(hf://OWNER/NAME, kaggle://OWNER/MODEL/keras/VARIANT): pass a saved "
-                f"preset folder{hint}.")
-        from keras_txl.causal_lm import TransformerXLCausalLM
-
-        model = TransformerXLCausalLM.from_preset(preset)
-    except ValueError as error:
-        text = str(error).replace("`preset`", "--from-preset")
-        if "--from-preset" not in text:
-            text = f"--from-preset {preset!r}: {text}"
-        raise ValueError(text) from None
-    if model.preprocessor is None:
-        return model, None
-    import atexit
-    import shutil
-    import tempfile
-
-    out = tempfile.mkdtemp(prefix="txl-preset-tokenizer-")
-    atexit.register(shutil.rmtree, out, True)
-    model.preprocessor.tokenizer.save(out)
-    return model, out
 
 
 # === --from-official (keras_txl/official_checkpoint.py) ===

@@ -519,6 +519,21 @@ def test_tflite_generate_checks_stop_token_ids_and_on_token_before_running():
     assert calls == []
 
 
+def _counting_runner(vocabulary_size):
+    """A stand-in TFLite runner of batch 1 and segment 1 (uniform log-probs),
+    and the list of the ids it was run on."""
+    calls = []
+
+    def run(name, token_ids, memory):
+        calls.append(int(token_ids[0, 0]))
+        return {sig.LOG_PROBS: np.zeros((1, vocabulary_size), np.float32), sig.MEMORY: memory}
+
+    runner = types.SimpleNamespace(stateful=False, segment_length=1, batch_size=1,
+                                   vocabulary_size=vocabulary_size, memory_shape=(1, 2, 3, 8),
+                                   run=run)
+    return runner, calls
+
+
 def test_tflite_generate_checks_the_prompt_ids_range_before_running():
     # An id past int32 was numpy's OverflowError ("Python integer 4294967301
     # out of bounds for int32") after the ids before it had run, and an id
@@ -527,14 +542,7 @@ def test_tflite_generate_checks_the_prompt_ids_range_before_running():
     from keras_txl.export.generation import tflite_generate
 
     V = 11
-    calls = []
-
-    def run(name, token_ids, memory):
-        calls.append(int(token_ids[0, 0]))
-        return {sig.LOG_PROBS: np.zeros((1, V), np.float32), sig.MEMORY: memory}
-
-    runner = types.SimpleNamespace(stateful=False, segment_length=1, batch_size=1,
-                                   vocabulary_size=V, memory_shape=(1, 2, 3, 8), run=run)
+    runner, calls = _counting_runner(V)
     for prompt, low, high in (([1, 2**32 + 5], 1, 2**32 + 5), ([3, -1], -1, 3),
                               (np.array([4, 11], np.int64), 4, 11),
                               (np.array([2**63], np.uint64), 2**63, 2**63)):
@@ -554,17 +562,10 @@ def test_tflite_generate_caps_max_new_tokens_and_names_an_empty_prompt():
     from keras_txl.export.generation import tflite_generate
 
     V = 11
-    calls = []
-
-    def run(name, token_ids, memory):
-        calls.append(int(token_ids[0, 0]))
-        return {sig.LOG_PROBS: np.zeros((1, V), np.float32), sig.MEMORY: memory}
+    runner, calls = _counting_runner(V)
 
     def stop_after_one(token):
         raise RuntimeError("the loop ran")
-
-    runner = types.SimpleNamespace(stateful=False, segment_length=1, batch_size=1,
-                                   vocabulary_size=V, memory_shape=(1, 2, 3, 8), run=run)
     for new, prompt in ((2**40, [1, 2]), (2**20 - 1, [1, 2]), (np.int64(2**20), [1])):
         with pytest.raises(ValueError, match=re.escape(
                 f"`max_new_tokens` must be at most {2**20 - len(prompt)}: the prompt "

@@ -461,11 +461,8 @@ def test_a_tiny_temperature_decodes_greedily(temperature):
     assert isinstance(generation.sampler_from_options(1e-5), keras_hub.samplers.RandomSampler)
 
 
-def test_generate_ids_reuses_its_trace_and_draws_as_a_new_sampler():
-    # Each call made a new tf.function: a loop over generate_ids retraced
-    # (and XLA-compiled) the whole decoding loop at every call.
-    model = id_model()
-    model.compile(sampler="greedy", jit_compile=False)  # graph mode: faster to trace
+def count_traces(model):
+    """A list that grows by one each time `model.generate_step` is traced."""
     traces = []
     step = model.generate_step
 
@@ -474,6 +471,15 @@ def test_generate_ids_reuses_its_trace_and_draws_as_a_new_sampler():
         return step(*args, **kwargs)
 
     model.generate_step = counting_step
+    return traces
+
+
+def test_generate_ids_reuses_its_trace_and_draws_as_a_new_sampler():
+    # Each call made a new tf.function: a loop over generate_ids retraced
+    # (and XLA-compiled) the whole decoding loop at every call.
+    model = id_model()
+    model.compile(sampler="greedy", jit_compile=False)  # graph mode: faster to trace
+    traces = count_traces(model)
     prompts = [[1, 2, 3], [4]]
 
     def reference(**options):
@@ -517,14 +523,7 @@ def test_generate_ids_needs_no_new_trace_for_another_temperature_batch_or_length
     # under XLA on a 2-layer toy model).
     model = id_model()
     model.compile(sampler="greedy", jit_compile=False)
-    traces = []
-    step = model.generate_step
-
-    def counting_step(*args, **kwargs):
-        traces.append(1)
-        return step(*args, **kwargs)
-
-    model.generate_step = counting_step
+    traces = count_traces(model)
 
     def reference(prompts, n, **options):
         """A new sampler and a new function."""

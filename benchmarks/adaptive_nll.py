@@ -113,6 +113,8 @@ def main(argv=None):
     parser.add_argument("--vocabulary-size", type=int, default=None, help="override the preset's")
     parser.add_argument("--cutoffs", default=None, help="override the preset's: e.g. 200,400")
     parser.add_argument("--hidden-dim", type=int, default=None, help="override the preset's")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="override the preset's (the evaluation step's model only)")
     parser.add_argument("--rows", type=int, default=1024, help="tokens per pass")
     parser.add_argument("--calls", type=int, default=10, help="timed passes (median)")
     parser.add_argument("--modes", default=",".join(MODES))
@@ -154,6 +156,7 @@ def main(argv=None):
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     changes = {k: v for k, v in dict(
         vocabulary_size=args.vocabulary_size, hidden_dim=args.hidden_dim,
+        num_layers=args.num_layers,
         cutoffs=tuple(int(c) for c in args.cutoffs.split(",")) if args.cutoffs else None,
     ).items() if v is not None}
     cfg = TransformerXLConfig.from_preset(args.preset, **changes)

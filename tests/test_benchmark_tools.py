@@ -103,7 +103,7 @@ def test_adaptive_nll_benchmark_counts_the_logits_each_mode_computes(capsys):
 
     adaptive_nll = load_benchmark("adaptive_nll")
     adaptive_nll.main(["--vocabulary-size", "3000", "--cutoffs", "100,200,1000",
-                       "--hidden-dim", "16", "--rows", "256", "--calls", "2", "--threads", "0",
+                       "--hidden-dim", "16", "--num-layers", "1", "--rows", "256", "--calls", "2", "--threads", "0",
                        "--no-peak", "--eval-memory", "8", "--eval-segment", "4",
                        "--eval-steps", "3"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("{"))

@@ -662,10 +662,18 @@ def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
         )
 
     if cutoffs:
+        # The official code (train_gpu.py, train.py) never shares cluster 0's
+        # softmax projection, and shares those of clusters 1.. all or none
+        # (proj_share_all_but_first). Where a cluster has a projection, an
+        # untied one has its own `cutoff_i/proj`; so shared means that no
+        # such cluster past 0 has one. Any other pattern is a checkpoint
+        # with missing variables, which the layout check names (inferring
+        # a tie from each absent `proj` loaded the embedding's in its place).
         softmax = SCOPE + "adaptive_softmax/"
-        tie_projections = tuple(
-            embed_projections[i] and not ckpt.has(softmax + f"cutoff_{i}/proj")
-            for i in range(len(cutoffs) + 1)
+        projected = [i for i in range(1, len(cutoffs) + 1) if embed_projections[i]]
+        share = not any(ckpt.has(softmax + f"cutoff_{i}/proj") for i in projected)
+        tie_projections = (False,) + tuple(
+            share and embed_projections[i] for i in range(1, len(cutoffs) + 1)
         )
     else:
         # Without cutoffs the official softmax always reuses the embedding's

@@ -374,6 +374,24 @@ def test_missing_variable(tmp_path):
     assert "model.ckpt-0" in message
 
 
+@pytest.mark.parametrize("name, missing", [
+    # Cluster 0's softmax projection is never shared (train_gpu.py/train.py
+    # start tie_projs with False): without it, the loader used the
+    # embedding's proj_W in its place and loaded a model nobody trained.
+    ("wt103", "cutoff_0/proj"),
+    ("div1_cutoffs", "cutoff_0/proj"),
+    # proj_share_all_but_first shares clusters 1.. all or none: one of
+    # several own projections missing is a missing variable, not a tie.
+    ("lm1b", "cutoff_2/proj"),
+])
+def test_missing_softmax_projection_is_named_not_replaced_by_a_tie(name, missing, tmp_path):
+    variables = ref.official_variables(ref.LAYOUTS[name])
+    del variables["transformer/adaptive_softmax/" + missing]
+    write_release(tmp_path, name, variables=variables)
+    message = _load_error(tmp_path)
+    assert f"missing variable 'transformer/adaptive_softmax/{missing}'" in message
+
+
 def test_unknown_model_variable(tmp_path):
     extra = {"transformer/layer_0/rel_attn/gate/kernel": np.zeros([8], np.float32)}
     write_release(tmp_path, "text8", extra=extra)

@@ -628,7 +628,7 @@ def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
         embedding_dim = table[1]
         embed_projections = [ckpt.has(embed + "proj_W")] * (len(cutoffs) + 1)
         project_same_dim = True
-    elif ckpt.has(embed + "cutoff_0/lookup_table"):
+    elif any(ckpt.has(embed + f"cutoff_{i}/lookup_table") for i in range(len(cutoffs) + 1)):
         widths = []
         while ckpt.has(embed + f"cutoff_{len(widths)}/lookup_table"):
             shape = ckpt.shape(embed + f"cutoff_{len(widths)}/lookup_table")
@@ -638,6 +638,18 @@ def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
                     f"has shape {shape}; expected [cluster size, width]."
                 )
             widths.append(shape[1])
+        if len(widths) < len(cutoffs) + 1:
+            # A gap (or the last ones) in the tables the corpus info's
+            # clusters need: name the first variable missing.
+            raise ValueError(
+                f"{p}: missing variable '{embed}cutoff_{len(widths)}/lookup_table': "
+                f"{info_path} has {len(cutoffs)} cutoffs {list(cutoffs)}, so "
+                f"{len(cutoffs) + 1} clusters, each with its table, and the "
+                f"checkpoint has those of the first {len(widths)} only"
+                + (f" ({embed}cutoff_0..{len(widths) - 1}/lookup_table)" if widths else "")
+                + ". A truncated or partly renamed checkpoint (or the corpus "
+                "info of another model)?"
+            )
         if len(widths) != len(cutoffs) + 1:
             raise ValueError(
                 f"{p}: {len(widths)} adaptive embedding tables "

@@ -392,6 +392,21 @@ def test_missing_softmax_projection_is_named_not_replaced_by_a_tie(name, missing
     assert f"missing variable 'transformer/adaptive_softmax/{missing}'" in message
 
 
+@pytest.mark.parametrize("missing", ["cutoff_0/lookup_table", "cutoff_2/lookup_table",
+                                     "cutoff_3/lookup_table"])
+def test_missing_embedding_table_is_named(missing, tmp_path):
+    # Was: "3 adaptive embedding tables (...cutoff_0..2/lookup_table) but
+    # corpus-info.json has 3 cutoffs [20, 45, 90], so 4 clusters: the corpus
+    # info belongs to another model", naming neither the missing variable nor
+    # that the checkpoint's own softmax (cutoff_3/b) has the 4 clusters.
+    variables = ref.official_variables(ref.LAYOUTS["wt103"])
+    del variables["transformer/adaptive_embed/" + missing]
+    write_release(tmp_path, "wt103", variables=variables)
+    message = _load_error(tmp_path)
+    assert f"missing variable 'transformer/adaptive_embed/{missing}'" in message
+    assert "corpus-info.json" in message and "4 clusters" in message
+
+
 def test_unknown_model_variable(tmp_path):
     extra = {"transformer/layer_0/rel_attn/gate/kernel": np.zeros([8], np.float32)}
     write_release(tmp_path, "text8", extra=extra)

@@ -663,9 +663,15 @@ def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
         embed_projections = [
             ckpt.has(embed + f"cutoff_{i}/proj_W") for i in range(len(widths))
         ]
-        # proj_same_dim only shows on a cluster as wide as d_model.
+        # proj_same_dim only shows on a cluster as wide as d_model: it has a
+        # proj_W then, and an own softmax `proj` unless that is shared (so
+        # either one, the other missing, is a checkpoint missing a variable,
+        # which the layout check names).
         same = [i for i, w in enumerate(widths) if w == hidden_dim]
-        project_same_dim = embed_projections[same[0]] if same else True
+        project_same_dim = (
+            embed_projections[same[0]]
+            or ckpt.has(SCOPE + f"adaptive_softmax/cutoff_{same[0]}/proj")
+        ) if same else True
     else:
         raise ValueError(
             f"{p}: missing variable {embed}lookup_table (or "

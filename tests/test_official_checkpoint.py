@@ -407,6 +407,19 @@ def test_missing_embedding_table_is_named(missing, tmp_path):
     assert "corpus-info.json" in message and "4 clusters" in message
 
 
+def test_missing_projection_of_a_cluster_as_wide_as_d_model_is_named(tmp_path):
+    # Without cutoff_0/proj_W (cluster 0 is d_model wide), proj_same_dim was
+    # inferred False and the error named the softmax's cutoff_0/proj, which
+    # is there and only exists with proj_same_dim: "unknown variable(s)
+    # ['transformer/adaptive_softmax/cutoff_0/proj']".
+    variables = ref.official_variables(ref.LAYOUTS["wt103"])
+    del variables["transformer/adaptive_embed/cutoff_0/proj_W"]
+    write_release(tmp_path, "wt103", variables=variables)
+    message = _load_error(tmp_path)
+    assert "missing variable 'transformer/adaptive_embed/cutoff_0/proj_W'" in message
+    assert "unknown" not in message
+
+
 def test_unknown_model_variable(tmp_path):
     extra = {"transformer/layer_0/rel_attn/gate/kernel": np.zeros([8], np.float32)}
     write_release(tmp_path, "text8", extra=extra)

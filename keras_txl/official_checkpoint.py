@@ -141,14 +141,21 @@ def resolve_checkpoint(path):
     Raises:
         ValueError: no checkpoint, or several and none named by the state
             file (the message names the state file and what it points to).
+
+    A file of a checkpoint (its `.index`, `.meta` or a `.data-*` shard)
+    stands for that checkpoint.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         return _resolve_folder(path), path
     if os.path.isfile(path + ".index"):
         return path, os.path.dirname(os.path.abspath(path))
-    if path.endswith(".index") and os.path.isfile(path):
-        return path[: -len(".index")], os.path.dirname(os.path.abspath(path))
+    # One of a V2 checkpoint's files (its `.index`, its `.meta` graph, a
+    # `.data-NNNNN-of-NNNNN` shard): that checkpoint.
+    of_file = re.fullmatch(r"(.+)\.(index|meta|data-\d{5}-of-\d{5})", path, re.S)
+    if of_file and os.path.isfile(path) and (
+            os.path.isfile(of_file.group(1) + ".index") or _is_v1_checkpoint(of_file.group(1))):
+        return of_file.group(1), os.path.dirname(os.path.abspath(path))
     if _is_v1_checkpoint(path):
         return path, os.path.dirname(os.path.abspath(path))
     raise ValueError(
@@ -952,7 +959,8 @@ def load_official_checkpoint(
     Args:
         path: str. The release's model folder (with its `checkpoint` state
             file, or one `*.index`), or a prefix such as
-            `.../model.ckpt-0`. A folder is resolved inside itself only
+            `.../model.ckpt-0`, or one of its files (`.index`, `.meta`,
+            `.data-*`). A folder is resolved inside itself only
             (`resolve_checkpoint`): a copied folder loads its own files.
         preset: str or None. Paper evaluation protocol: "wt103", "enwik8",
             "text8", "lm1b" (or "wt103_large", ...): sets segment_length,

@@ -208,6 +208,25 @@ def test_checkpoint_path_forms(form, tmp_path):
     assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
 
 
+@pytest.mark.parametrize("suffix", [".index", ".meta", ".data-00000-of-00001"])
+def test_any_file_of_a_checkpoint_names_that_checkpoint(suffix, tmp_path):
+    # A folder of several checkpoints, the state file naming the latest: the
+    # .index of an older one loaded it, its .meta (what tf.compat.v1's
+    # import_meta_graph takes) or .data-* file was refused as "neither a
+    # folder nor a checkpoint prefix (no '...model.ckpt-100.meta.index', and
+    # not a Saver V1 checkpoint file)".
+    layout = ref.LAYOUTS["enwik8"]
+    older = ref.official_variables(layout, seed=0)
+    ref.write_checkpoint(str(tmp_path), older, layout, global_step=100)
+    ref.write_checkpoint(str(tmp_path), ref.official_variables(layout, seed=1), layout,
+                         global_step=200)
+    assert "model.ckpt-200" in (tmp_path / "checkpoint").read_text()
+    model = keras_txl.load_official_checkpoint(tmp_path / f"model.ckpt-100{suffix}",
+                                               **settings(layout))
+    rows = chain(model, layout, older)
+    assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
+
+
 @pytest.mark.parametrize("form", ["folder", "prefix", "no_state_file"])
 def test_saver_v1_format_checkpoint(form, tmp_path):
     # tf.train.Saver(write_version=SaverDef.V1) writes one file `model.ckpt-0`
@@ -235,9 +254,11 @@ def test_saver_v1_format_checkpoint(form, tmp_path):
     model = keras_txl.load_official_checkpoint(path, **settings(layout))
     rows = chain(model, layout, variables)
     assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
-    # Not every file is a checkpoint: the .meta graph beside it is refused by name.
-    with pytest.raises(ValueError, match="model.ckpt-0.meta.*is neither a folder nor a checkpoint"):
-        keras_txl.load_official_checkpoint(tmp_path / "model.ckpt-0.meta")
+    # The .meta graph beside it stands for the checkpoint (it is not read as one).
+    from_meta = keras_txl.load_official_checkpoint(tmp_path / "model.ckpt-0.meta", **settings(layout))
+    ids = rows[0]["ids"].astype("int32")
+    np.testing.assert_allclose(from_meta.call_with_memory(ids)["log_probs"],
+                               model.call_with_memory(ids)["log_probs"], atol=1e-6)
 
 
 def test_stateful_import_equals_the_pure_model(tmp_path):

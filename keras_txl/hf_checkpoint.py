@@ -808,12 +808,18 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
             header, shards = read_shard_index(directory, limits)
         elif pickled:
             # A PyTorch .bin is a pickle, which can run code when loaded:
-            # never read. transformers converts it.
+            # never read. transformers converts it (an .h5 too, told so).
+            found = next((name for name in pickled if name.endswith(".bin")), pickled[0])
+            if found.endswith(".bin"):
+                why, load = ("a pytorch_model.bin is a pickle, which can run code when "
+                             "loaded"), "from_pretrained(folder)"
+            else:
+                why, load = ("transformers' TensorFlow weights, an HDF5 file, which "
+                             "transformers reads with from_tf=True"), "from_pretrained(folder, from_tf=True)"
             raise ValueError(
-                f"No model.safetensors in {directory!r}, only {pickled[0]}, which "
-                "keras-txl does not read (a pytorch_model.bin is a pickle, which can "
-                "run code when loaded). Convert it once with transformers, where you "
-                "trust the file: `TransfoXLLMHeadModel.from_pretrained(folder)"
+                f"No model.safetensors in {directory!r}, only {found}, which "
+                f"keras-txl does not read ({why}). Convert it once with transformers, where you "
+                f"trust the file: `TransfoXLLMHeadModel.{load}"
                 ".save_pretrained(out, safe_serialization=True)`."
             )
     if shards is None:

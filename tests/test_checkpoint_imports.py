@@ -446,6 +446,20 @@ def test_a_pickled_pytorch_checkpoint_is_named_and_never_read(tmp_path):
         keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
 
 
+def test_a_transformers_tf_checkpoint_gets_its_own_conversion(tmp_path):
+    # A folder with only tf_model.h5 (transformers' TF TransfoXL; the hub's
+    # transfo-xl-wt103 has one) was told "(a pytorch_model.bin is a pickle ...)"
+    # and to convert with `from_pretrained(folder)`, which fails on such a
+    # folder: transformers needs from_tf=True to read an .h5.
+    _hf_folder(tmp_path / "hf", weights=False)
+    (tmp_path / "hf" / "tf_model.h5").write_bytes(b"\x89HDF\r\n\x1a\nnot read")
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(str(tmp_path / "hf"))
+    message = str(info.value)
+    assert "only tf_model.h5" in message and "pytorch_model.bin is a pickle" not in message
+    assert "from_pretrained(folder, from_tf=True).save_pretrained(out, safe_serialization=True)" in message
+
+
 
 ONE, TWO = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 

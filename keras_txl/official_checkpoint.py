@@ -723,8 +723,9 @@ def infer_config(checkpoint, vocabulary_size, cutoffs, info_path):
 def official_variables(config, corpus_info=CORPUS_INFO_FILE):
     """{name: (shape, source)} of the official layout for `config`.
 
-    `source` says what fixes the shape, for error messages; `corpus_info`
-    is the path they give for the corpus info.
+    `source` says what fixes the shape, for error messages: the sizes and
+    the variables `infer_config` read them from; `corpus_info` is the path
+    they give for the corpus info.
     """
 
     cfg = config
@@ -732,36 +733,48 @@ def official_variables(config, corpus_info=CORPUS_INFO_FILE):
     N, H = cfg.num_heads, cfg.resolved_head_dim
     V, E = cfg.vocabulary_size, cfg.resolved_embedding_dim
     info = f"{corpus_info} (vocab_size={V}, cutoffs={list(cfg.cutoffs)})"
-    model = "the other variables"
+    embed = SCOPE + "adaptive_embed/"
+    # Where infer_config read each size.
+    d_model = f"d_model={D} (from {SCOPE}layer_0/rel_attn/qkv/kernel)"
+    heads = f"n_head={N}, d_head={H} (from {SCOPE}r_w_bias)"
+    d_inner = f"d_inner={inner} (from {SCOPE}layer_0/ff/layer_1/kernel)"
+    table = embed + ("lookup_table" if cfg.div_val == 1 else "cutoff_0/lookup_table")
+    d_embed = f"d_embed={E} (from {table})"
+
+    def width_of(i):
+        if cfg.div_val == 1 or i == 0:
+            return d_embed
+        return (f"width {cfg.cluster_embedding_dim(i)} = d_embed // div_val**{i} "
+                f"({d_embed}, div_val={cfg.div_val} from the tables' widths)")
+
     out = {}
     bias = (cfg.num_layers, N, H) if cfg.untie_relative_bias else (N, H)
-    out[SCOPE + "r_w_bias"] = (bias, model)
+    out[SCOPE + "r_w_bias"] = (bias, "the other variables")
     out[SCOPE + "r_r_bias"] = (bias, SCOPE + "r_w_bias")
-    embed = SCOPE + "adaptive_embed/"
     if cfg.div_val == 1:
         out[embed + "lookup_table"] = ((V, E), info)
         if E != D:
-            out[embed + "proj_W"] = ((E, D), model)
+            out[embed + "proj_W"] = ((E, D), f"{d_embed} and {d_model}")
     else:
         for i, (start, end) in enumerate(cfg.cluster_bounds):
             width = cfg.cluster_embedding_dim(i)
-            out[embed + f"cutoff_{i}/lookup_table"] = ((end - start, width), info)
+            out[embed + f"cutoff_{i}/lookup_table"] = ((end - start, width), f"{info} and {width_of(i)}")
             if cfg.cluster_has_projection(i):
-                out[embed + f"cutoff_{i}/proj_W"] = ((width, D), model)
+                out[embed + f"cutoff_{i}/proj_W"] = ((width, D), f"{width_of(i)} and {d_model}")
     for layer in range(cfg.num_layers):
         a = SCOPE + f"layer_{layer}/rel_attn/"
         f = SCOPE + f"layer_{layer}/ff/"
-        out[a + "qkv/kernel"] = ((D, 3 * N * H), model)
-        out[a + "r/kernel"] = ((D, N * H), model)
-        out[a + "o/kernel"] = ((N * H, D), model)
-        out[a + "LayerNorm/gamma"] = ((D,), model)
-        out[a + "LayerNorm/beta"] = ((D,), model)
-        out[f + "layer_1/kernel"] = ((D, inner), model)
-        out[f + "layer_1/bias"] = ((inner,), model)
-        out[f + "layer_2/kernel"] = ((inner, D), model)
-        out[f + "layer_2/bias"] = ((D,), model)
-        out[f + "LayerNorm/gamma"] = ((D,), model)
-        out[f + "LayerNorm/beta"] = ((D,), model)
+        out[a + "qkv/kernel"] = ((D, 3 * N * H), f"{d_model} and {heads}")
+        out[a + "r/kernel"] = ((D, N * H), f"{d_model} and {heads}")
+        out[a + "o/kernel"] = ((N * H, D), f"{heads} and {d_model}")
+        out[a + "LayerNorm/gamma"] = ((D,), d_model)
+        out[a + "LayerNorm/beta"] = ((D,), d_model)
+        out[f + "layer_1/kernel"] = ((D, inner), f"{d_model} and {d_inner}")
+        out[f + "layer_1/bias"] = ((inner,), d_inner)
+        out[f + "layer_2/kernel"] = ((inner, D), f"{d_inner} and {d_model}")
+        out[f + "layer_2/bias"] = ((D,), d_model)
+        out[f + "LayerNorm/gamma"] = ((D,), d_model)
+        out[f + "LayerNorm/beta"] = ((D,), d_model)
     softmax = SCOPE + "adaptive_softmax/"
     if not cfg.cutoffs:
         out[softmax + "bias"] = ((V,), info)
@@ -771,8 +784,8 @@ def official_variables(config, corpus_info=CORPUS_INFO_FILE):
         width = cfg.cluster_embedding_dim(i)
         out[softmax + f"cutoff_{i}/b"] = ((end - start,), info)
         if cfg.cluster_has_projection(i) and not ties[i]:
-            out[softmax + f"cutoff_{i}/proj"] = ((width, D), model)
-    out[softmax + "cutoff_0/cluster_W"] = ((cfg.num_clusters, E), info)
+            out[softmax + f"cutoff_{i}/proj"] = ((width, D), f"{width_of(i)} and {d_model}")
+    out[softmax + "cutoff_0/cluster_W"] = ((cfg.num_clusters, E), f"{info} and {d_embed}")
     out[softmax + "cutoff_0/cluster_b"] = ((cfg.num_clusters,), info)
     return out
 

@@ -466,6 +466,30 @@ def test_shape_contradicting_other_variables(tmp_path):
     assert "from transformer/r_w_bias" in message
 
 
+@pytest.mark.parametrize("name, change, says", [
+    # A table 65 wide: d_embed is read from it, so cutoff_0/proj_W [64, 64]
+    # no longer fits; the message said "expected [65, 64] from the other
+    # variables", naming neither the table nor the width.
+    ("wt103", ("transformer/adaptive_embed/cutoff_0/lookup_table", (20, 65)),
+     ["'transformer/adaptive_embed/cutoff_0/proj_W' has shape [64, 64], expected [65, 64]",
+      "d_embed=65 (from transformer/adaptive_embed/cutoff_0/lookup_table)",
+      "d_model=64 (from transformer/layer_0/rel_attn/qkv/kernel)"]),
+    ("enwik8", ("transformer/layer_0/ff/layer_1/kernel", (32, 49)),
+     ["'transformer/layer_0/ff/layer_1/bias' has shape [48], expected [49]",
+      "d_inner=49 (from transformer/layer_0/ff/layer_1/kernel)"]),
+    ("wt103_heads3x8_mem9_clamp2", ("transformer/layer_1/rel_attn/r/kernel", (32, 25)),
+     ["'transformer/layer_1/rel_attn/r/kernel' has shape [32, 25], expected [32, 24]",
+      "n_head=3, d_head=8 (from transformer/r_w_bias)"]),
+])
+def test_wrong_shape_names_the_variables_the_expected_shape_comes_from(name, change, says, tmp_path):
+    variables = ref.official_variables(ref.LAYOUTS[name])
+    variables[change[0]] = np.zeros(change[1], np.float32)
+    write_release(tmp_path, name, variables=variables)
+    message = _load_error(tmp_path)
+    for part in says:
+        assert part in message
+
+
 def test_keyword_contradicting_checkpoint(tmp_path):
     write_release(tmp_path, "text8")
     message = _load_error(tmp_path, num_layers=2)

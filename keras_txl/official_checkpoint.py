@@ -161,8 +161,30 @@ def resolve_checkpoint(path):
     raise ValueError(
         f"`path`={path!r} is neither a folder nor a checkpoint prefix (no "
         f"{path + '.index'!r}, and not a Saver V1 checkpoint file). Pass the "
-        "release's model folder or a prefix such as 'model/model.ckpt-0'."
+        "release's model folder or a prefix such as 'model/model.ckpt-0'"
+        f"{_checkpoints_beside(path)}."
     )
+
+
+def _checkpoints_beside(path):
+    """For the error on a path that is no checkpoint: the prefixes in its
+    folder and the one its state file names ('' if none)."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        return ""
+    pattern = os.path.join(glob.escape(directory), "*")
+    names = sorted(os.path.basename(p)[: -len(".index")] for p in glob.glob(pattern + ".index"))
+    if not names:  # Saver V1 files (each opened: only when there is no .index)
+        names = sorted(os.path.basename(p) for p in glob.glob(pattern) if _is_v1_checkpoint(p))
+    if not names:
+        return ""
+    try:
+        named = _state_file_prefix(directory)
+    except (OSError, ValueError):
+        named = None
+    last = re.split(r"[\\/]", named)[-1] if named is not None else None
+    state = f"; its state file names {last!r}" if last is not None else ""
+    return f" ({directory} holds the checkpoints {names[:10]}{' ...' if len(names) > 10 else ''}{state})"
 
 
 # The last 8 bytes of a TF table file (leveldb's table magic number): a V2

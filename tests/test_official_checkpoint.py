@@ -227,6 +227,21 @@ def test_any_file_of_a_checkpoint_names_that_checkpoint(suffix, tmp_path):
     assert max(np.abs(r["log_probs"] - r["ref_log_probs"]).max() for r in rows) < ATOL
 
 
+@pytest.mark.parametrize("given", ["model.ckpt-999", "model.ckpt", "checkpoint"])
+def test_a_prefix_not_in_its_folder_lists_the_checkpoints_there(given, tmp_path):
+    # A mistyped step (or the step left out, or the state file given) was
+    # refused as "neither a folder nor a checkpoint prefix (no
+    # '.../model.ckpt-999.index', ...)", without the prefixes that are there.
+    layout = ref.LAYOUTS["text8"]
+    for step in (100, 200):
+        ref.write_checkpoint(str(tmp_path), ref.official_variables(layout), layout,
+                             global_step=step)
+    message = _load_error(tmp_path / given)
+    assert "neither a folder nor a checkpoint prefix" in message
+    assert f"{tmp_path} holds the checkpoints ['model.ckpt-100', 'model.ckpt-200']" in message
+    assert "its state file names 'model.ckpt-200'" in message
+
+
 @pytest.mark.parametrize("form", ["folder", "prefix", "no_state_file"])
 def test_saver_v1_format_checkpoint(form, tmp_path):
     # tf.train.Saver(write_version=SaverDef.V1) writes one file `model.ckpt-0`

@@ -774,6 +774,14 @@ def load_hf_checkpoint(directory, stateful=False, batch_size=None, limits=None,
     from keras_txl.safe_files import folder_path
 
     directory = folder_path(directory)
+    if not os.path.lexists(directory):
+        raise ValueError(f"`directory`={directory!r} does not exist.")
+    if not os.path.isdir(directory):
+        raise ValueError(
+            f"`directory`={directory!r} is a file; a Hugging Face checkpoint is a folder "
+            "(config.json with model.safetensors or its shards): pass the folder that holds "
+            f"it: {os.path.dirname(os.path.abspath(directory))!r}."
+        )
     config_path = os.path.join(directory, "config.json")
     if not os.path.lexists(config_path):
         raise ValueError(f"No config.json in {directory!r}.")

@@ -117,6 +117,21 @@ def test_rejects_a_config_of_another_architecture(tmp_path, model_type):
         keras_txl.load_hf_checkpoint(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "missing"])
+def test_a_file_or_missing_path_given_for_the_folder_is_named(name, tmp_path):
+    # Was "No config.json in '.../config.json'" (or in '.../model.safetensors',
+    # or in a folder that does not exist).
+    path = SHARED / name if name != "missing" else tmp_path / "nothing-here"
+    with pytest.raises(ValueError) as info:
+        keras_txl.load_hf_checkpoint(path)
+    message = str(info.value)
+    if name == "missing":
+        assert f"`directory`={str(path)!r} does not exist" in message
+    else:
+        assert f"`directory`={str(path)!r} is a file" in message
+        assert f"pass the folder that holds it: {str(SHARED)!r}" in message
+
+
 def test_truncated_safetensors_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_bytes((SHARED / "config.json").read_bytes())
     data = (SHARED / "model.safetensors").read_bytes()

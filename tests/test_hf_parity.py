@@ -25,7 +25,7 @@ SHARED = FIXTURES / "hf_transfo_xl_tiny"
 
 def _fixture_dirs():
     dirs = sorted(os.path.dirname(p) for p in glob.glob(str(FIXTURES / "*" / "config.json")))
-    assert len(dirs) >= 7, f"the HF fixtures are missing from {FIXTURES}"
+    assert len(dirs) >= 12, f"the HF fixtures are missing from {FIXTURES}"
     return [pytest.param(d, id=os.path.basename(d)) for d in dirs]
 
 

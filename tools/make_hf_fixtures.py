@@ -122,6 +122,25 @@ OPTION_SETS = {
                "zero and score by their bias alone). This folder stores the 0-size tensors; transformers' own "
                "save_pretrained leaves some of them out (the test checks that form too).",
     ),
+    "dembed_wide_noshare_tied_r_heads3": dict(
+        args=dict(vocab_size=90, cutoffs=[20, 50], div_val=4, d_model=32, d_embed=64, n_head=3,
+                  d_head=8, d_inner=48, n_layer=2, mem_len=5, clamp_len=2, same_length=True,
+                  pre_lnorm=False, untie_r=False, tie_projs=[False, False, False]),
+        T=4,
+        covers="d_embed = 64 > d_model = 32 with div_val=4 (cluster widths 64, 16, 4: every cluster projects), "
+               "tie_projs all False (as proj_share_all_but_first=False makes it: every crit.out_projs.i is its own "
+               "parameter), shared r biases (untie_r=False), n_head*d_head = 24 != d_model, same_length with "
+               "clamp_len=2.",
+    ),
+    "tie_projs_first_prelnorm_untied_r": dict(
+        args=dict(vocab_size=90, cutoffs=[20, 50], div_val=2, d_model=32, d_embed=32, n_head=4, d_head=8,
+                  d_inner=48, n_layer=2, mem_len=5, clamp_len=1000, same_length=False, pre_lnorm=True,
+                  untie_r=True, tie_projs=[True, False, True]),
+        T=4,
+        covers="tie_projs=[True, False, True]: the head cluster's softmax projection tied to emb_projs.0 (the "
+               "official code never does this, transformers allows it), cluster 1 untied, cluster 2 tied; "
+               "pre-LN layers with per-layer r biases (untie_r=True).",
+    ),
     # Saved as a user's half-precision copy is: `model.to(dtype).save_pretrained(...)`, which rounds the
     # inv_freq buffer too; the expected outputs are transformers' of that folder loaded back in float32
     # (`from_pretrained`, the default dtype), which computes its sinusoids with the rounded frequencies.

@@ -2422,7 +2422,8 @@ class OfficialSymbolTokenizer(_VocabularyTokenizer):
 _BYTE_SYMBOLS = frozenset(str(byte) for byte in range(BYTE_VOCABULARY_SIZE))
 
 # The datasets of the official releases, whose tokenizer `official_tokenizer` builds.
-OFFICIAL_DATASETS = ("wt103", "lm1b", "enwik8", "text8")
+# The released ones, then those the official data_utils.py also prepares.
+OFFICIAL_DATASETS = ("wt103", "lm1b", "enwik8", "text8", "wt2", "ptb")
 
 
 def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
@@ -2431,10 +2432,12 @@ def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
     Args:
         vocabulary: list of str. The release's symbols in id order.
         dataset: str. "wt103", "lm1b", "enwik8" or "text8" (the `dataset`
-            of its `corpus-info.json`).
+            of its `corpus-info.json`), or "wt2" / "ptb", which the official
+            `data_utils.py` prepares too (no released model).
 
     Returns:
-        wt103: a `WordTokenizer` with `<eos>` for newlines and `<unk>`;
+        wt103, wt2: a `WordTokenizer` with `<eos>` for newlines and `<unk>`;
+        ptb: the same, lower-casing the text (`Vocab(lower_case=True)`);
         lm1b: a `WordTokenizer` writing each line as `<S> words <S>` (the
         official `add_double_eos`) and mapping unknown words to `<UNK>`;
         enwik8 / text8: an `OfficialSymbolTokenizer`.
@@ -2442,9 +2445,10 @@ def official_tokenizer(vocabulary, dataset: str) -> TransformerXLTokenizer:
     vocabulary = list(vocabulary)
     if dataset in OfficialSymbolTokenizer.DATASETS:
         return OfficialSymbolTokenizer(vocabulary, dataset)
-    if dataset == "wt103":
+    if dataset in ("wt103", "wt2", "ptb"):
         unk = UNK_TOKEN if UNK_TOKEN in vocabulary else None
-        return WordTokenizer(vocabulary, unk_token=unk, eos_token=EOS_TOKEN)
+        return WordTokenizer(vocabulary, unk_token=unk, eos_token=EOS_TOKEN,
+                             lower_case=dataset == "ptb")
     if dataset == "lm1b":
         unk = "<UNK>" if "<UNK>" in vocabulary else None
         return WordTokenizer(

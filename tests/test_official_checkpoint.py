@@ -628,6 +628,31 @@ def test_official_tokenizers_follow_the_official_preprocessing(tmp_path):
         strict.encode("the cat\n")
 
 
+def test_wt2_and_ptb_corpus_infos_get_the_official_word_tokenizers(tmp_path, capsys):
+    # tf/data_utils.py also prepares "wt2" and "ptb" (as wt103: words, <eos>
+    # per line; ptb lower-cased); a model trained on them with the official
+    # code was refused with a vocabulary file: "`dataset` is 'ptb', but a
+    # vocabulary file is read with the tokenizer of the release's dataset, one
+    # of ('wt103', 'lm1b', 'enwik8', 'text8')".
+    from keras_txl import tokenizers
+    from keras_txl.cli import main
+
+    words = ["<eos>", "the", "<unk>", "cat", "n"]
+    wt2 = tokenizers.official_tokenizer(words, "wt2")
+    assert wt2.encode("the cat dog\nThe\n").tolist() == [1, 3, 2, 0, 2, 0]
+    ptb = tokenizers.official_tokenizer(words, "ptb")  # Vocab(lower_case=True)
+    assert ptb.encode("The CAT N\n").tolist() == [1, 3, 4, 0]
+
+    layout, _ = write_release(tmp_path, "enwik8")
+    info = json.loads((tmp_path / "corpus-info.json").read_text())
+    (tmp_path / "corpus-info.json").write_text(json.dumps({**info, "dataset": "ptb"}))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(words + [f"w{i}" for i in range(layout.n_token - len(words))]) + "\n")
+    assert main(["generate", "--from-official", str(tmp_path), "--vocabulary-file", str(vocab),
+                 "--prompt", "The cat", "--max-new-tokens", "3", "--top-k", "1"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
 def test_read_corpus_info_forms(tmp_path):
     path = tmp_path / "corpus-info.json"
     path.write_text(json.dumps({"vocab_size": 204, "cutoffs": [], "dataset": "enwik8"}))

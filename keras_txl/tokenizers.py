@@ -443,6 +443,35 @@ def select_vocabulary(specials, counts: dict, *, max_size=None, min_freq=1) -> l
     return vocabulary
 
 
+def select_reference_vocabulary(counts: dict, *, add_eos: bool, eos_token: str, unk_token,
+                                max_size=None, min_freq=1) -> list[str]:
+    """The word vocabulary of the reference `vocabulary.py` for the official
+    datasets (`reference_specials=True`): only `eos_token` first (with
+    `add_eos`; enwik8/text8's symbols have no special at all), then the
+    tokens by decreasing count, `unk_token` among them where the text holds
+    it (WikiText's `<unk>` takes its count's rank), else last. So the ids
+    are the reference's. `unk_token=None` (the official enwik8/text8
+    vocabulary, which has no unknown symbol): a `max_size` or `min_freq`
+    that leaves a token out is a ValueError, as no id could stand for it."""
+    specials = [eos_token] if add_eos else []
+    vocabulary = select_vocabulary(specials, counts, max_size=max_size, min_freq=min_freq)
+    if unk_token is None:
+        left_out = [t for t in counts if t not in set(vocabulary)]
+        if left_out:
+            raise ValueError(
+                f"`max_size`/`min_freq` (--vocab-size/--min-freq) leave out {len(left_out)} of "
+                f"the {len(counts)} symbols (the first: {left_out[0]!r}), but this vocabulary "
+                "has no unknown token to read them as (unk_token=None: the official "
+                "enwik8/text8 vocabulary has none, and every symbol gets an id). Leave both "
+                "out, or pass unk_token='<unk>'.")
+        return vocabulary
+    if unk_token not in vocabulary:
+        if max_size is not None and len(vocabulary) >= max_size:
+            vocabulary = vocabulary[: max_size - 1]
+        vocabulary.append(unk_token)
+    return vocabulary
+
+
 def _check_vocabulary(vocabulary, required: dict) -> list[str]:
     if isinstance(vocabulary, str):
         raise ValueError(
@@ -1609,6 +1638,7 @@ class WordTokenizer(_VocabularyTokenizer):
         lower_case: bool = False,
         unk_token: str = UNK_TOKEN,
         eos_token: str = EOS_TOKEN,
+        reference_specials: bool = False,
     ):
         """Builds a frequency-ordered vocabulary from `texts`.
 
@@ -1616,7 +1646,10 @@ class WordTokenizer(_VocabularyTokenizer):
         only `unk_token` when `add_eos=False`), then the words in
         decreasing count, ties in order of first appearance. A word equal
         to a special token (WikiText-103 contains `<unk>`) takes the
-        special token's id.
+        special token's id. With `reference_specials=True` (the corpora's
+        `wikitext` and `char-symbols` layouts) the order is the reference
+        `vocabulary.py`'s for the official datasets instead: see
+        `select_reference_vocabulary`.
 
         Args:
             texts: str or iterable of str. Training text.
@@ -1627,6 +1660,12 @@ class WordTokenizer(_VocabularyTokenizer):
             lower_case: bool. See the class.
             unk_token: str. See the class.
             eos_token: str. See the class.
+            reference_specials: bool. Order the specials as the reference
+                code does for the official datasets (`<eos>` alone first,
+                `<unk>` at its count's rank, or last when the text has
+                none; no specials without `add_eos`), so the ids are its
+                ids. `unk_token=None` then gives no unknown token at all
+                (the official enwik8/text8 vocabulary).
 
         Returns:
             A `WordTokenizer`.
@@ -1634,10 +1673,16 @@ class WordTokenizer(_VocabularyTokenizer):
         counts: dict = {}
         for name, text in _as_texts(texts):
             _count_tokens(counts, "word", text, lower_case, name)
-        specials = [eos_token, unk_token] if add_eos else [unk_token]
-        vocabulary = select_vocabulary(
-            specials, counts, max_size=max_size, min_freq=min_freq
-        )
+        if reference_specials:
+            vocabulary = select_reference_vocabulary(
+                counts, add_eos=add_eos, eos_token=eos_token,
+                unk_token=unk_token, max_size=max_size, min_freq=min_freq,
+            )
+        else:
+            specials = [eos_token, unk_token] if add_eos else [unk_token]
+            vocabulary = select_vocabulary(
+                specials, counts, max_size=max_size, min_freq=min_freq
+            )
         logger.info(
             "word vocabulary: %d distinct words, %d tokens kept",
             len(counts),

@@ -80,13 +80,15 @@ def test_wikitext_layout(tmp_path):
 def test_char_symbol_files_are_detected(tmp_path, texts, symbols):
     corpus = corpora.load_corpus(_write_splits(tmp_path / "s", TXT, texts))
     assert corpus.layout == "char-symbols" and corpus.char_symbols
-    assert corpus.tokenizer_options == {"add_eos": False}
+    assert corpus.tokenizer_options == {"add_eos": False, "unk_token": None,
+                                        "reference_specials": True}
     assert corpus.vocabulary_splits == corpora.SPLITS
     tokenizer = corpus.build_tokenizer()
     assert tokenizer.eos_id is None
     assert corpus.build_tokenizer("word").eos_id is None
     assert corpus.build_tokenizer("word", add_eos=True).eos_id == 0
-    assert tokenizer.vocabulary[1 : 1 + len(symbols)] == list(symbols)
+    # The reference's vocabulary: the symbols alone, no '<unk>' first.
+    assert tokenizer.vocabulary[: len(symbols)] == list(symbols)
     # Spaces separate symbols; newlines are dropped (add_eos=False).
     ids = tokenizer.encode(corpus.train)
     assert len(ids) == len(corpus.train.split())
@@ -604,3 +606,74 @@ def test_tfds_errors_without_a_data_dir_say_the_default_not_none():
             corpora._tfds_builder(tfds, "no_such_corpus_xyz", None, False, names)
         message = str(error.value)
         assert "None" not in message and f"TFDS's default data_dir (no {flag} given)" in message, message
+
+
+def _official_symbol_ids(folder):
+    """The ids the reference code gives the symbol files of `folder`, as its
+    `vocabulary.py` builds them for enwik8/text8 (`get_lm_corpus`: no
+    special tokens; `count_file` on all three splits, whitespace-split
+    lines; `build_vocab`: `Counter.most_common`; `encode_file` with
+    `ordered=True, add_eos=False`)."""
+    counter = collections.Counter()
+    lines = {}
+    for split in corpora.SPLITS:
+        with open(folder / f"{split}.txt", encoding="utf-8") as handle:
+            lines[split] = [line.strip().split() for line in handle]
+        for symbols in lines[split]:
+            counter.update(symbols)
+    idx2sym = [symbol for symbol, _ in counter.most_common()]
+    sym2idx = {symbol: index for index, symbol in enumerate(idx2sym)}
+    return idx2sym, {s: [sym2idx[t] for line in lines[s] for t in line] for s in lines}
+
+
+def _official_prep(folder, data, dataset):
+    """`prep_enwik8.py` / `prep_text8.py` on `data` (bytes / str), with the
+    last `len(data) // 20` for test and the same before it for valid (their
+    5M of 100M)."""
+    folder.mkdir()
+    n = len(data) // 20
+    parts = {"train": data[: -2 * n], "valid": data[-2 * n : -n], "test": data[-n:]}
+    for split, part in parts.items():
+        if dataset == "enwik8":
+            text = " ".join(str(c) if c != ord("\n") else "\n" for c in part)
+        else:
+            text = " ".join("_" if c == " " else c for c in part.strip())
+        (folder / f"{split}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("dataset", ["enwik8", "text8"])
+def test_symbol_files_get_the_reference_ids_and_vocabulary(tmp_path, dataset):
+    # The reference vocabulary of the official symbol files has no special
+    # token (204 symbols for enwik8, 27 for text8). Was: '<unk>' at id 0
+    # before the symbols, every id one above the reference's and a vocabulary
+    # one larger than the official models'.
+    rng = np.random.default_rng(0)
+    if dataset == "enwik8":
+        alphabet = list(b"aaaabbbcd <>&\n") + [0xC3, 0xA9]
+        data = bytes(rng.choice(alphabet, size=3000).tolist())
+    else:
+        data = "".join(rng.choice(list("aaaabbbcdefg   "), size=3000).tolist())
+    folder = _official_prep(tmp_path / dataset, data, dataset)
+    vocabulary, ids = _official_symbol_ids(folder)
+    corpus = corpora.load_corpus(folder)
+    assert corpus.layout == "char-symbols"
+    tokenizer = corpus.build_tokenizer()
+    assert tokenizer.vocabulary == vocabulary
+    assert tokenizer.unk_id is None and tokenizer.eos_id is None
+    for split in corpora.SPLITS:
+        assert tokenizer.encode(corpus.split(split)).tolist() == ids[split]
+    # txl prepare's streamed vocabulary and shards: the same ids.
+    from keras_txl.training.run import prepare_data
+
+    prepared, shards = prepare_data(str(folder), str(tmp_path / "w"))
+    assert prepared.vocabulary == vocabulary
+    for split in corpora.SPLITS:
+        assert np.asarray(shards[split]).tolist() == ids[split]
+    # A vocabulary cut by the caller needs an id for the symbols left out:
+    # '<unk>', last, the other ids unchanged.
+    cut = corpus.build_tokenizer(max_size=4)
+    assert cut.vocabulary == vocabulary[:3] + ["<unk>"] and cut.unk_id == 3
+    with pytest.raises(ValueError, match=r"no unknown token .*unk_token=None"):
+        corpus.build_tokenizer(max_size=4, unk_token=None)
+

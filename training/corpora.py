@@ -204,7 +204,7 @@ class Corpus:
 
         if kind is None or kind == self.tokenizer_kind:
             kind = self.tokenizer_kind
-            options = {**self.tokenizer_options, **options}
+            options = unknown_token_if_cut({**self.tokenizer_options, **options}, options)
         return tokenizers.build_tokenizer(
             kind, self.vocabulary_texts(), **options
         )
@@ -217,6 +217,31 @@ class Corpus:
             f"Corpus(name={self.name!r}, layout={self.layout!r}, {sizes}, "
             f"char_symbols={self.char_symbols})"
         )
+
+
+# The symbol files of enwik8/text8 (after the official prep scripts) read as
+# the reference `data_utils.py` reads them: whitespace-split symbols, the
+# newlines dropped, and a vocabulary of the symbols alone, by decreasing
+# count, with no `<eos>` and no `<unk>`, so the ids (and the vocabulary
+# size: 204 for enwik8, 27 for text8) are the reference's.
+_SYMBOL_OPTIONS = {"add_eos": False, "unk_token": None, "reference_specials": True}
+
+
+def unknown_token_if_cut(options: Mapping, asked: Mapping) -> dict:
+    """`options` (a corpus's own, merged with those `asked`) with an
+    `<unk>` token (last in the vocabulary) where the corpus's own have none
+    (`unk_token=None`, the official enwik8/text8 symbols) but `asked` cuts
+    the vocabulary (`max_size`, `min_freq`, `--vocab-size`, `--min-freq`):
+    the symbols left out need an id to be read as. An `unk_token` asked
+    for is kept."""
+    options = dict(options)
+    cut = asked.get("max_size") is not None or (asked.get("min_freq") or 1) > 1
+    if (cut and "unk_token" in options and options["unk_token"] is None
+            and "unk_token" not in asked):
+        from keras_txl.tokenizers import UNK_TOKEN
+
+        options["unk_token"] = UNK_TOKEN
+    return options
 
 
 def _check_splits(corpus: Corpus, where: Mapping[str, str]) -> Corpus:
@@ -1674,7 +1699,7 @@ def open_corpus_source(
             return CorpusSource(
                 name=path.name, layout="char-symbols", source=str(path),
                 parts=parts, char_symbols=True, tokenizer_kind="word",
-                tokenizer_options={"add_eos": False}, vocabulary_splits=SPLITS,
+                tokenizer_options=dict(_SYMBOL_OPTIONS), vocabulary_splits=SPLITS,
                 **common)
         return CorpusSource(name=path.name, layout="splits", source=str(path),
                             parts=parts, **common)

@@ -803,6 +803,7 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     from keras_txl.training import shards
     from keras_txl.training.corpora import TEXT_RULES
     from keras_txl.training.corpora import open_corpus_source
+    from keras_txl.training.corpora import unknown_token_if_cut
     from keras_txl.training.vocab import build_streaming_tokenizer
 
     # The flag from `txl`, the argument from the Python API.
@@ -948,8 +949,8 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
     kind = tokenizer_kind or (tokenizer.get_config().get("kind") if tokenizer else None) \
         or corpus_source.tokenizer_kind
     options = dict(corpus_source.tokenizer_options) if kind == corpus_source.tokenizer_kind else {}
-    options.update(tokenizer_options)
-    options.update(_kind_options(kind, vocabulary or {}))
+    asked = {**tokenizer_options, **_kind_options(kind, vocabulary or {})}
+    options = unknown_token_if_cut({**options, **asked}, asked)
     if tokenizer is not None and (meta or {}).get("tokenizer"):
         # A reused tokenizer is recorded as it was built, not as asked.
         options = dict(meta["tokenizer"].get("options") or {})

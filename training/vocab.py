@@ -125,13 +125,18 @@ def _word_from_file(path, options):
     else:
         eos = options.get("eos_token", EOS_TOKEN)
         unk = options.get("unk_token", UNK_TOKEN)
+        if unk is None and UNK_TOKEN in vocabulary:
+            # A symbol corpus (no unknown token of its own) with a vocabulary
+            # that has one: unknown symbols are read as it.
+            unk = UNK_TOKEN
     return tokenizers.WordTokenizer(
         vocabulary, add_eos=options.get("add_eos", True),
         lower_case=options.get("lower_case", False), unk_token=unk,
         eos_token=eos, double_eos=double_eos)
 
 
-_WORD_FIT = ("max_size", "min_freq", "add_eos", "lower_case", "unk_token", "eos_token")
+_WORD_FIT = ("max_size", "min_freq", "add_eos", "lower_case", "unk_token", "eos_token",
+             "reference_specials")
 _CHAR_FIT = ("max_size", "min_freq", "unk_token")
 
 
@@ -170,9 +175,14 @@ def build_streaming_tokenizer(kind, chunks, *, sample_bytes=DEFAULT_SAMPLE_BYTES
         counts = count_tokens("word", chunks, lower_case=options.get("lower_case", False))
         if not counts:
             raise ValueError("the vocabulary splits hold no words to build a vocabulary from.")
-        vocabulary = select_vocabulary(
-            [eos, unk] if add_eos else [unk], counts,
-            max_size=options.get("max_size"), min_freq=options.get("min_freq", 1))
+        if options.get("reference_specials", False):
+            vocabulary = tokenizers.select_reference_vocabulary(
+                counts, add_eos=add_eos, eos_token=eos, unk_token=unk,
+                max_size=options.get("max_size"), min_freq=options.get("min_freq", 1))
+        else:
+            vocabulary = select_vocabulary(
+                [eos, unk] if add_eos else [unk], counts,
+                max_size=options.get("max_size"), min_freq=options.get("min_freq", 1))
         logger.info("word vocabulary: %d distinct words, %d tokens kept",
                     len(counts), len(vocabulary))
         return tokenizers.WordTokenizer(

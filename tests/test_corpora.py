@@ -49,8 +49,10 @@ def test_wikitext_layout(tmp_path):
         ("train",),
     )
     tokenizer = corpus.build_tokenizer()
-    assert tokenizer.vocabulary[:2] == ["<eos>", "<unk>"]
-    assert "=" == tokenizer.vocabulary[2]  # most frequent word
+    # The reference's order: '<eos>', then the words by count, ties first
+    # seen, the text's '<unk>' among them.
+    assert tokenizer.vocabulary[:4] == ["<eos>", "=", "Valkyria", "the"]
+    assert tokenizer.unk_id == tokenizer.vocabulary.index("<unk>") == 4
     # One <eos> per line, as the reference code.
     assert int(np.sum(tokenizer.encode(corpus.train) == 0)) == 3
 
@@ -677,3 +679,57 @@ def test_symbol_files_get_the_reference_ids_and_vocabulary(tmp_path, dataset):
     with pytest.raises(ValueError, match=r"no unknown token .*unk_token=None"):
         corpus.build_tokenizer(max_size=4, unk_token=None)
 
+
+def _official_wikitext_ids(folder):
+    """The ids the reference code gives a WikiText folder (`get_lm_corpus`
+    for wt103/wt2: `special=['<eos>']`; `count_file` of the train split;
+    `build_vocab`: '<eos>', then `Counter.most_common`, '<unk>' a word of
+    the text like any other; `encode_file` with `ordered=True`, an '<eos>'
+    after every line)."""
+    def lines(split):
+        with open(folder / f"wiki.{split}.tokens", encoding="utf-8") as handle:
+            return [line.strip().split() for line in handle]
+
+    counter = collections.Counter()
+    for symbols in lines("train"):
+        counter.update(symbols)
+    idx2sym = ["<eos>"] + [symbol for symbol, _ in counter.most_common()]
+    sym2idx = {symbol: index for index, symbol in enumerate(idx2sym)}
+    ids = {s: [sym2idx[t] for line in lines(s) for t in line + ["<eos>"]]
+           for s in corpora.SPLITS}
+    return idx2sym, ids
+
+
+def test_wikitext_gets_the_reference_ids(tmp_path):
+    # WikiText's text holds '<unk>' (the tokens it replaced); the reference
+    # vocabulary is '<eos>', then the words by count with '<unk>' at its
+    # count's rank. Was: '<unk>' at id 1, so every word counted more often
+    # than '<unk>' had an id one above the reference's.
+    names = ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")
+    train = (" = Valkyria = \n \n the game <unk> is a the the of of <unk> , . \n"
+             " the cat , . \n") * 3
+    folder = _write_splits(tmp_path / "wikitext-103", names,
+                           [train, " the <unk> game . \n", " of the cat \n"])
+    vocabulary, ids = _official_wikitext_ids(folder)
+    assert vocabulary.index("<unk>") == 3
+    corpus = corpora.load_corpus(folder)
+    tokenizer = corpus.build_tokenizer()
+    assert tokenizer.vocabulary == vocabulary
+    assert (tokenizer.eos_id, tokenizer.unk_id) == (0, 3)
+    for split in corpora.SPLITS:
+        assert tokenizer.encode(corpus.split(split)).tolist() == ids[split]
+    from keras_txl.training.run import prepare_data
+
+    prepared, shards = prepare_data(str(folder), str(tmp_path / "w"))
+    assert prepared.vocabulary == vocabulary
+    for split in corpora.SPLITS:
+        assert np.asarray(shards[split]).tolist() == ids[split]
+    # Text without '<unk>' (the reference would have no unknown word): the
+    # other ids are the reference's and '<unk>' comes last, also when a
+    # --vocab-size cuts the vocabulary.
+    plain = _write_splits(tmp_path / "plain", names, ["b a b\n", "a\n", "c\n"])
+    tokenizer = corpora.load_corpus(plain).build_tokenizer()
+    assert tokenizer.vocabulary == ["<eos>", "b", "a", "<unk>"]
+    assert tokenizer.encode("c\n").tolist() == [3, 0]
+    cut = corpora.load_corpus(plain).build_tokenizer(max_size=3)
+    assert cut.vocabulary == ["<eos>", "b", "<unk>"]

@@ -225,6 +225,9 @@ class Corpus:
 # count, with no `<eos>` and no `<unk>`, so the ids (and the vocabulary
 # size: 204 for enwik8, 27 for text8) are the reference's.
 _SYMBOL_OPTIONS = {"add_eos": False, "unk_token": None, "reference_specials": True}
+# WikiText (`wiki.*.tokens`) as the reference reads WikiText-103/2: '<eos>'
+# first, then the words by count, the '<unk>' of its text at its count's rank.
+_WIKITEXT_OPTIONS = {"reference_specials": True}
 
 
 def unknown_token_if_cut(options: Mapping, asked: Mapping) -> dict:
@@ -1689,7 +1692,9 @@ def open_corpus_source(
         return CorpusSource(
             name=path.name, layout=layout, source=str(path),
             parts={s: [_FilePart(str(paths[s]))] for s in SPLITS},
-            tokenizer_kind=kind, **common)
+            tokenizer_kind=kind,
+            tokenizer_options=dict(_WIKITEXT_OPTIONS) if layout == "wikitext" else {},
+            **common)
     paths = _complete_layout(path, _TEXT_FILES)
     if paths is not None:
         parts = {s: [_FilePart(str(paths[s]))] for s in SPLITS}

@@ -1263,6 +1263,26 @@ class CorpusSource:
         if double_eos is None:
             double_eos = (kind in (None, self.tokenizer_kind)
                           and bool(self.tokenizer_options.get("double_eos", False)))
+        # Pieces shorter than a chunk (the small files of a folder, one
+        # piece each) are joined up to `chunk_bytes`: each is encoded with
+        # one call, and thousands of small files were thousands of calls.
+        # Joined pieces give the ids they give one by one (each ends after
+        # a newline or at a place to cut), and a window starts at the
+        # cursor it resumes from, so a resumed read gives the same chunks.
+        pending, pending_bytes, pending_after = [], 0, None
+        for text, after, length in self._file_chunks(split, cursor, kind, double_eos):
+            if pending and pending_bytes + length > self.chunk_bytes:
+                yield "".join(pending), pending_after
+                pending, pending_bytes = [], 0
+            pending.append(text)
+            pending_bytes += length
+            pending_after = after
+        if pending:
+            yield "".join(pending), pending_after
+
+    def _file_chunks(self, split, cursor, kind, double_eos):
+        """The pieces `chunks` joins: `(text, cursor_after, bytes)`, one
+        file's text at a time."""
         places = _cut_places(kind, bool(double_eos))
         part_index, offset = cursor or (0, 0)
         parts = self._parts[split]
@@ -1336,7 +1356,7 @@ class CorpusSource:
                             window += data
                         if ended and not window:
                             text += "\n"
-                    yield text, [part_index, offset]
+                    yield text, [part_index, offset], cut
             part_index, offset = part_index + 1, 0
 
     def _uncuttable(self, part, position, kind, double_eos, length) -> ValueError:

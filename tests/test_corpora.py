@@ -757,3 +757,21 @@ def test_small_files_are_joined_into_chunks(tmp_path):
     np.testing.assert_array_equal(
         np.concatenate([word.encode(text) for text, _ in chunks]),
         word.encode("".join(lines)))
+
+
+@pytest.mark.parametrize("what", ["folder", "broken link"])
+def test_an_lm1b_training_name_that_is_no_file_is_named(tmp_path, what):
+    # Every news.en-* of the training folder is read: a folder or a broken
+    # symbolic link of that name was a bare IsADirectoryError /
+    # FileNotFoundError from inside the chunk reader.
+    root = write_lm1b_release(tmp_path / "lm1b")
+    odd = root / "training-monolingual.tokenized.shuffled" / "news.en-extra"
+    if what == "folder":
+        odd.mkdir()
+        why = "is a folder"
+    else:
+        odd.symlink_to(tmp_path / "gone")
+        why = "is a symbolic link to .*gone', which does not exist"
+    with pytest.raises(ValueError, match=rf"news.en-extra {why}, but every news.en-\* in "
+                                         r".* is read as a training file .*move it out"):
+        corpora.open_corpus_source(root)

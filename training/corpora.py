@@ -1608,6 +1608,17 @@ def _lm1b_source(folder: pathlib.Path, **common):
     train = sorted(str(p) for p in train_dir.glob("news.en-*"))
     if not train:
         raise ValueError(f"{train_dir} holds no news.en-* training files.")
+    for path in train:
+        if not os.path.isfile(path):
+            if os.path.islink(path) and not os.path.exists(path):
+                why = f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+            elif os.path.isdir(path):
+                why = "a folder"
+            else:
+                why = "not a regular file"
+            raise ValueError(
+                f"{path} is {why}, but every news.en-* in {train_dir} is read as a "
+                "training file of the LM1B layout: move it out of that folder.")
     parts = {"train": [_FilePart(p) for p in train],
              "valid": [_FilePart(str(heldout))], "test": [_FilePart(str(heldout))]}
     options = {"double_eos": True}

@@ -233,6 +233,7 @@ def decode_rest_response(body, form: str, output_names=None) -> dict:
 
 
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 
 
 class RestTransport:
@@ -723,7 +724,7 @@ class TXLServingClient:
             max_new_tokens: int >= 1 (the server caps it, 1024 by default).
             temperature: float >= 0; 0 is greedy.
             top_k: int >= 0 (0: all ids). top_p: float in (0, 1] (1: all).
-            seed: int. The same request with the same seed gives the same
+            seed: int in [0, 2**63 - 1]. The same request with the same seed gives the same
                 texts.
             memory: (B, L, M, D) float array to continue from (a memory a
                 previous `generate` returned), or None (a new text). With
@@ -775,8 +776,14 @@ class TXLServingClient:
                 f"`top_p` must be in (0, 1] (1 keeps every token). Received: "
                 f"top_p={top_p!r}."
             )
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise ValueError(f"`seed` must be an integer. Received: seed={seed!r}.")
+        # The signature refuses a negative seed (`seed` must be in [0, 2**63 - 1]):
+        # refused here, before the request, as generate_ids and
+        # SavedModelBackend refuse it, not as the server's error.
+        if (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                or not 0 <= seed <= _INT64_MAX):
+            raise ValueError(
+                f"`seed` must be an integer in [0, 2**63 - 1 = {_INT64_MAX}]. "
+                f"Received: seed={seed!r}.")
         # The signature's inputs are int32 / int64 / float32: np.int32(2**40)
         # is an OverflowError and np.float32(1e300) is inf.
         for name, value, high in (("max_new_tokens", max_new_tokens, _INT32_MAX),
@@ -784,8 +791,6 @@ class TXLServingClient:
             if value > high:
                 raise ValueError(f"`{name}` must be at most {high} (int32). Received: "
                                  f"{name}={value!r}.")
-        if not -(2**63) <= seed < 2**63:
-            raise ValueError(f"`seed` must fit in int64. Received: seed={seed!r}.")
         if abs(float(temperature)) > float(np.finfo(np.float32).max):
             raise ValueError(f"`temperature` must fit in float32. Received: "
                              f"temperature={temperature!r}.")

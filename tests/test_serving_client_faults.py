@@ -263,7 +263,7 @@ def test_generate_and_reset_numbers_must_fit_their_wire_types():
     for kwargs, message in (
         ({"top_k": 2**40}, r"`top_k` must be at most 2147483647 \(int32\)"),
         ({"max_new_tokens": 2**40}, r"`max_new_tokens` must be at most 2147483647"),
-        ({"seed": 2**64}, r"`seed` must fit in int64"),
+        ({"seed": 2**64}, r"`seed` must be an integer in \[0, 2\*\*63 - 1 = 9223372036854775807\]"),
         ({"temperature": 1e300}, r"`temperature` must fit in float32"),
     ):
         args = {"max_new_tokens": 4, **kwargs}
@@ -271,6 +271,21 @@ def test_generate_and_reset_numbers_must_fit_their_wire_types():
             client.generate(["a prompt"], **args)
     with pytest.raises(ValueError, match=r"`batch_size` must be at most 2147483647"):
         client.reset(batch_size=2**40)
+
+
+def test_generate_refuses_a_negative_seed_before_sending():
+    # The signature refuses it (`seed` must be in [0, 2**63 - 1]), as
+    # generate_ids and SavedModelBackend do before any request; the client
+    # sent seed=-1 and the server's error came back as a ServingError.
+    class Refusing:
+        def predict(self, *args, **kwargs):
+            raise AssertionError("nothing may be sent")
+
+    client = TXLServingClient(Refusing())
+    for seed in (-1, -(2**63), np.int64(-5)):
+        with pytest.raises(ValueError, match=r"`seed` must be an integer in \[0, 2\*\*63 - 1 = "
+                                             r"9223372036854775807\]\. Received: seed="):
+            client.generate(["a prompt"], 4, temperature=0.8, seed=seed)
 
 
 def test_an_empty_memory_over_rest_is_said_not_misread():

@@ -181,6 +181,14 @@ class SavedModelBackend:
         # top_k=2.5 cut to 2, and a seed or length past the int dtypes was
         # numpy's OverflowError.
         prompts = _prompt_list(prompts)
+        # As the tokenizers read a str (`text_bytes`): U+DC80-U+DCFF, what
+        # surrogateescape makes of a byte that is not UTF-8 (a shell
+        # argument), are that byte, as for a Keras model; any other lone
+        # surrogate is a ValueError naming the prompt. generate_request's
+        # strict encode was a UnicodeEncodeError ("surrogates not allowed").
+        from keras_txl.tokenizers import text_bytes
+
+        prompts = [text_bytes(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         # What the signature would refuse with an assertion buried in a
         # graph error, said here by name.
         empty = [i for i, p in enumerate(prompts) if not p]

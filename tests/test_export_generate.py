@@ -504,3 +504,32 @@ def test_the_backend_names_an_empty_prompt_and_too_many_prompts(exported):
                                          f"prompts per request .* received {len(many)}"):
         backend.generate_ids(many, 1)
     assert backend.max_batch_size == sig.MAX_GENERATE_BATCH  # from its export.json
+
+
+def test_a_prompt_with_surrogateescape_bytes_generates_as_from_keras(exported, capsys):
+    # A shell argument that is not UTF-8 reaches Python as surrogateescape
+    # surrogates. `txl generate --saved-model` warned that "the model receives
+    # their raw bytes", then failed with the UnicodeEncodeError of
+    # generate_request ("surrogates not allowed"), while --from-preset generated.
+    from keras_txl.cli import main
+    from keras_txl.export.generation import SavedModelBackend
+
+    model, version_dir, _ = exported
+    model.compile(sampler="greedy")
+    backend = SavedModelBackend(version_dir)
+    prompt = "caf\udce9 ol\udcff"  # the bytes b"caf\xe9 ol\xff", Latin-1
+    raw = prompt.encode("utf-8", "surrogateescape")
+    (new,) = backend.generate_ids([prompt], 6)
+    np.testing.assert_array_equal(new, backend.generate_ids([raw], 6)[0])
+    expected = model.generate([list(raw)], max_length=len(raw) + 6, strip_prompt=True)[0]
+    np.testing.assert_array_equal(new, expected)
+    assert backend.generate_texts([prompt], 6) == backend.generate_texts([raw], 6)
+    code = main(["generate", "--saved-model", version_dir, "--prompt", prompt,
+                 "--max-new-tokens", "6", "--temperature", "0"])
+    assert code == 0
+    text = model.preprocessor.tokenizer.detokenize(list(raw) + expected.tolist())
+    assert capsys.readouterr().out == text + "\n"
+    # Any other lone surrogate stands for no byte: refused by name.
+    with pytest.raises(ValueError, match=r"`prompts\[1\]` holds the lone surrogate '\\ud800' "
+                                         r"\(U\+D800\) at position 1"):
+        backend.generate_texts(["ok", "a\ud800"], 2)

@@ -465,6 +465,11 @@ def check_sampler(sampler):
                 f"`sampler ({name}) p` must be in (0, 1] (1 keeps every "
                 f"token), received p={p!r}."
             )
+        if p < checks.FLOAT32_TINY:  # 0 in float32, where it is compared
+            raise ValueError(
+                f"`sampler ({name}) p` must be in (0, 1] and at least "
+                f"{checks.FLOAT32_TINY:g}, the smallest float32 above 0, received p={p!r}."
+            )
     # The log-probs are divided by the temperature: 0 gives NaN/Inf
     # probabilities, a negative one favours the least likely tokens.
     temperature = _setting_value(getattr(sampler, "temperature", 1.0))
@@ -472,6 +477,12 @@ def check_sampler(sampler):
         f"sampler ({name}) temperature", temperature,
         expected="a finite number > 0 (use 'greedy' for temperature 0)",
     )
+    if temperature > checks.FLOAT32_MAX:  # Inf in float32, where logits are divided by it
+        raise ValueError(
+            f"`sampler ({name}) temperature` must be a finite number > 0 and at most "
+            f"{checks.FLOAT32_MAX:g}, the largest float32, received "
+            f"temperature={temperature!r}."
+        )
     if not temperature >= checks.GREEDY_BELOW_TEMPERATURE:
         # Below it keras-hub's softmax(logits / T) gives NaN under XLA.
         raise ValueError(

@@ -98,6 +98,12 @@ def finite_float32(name, value, hint=""):
 # distribution is already all on the argmax but for ties within ~1e-5 nats.
 GREEDY_BELOW_TEMPERATURE = 1e-6
 
+# The samplers and the SavedModel's `generate` compute in float32: a
+# temperature above FLOAT32_MAX is Inf there, a top_p below
+# FLOAT32_TINY is 0.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).smallest_subnormal)
+
 
 def one_text_memory(name, value, row_shape):
     """A (1, L, M, D) memory to continue one text from (generation decodes

@@ -91,6 +91,13 @@ def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
         "temperature", temperature, minimum=0,
         expected="a finite number >= 0 (0 is greedy)",
     )
+    if temperature > checks.FLOAT32_MAX:
+        # Inf in float32, where the samplers and the SavedModel divide by it.
+        raise ValueError(
+            "`temperature` must be a finite number >= 0 (0 is greedy) and at most "
+            f"{checks.FLOAT32_MAX:g}, the largest float32 (the samplers divide by it in "
+            f"float32, where it is Inf), received temperature={temperature!r}."
+        )
     try:
         top_k = checks.non_negative_int("top_k", top_k)
     except ValueError:
@@ -103,6 +110,13 @@ def check_sampling(temperature=1.0, top_k=0, top_p=1.0):
         raise ValueError(
             f"`top_p` must be in (0, 1] (1 keeps every token), received "
             f"top_p={top_p!r}."
+        )
+    if top_p < checks.FLOAT32_TINY:
+        # 0 in float32, where the samplers and the SavedModel compare with it.
+        raise ValueError(
+            "`top_p` must be in (0, 1] (1 keeps every token) and at least "
+            f"{checks.FLOAT32_TINY:g}, the smallest float32 above 0 (the samplers "
+            f"compare with it in float32, where it is 0), received top_p={top_p!r}."
         )
     return temperature, top_k, float(top_p)
 

@@ -556,3 +556,38 @@ def test_generate_ids_needs_no_new_trace_for_another_temperature_batch_or_length
     assert len(traces) > count  # the references trace: the counter counts
     # The temperatures were not all the same draws.
     assert not all(np.array_equal(a, b) for a, b in zip(outputs[0], outputs[1]))
+
+
+def test_sampling_values_that_float32_cannot_hold_are_refused_on_every_path():
+    # The samplers and the SavedModel compute in float32. A temperature of
+    # 1e39 (finite in Python) passed check_sampling, then generate_ids
+    # failed naming its own "sampler (RandomSampler) temperature=inf", the
+    # host loop and tflite_generate sampled with it, and compile() took a
+    # RandomSampler(temperature=1e39); top_p=1e-300 became p=0.0 ("must be in
+    # (0, 1], received p=0.0") in generate_ids and greedy in the host loop.
+    from keras_hub.samplers import RandomSampler
+    from keras_hub.samplers import TopPSampler
+
+    model = id_model()
+    temperature = r"`temperature` must be a finite number >= 0 \(0 is greedy\) and at most " \
+                  r"3\.40282e\+38, the largest float32 .* received temperature=1e\+39"
+    top_p = r"`top_p` must be in \(0, 1\] \(1 keeps every token\) and at least 1\.4013e-45, " \
+            r"the smallest float32 above 0 .* received top_p=1e-300"
+    for options, message in (({"temperature": 1e39}, temperature),
+                             ({"temperature": 1.0, "top_p": 1e-300}, top_p)):
+        with pytest.raises(ValueError, match=message):
+            generation.generate_ids(model, [[1, 2]], 2, seed=0, **options)
+        with pytest.raises(ValueError, match=message):
+            generation.generate(model, [1, 2], 2, seed=0, **options)
+        with pytest.raises(ValueError, match=message):
+            generation.sampler_from_options(seed=0, **options)
+    with pytest.raises(ValueError, match=r"`sampler \(RandomSampler\) temperature` must be a "
+                                         r"finite number > 0 .* at most 3\.40282e\+38"):
+        model.compile(sampler=RandomSampler(temperature=1e39))
+    with pytest.raises(ValueError, match=r"`sampler \(TopPSampler\) p` must be in \(0, 1\] .* "
+                                         r"at least 1\.4013e-45"):
+        model.compile(sampler=TopPSampler(p=1e-300))
+    # The float32 limits themselves are valid.
+    limit = float(np.finfo(np.float32).max)
+    tiny = float(np.finfo(np.float32).smallest_subnormal)
+    assert generation.check_sampling(limit, 0, tiny) == (limit, 0, tiny)

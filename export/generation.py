@@ -120,6 +120,8 @@ class SavedModelBackend:
         # The `generate` signature's caps (export.json), None if unrecorded.
         self.max_new_tokens = (info.get("generate_caps") or {}).get("max_new_tokens")
         self.max_batch_size = (info.get("generate_caps") or {}).get("max_batch_size")
+        self.max_prompt_tokens = (info.get("generate_caps") or {}).get("max_prompt_tokens")
+        self._tokenizer = None  # loaded on first use, to count a prompt's tokens
         tokenizer = os.path.join(extra, "tokenizer")
         self.tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
         register_text_ops()  # its text signatures may use tensorflow-text's ops
@@ -164,6 +166,26 @@ class SavedModelBackend:
         lengths = out[sig.LENGTHS].numpy()
         return [ids[:length] for ids, length in zip(out[sig.TOKEN_IDS].numpy(), lengths)]
 
+    def _check_prompt_tokens(self, prompts):
+        """The export's prompt cap (`generate_caps`), counted with its own
+        tokenizer, as `txl generate` counts it: past it the signature's
+        assertion was a graph error. Unchecked without a recorded cap or an
+        exported tokenizer (the signature still refuses it)."""
+        if not self.max_prompt_tokens or self.tokenizer_dir is None:
+            return
+        if self._tokenizer is None:
+            from keras_txl.tokenizers import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.tokenizer_dir)
+        for index, prompt in enumerate(prompts):  # bytes, as text_bytes gave them
+            count = len(self._tokenizer.encode(prompt.decode("utf-8", "surrogateescape")))
+            if count > self.max_prompt_tokens:
+                raise ValueError(
+                    f"`prompts`[{index}] holds {count} tokens, more than the "
+                    f"{self.max_prompt_tokens} this export's generate signature takes "
+                    "(the cap its export.json records): shorten it, or continue a longer "
+                    "text with the id-level loop over next_token.")
+
     def _call_generate(self, prompts, max_new_tokens, temperature, top_k, top_p, seed):
         from keras_txl.export.serving import generate_request
 
@@ -201,6 +223,7 @@ class SavedModelBackend:
                 f"`prompts` may hold at most {self.max_batch_size} prompts per request (the "
                 f"cap of this export's generate signature), received {len(prompts)}: "
                 "split them into several calls.")
+        self._check_prompt_tokens(prompts)
         max_new_tokens = checks.positive_int("max_new_tokens", max_new_tokens)
         # The export's cap; unrecorded, the int32 of the request (the
         # signature refuses more than its own cap).

@@ -533,3 +533,20 @@ def test_a_prompt_with_surrogateescape_bytes_generates_as_from_keras(exported, c
     with pytest.raises(ValueError, match=r"`prompts\[1\]` holds the lone surrogate '\\ud800' "
                                          r"\(U\+D800\) at position 1"):
         backend.generate_texts(["ok", "a\ud800"], 2)
+
+
+def test_the_backend_names_a_prompt_past_the_token_cap(exported):
+    # A prompt of more tokens than the export's generate_caps (4096) was the
+    # signature's InvalidArgumentError, "Graph execution error: ... Detected
+    # at node assert_less_equal_3/...", though `txl generate` checks the cap.
+    from keras_txl.export.generation import SavedModelBackend
+
+    _, version_dir, _ = exported
+    backend = SavedModelBackend(version_dir)
+    long = "a" * (sig.MAX_PROMPT_TOKENS + 1)  # one byte token per character
+    with pytest.raises(ValueError, match=rf"`prompts`\[1\] holds {sig.MAX_PROMPT_TOKENS + 1} "
+                                         rf"tokens, more than the {sig.MAX_PROMPT_TOKENS} "
+                                         "this export's generate signature takes"):
+        backend.generate_ids(["ok", long], 1)
+    assert len(backend.generate_ids([long[1:]], 1)[0]) == 1  # the cap itself is taken
+    assert backend.max_prompt_tokens == sig.MAX_PROMPT_TOKENS  # from its export.json

@@ -776,6 +776,12 @@ class TXLServingClient:
                 f"`top_p` must be in (0, 1] (1 keeps every token). Received: "
                 f"top_p={top_p!r}."
             )
+        if top_p < checks.FLOAT32_TINY:  # sent as float32, where it is 0
+            raise ValueError(
+                "`top_p` must be in (0, 1] (1 keeps every token) and at least "
+                f"{checks.FLOAT32_TINY:g}, the smallest float32 above 0. Received: "
+                f"top_p={top_p!r}."
+            )
         # The signature refuses a negative seed (`seed` must be in [0, 2**63 - 1]):
         # refused here, before the request, as generate_ids and
         # SavedModelBackend refuse it, not as the server's error.

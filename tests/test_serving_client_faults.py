@@ -288,6 +288,21 @@ def test_generate_refuses_a_negative_seed_before_sending():
             client.generate(["a prompt"], 4, temperature=0.8, seed=seed)
 
 
+def test_generate_refuses_a_top_p_that_is_0_in_float32_before_sending():
+    # np.float32(1e-300) is 0.0: the client sent top_p=0 and the server's
+    # "`top_p` must be in (0, 1]" came back as a ServingError, for a value
+    # the client had just accepted as in (0, 1].
+    class Refusing:
+        def predict(self, *args, **kwargs):
+            raise AssertionError("nothing may be sent")
+
+    client = TXLServingClient(Refusing())
+    with pytest.raises(ValueError, match=r"`top_p` must be in \(0, 1\] \(1 keeps every token\) "
+                                         r"and at least 1\.4013e-45, the smallest float32 above 0\. "
+                                         r"Received: top_p=1e-300"):
+        client.generate(["a prompt"], 4, temperature=0.8, top_p=1e-300)
+
+
 def test_an_empty_memory_over_rest_is_said_not_misread():
     # A model exported with memory_length=0 answers [[[], []]] over REST: the
     # (B, L, 0, D) memory's last dimension is lost in JSON, and the client's

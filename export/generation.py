@@ -167,11 +167,12 @@ class SavedModelBackend:
         return [ids[:length] for ids, length in zip(out[sig.TOKEN_IDS].numpy(), lengths)]
 
     def _check_prompt_tokens(self, prompts):
-        """The export's prompt cap (`generate_caps`), counted with its own
-        tokenizer, as `txl generate` counts it: past it the signature's
-        assertion was a graph error. Unchecked without a recorded cap or an
-        exported tokenizer (the signature still refuses it)."""
-        if not self.max_prompt_tokens or self.tokenizer_dir is None:
+        """Each prompt's tokens, counted with the export's own tokenizer as
+        `txl generate` counts them: at least one (a word tokenizer makes
+        none of "   ") and at most the export's prompt cap (`generate_caps`).
+        Either was the signature's assertion in a graph error. Unchecked
+        without an exported tokenizer (the signature still refuses them)."""
+        if self.tokenizer_dir is None:
             return
         if self._tokenizer is None:
             from keras_txl.tokenizers import load_tokenizer
@@ -179,7 +180,11 @@ class SavedModelBackend:
             self._tokenizer = load_tokenizer(self.tokenizer_dir)
         for index, prompt in enumerate(prompts):  # bytes, as text_bytes gave them
             count = len(self._tokenizer.encode(prompt.decode("utf-8", "surrogateescape")))
-            if count > self.max_prompt_tokens:
+            if count == 0:
+                raise ValueError(
+                    f"`prompts`[{index}] tokenizes to no token: every prompt needs at "
+                    f"least one token to continue, received {_shown(prompt)}.")
+            if self.max_prompt_tokens and count > self.max_prompt_tokens:
                 raise ValueError(
                     f"`prompts`[{index}] holds {count} tokens, more than the "
                     f"{self.max_prompt_tokens} this export's generate signature takes "

@@ -550,3 +550,29 @@ def test_the_backend_names_a_prompt_past_the_token_cap(exported):
         backend.generate_ids(["ok", long], 1)
     assert len(backend.generate_ids([long[1:]], 1)[0]) == 1  # the cap itself is taken
     assert backend.max_prompt_tokens == sig.MAX_PROMPT_TOKENS  # from its export.json
+
+
+def test_the_backend_names_a_prompt_that_tokenizes_to_nothing(tmp_path):
+    # "   " is not empty, but a word tokenizer makes no token of it: the
+    # signature's "every prompt must tokenize to at least one token" came back
+    # as a graph error ("Detected at node assert_positive_3/...").
+    from testing import tiny_config
+
+    from keras_txl import TransformerXLCausalLM
+    from keras_txl.causal_lm_preprocessor import TransformerXLCausalLMPreprocessor
+    from keras_txl.export.generation import SavedModelBackend
+    from keras_txl.tokenizers import WordTokenizer
+
+    tokenizer = WordTokenizer(["<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "a"])
+    tokenizer.save(tmp_path / "tokenizer")
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(
+        tiny_config(vocabulary_size=tokenizer.vocabulary_size()),
+        preprocessor=TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=8))
+    path = saved_model.export_saved_model(model, str(tmp_path / "models"), warmup=False,
+                                          tokenizer_dir=str(tmp_path / "tokenizer"))
+    backend = SavedModelBackend(path)
+    with pytest.raises(ValueError, match=r"`prompts`\[1\] tokenizes to no token: every prompt "
+                                         "needs at least one token to continue"):
+        backend.generate_texts(["the cat", "   "], 2)
+    assert len(backend.generate_ids(["the cat"], 2)[0]) == 2

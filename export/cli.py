@@ -191,6 +191,9 @@ def tflite_file_name(name, quantize="none", stateful=False):
 def check_arguments(args):
     """Raises ValueError for options that are out of range, or given for a
     format that is not written."""
+    from keras_txl.sources import check_vocabulary_file
+
+    check_vocabulary_file(args)  # --from-official's alone
     for option in ("batch_size", "segment_length", "saved_model_batch_size",
                    "saved_model_segment_length", "version"):
         value = getattr(args, option)

@@ -13,6 +13,7 @@ import os
 import sys
 
 from keras_txl.sources import PRESET_HELP
+from keras_txl.sources import check_vocabulary_file
 from keras_txl.sources import preset_model
 
 logger = logging.getLogger("txl")
@@ -1367,6 +1368,8 @@ def _check_demo_arguments(args):
 def _check_paths(args):
     """Paths and counts every command takes, named by flag before anything
     is loaded."""
+    if args.command in ("eval", "generate", "export"):
+        check_vocabulary_file(args)  # --from-official's alone
     if getattr(args, "vocabulary_file", None) is not None:
         _check_text_file(args.vocabulary_file, "--vocabulary-file")
     if args.command in ("train", "prepare"):

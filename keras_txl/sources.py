@@ -17,9 +17,7 @@ def preset_model(preset, vocabulary_file=None):
     handle through `from_preset` itself, whose tokenizer is written to a
     temporary folder (removed at exit). Errors name the flag."""
     if vocabulary_file is not None:
-        raise ValueError(
-            "--vocabulary-file applies to --from-official; --from-preset uses the "
-            "preset's own tokenizer (its tokenizer.json and assets/tokenizer/).")
+        raise _vocabulary_file_error("from_preset")
     from keras_txl import folders
     from keras_txl import io
 
@@ -58,3 +56,35 @@ def preset_model(preset, vocabulary_file=None):
     return model, out
 
 
+
+
+# What each model source of `txl eval`/`generate`/`export` reads its
+# tokenizer from, had it been given a --vocabulary-file (which only
+# --from-official takes: its release holds a vocabulary in no readable form).
+_OWN_TOKENIZER = {
+    "workdir": ("--workdir", "the run's own tokenizer (WORKDIR/model/, as txl train wrote "
+                "it); to train with a fixed vocabulary, pass --vocabulary-file to txl train "
+                "with a new --workdir"),
+    "from_preset": ("--from-preset", "the preset's own tokenizer (its tokenizer.json and "
+                    "assets/tokenizer/)"),
+    "from_hf": ("--from-hf", "no tokenizer (pass the prompt as ids: --prompt-ids)"),
+    "saved_model": ("--saved-model", "the tokenizer it was exported with"),
+    "tflite": ("--tflite", "the tokenizer it was exported with"),
+}
+
+
+def check_vocabulary_file(args):
+    """--vocabulary-file with a model source other than --from-official:
+    refused, naming the source and the tokenizer it uses (it was dropped
+    in silence: the text read with another vocabulary than the one given)."""
+    if getattr(args, "vocabulary_file", None) is None:
+        return
+    for name in _OWN_TOKENIZER:
+        if getattr(args, name, None) is not None:
+            raise _vocabulary_file_error(name)
+
+
+def _vocabulary_file_error(source):
+    flag, uses = _OWN_TOKENIZER[source]
+    return ValueError(f"--vocabulary-file applies to --from-official only; {flag} uses "
+                      f"{uses}. Leave --vocabulary-file out.")

@@ -567,5 +567,5 @@ def test_from_preset_errors_name_the_flag_and_the_folder(saved_preset, tmp_path,
     # Its tokenizer is its own: --vocabulary-file is --from-official's.
     assert main([name, "--from-preset", str(tmp / "preset"), "--vocabulary-file",
                  str(tmp / "text.txt"), *rest]) == 2
-    assert ("--vocabulary-file applies to --from-official; --from-preset uses the preset's "
+    assert ("--vocabulary-file applies to --from-official only; --from-preset uses the preset's "
             "own tokenizer") in capsys.readouterr().err

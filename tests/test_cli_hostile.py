@@ -258,6 +258,35 @@ def test_vocabulary_file_folder_and_binary(tmp_path, capsys, monkeypatch):
             r"--vocabulary-file '.*' is a folder: pass a text file")
 
 
+@pytest.mark.parametrize("argv, source", [
+    (["eval", "--split", "valid"], "--workdir uses the run's own tokenizer"),
+    (["generate", "--prompt", "the"], "--workdir uses the run's own tokenizer"),
+    (["export", "--out", "OUT"], "--workdir uses the run's own tokenizer"),
+    (["generate", "--saved-model", "SAVED", "--prompt", "the"],
+     "--saved-model uses the tokenizer it was exported with"),
+    (["generate", "--tflite", "TFLITE", "--prompt", "the"],
+     "--tflite uses the tokenizer it was exported with"),
+])
+def test_vocabulary_file_with_another_source_than_official_is_refused(
+        word_run, tmp_path, capsys, monkeypatch, argv, source):
+    # It was dropped in silence: the text read with the run's vocabulary.
+    workdir, out = word_run
+    vocabulary = tmp_path / "vocab.txt"
+    vocabulary.write_text("<eos>\n<unk>\nfox\n")
+    paths = {"OUT": str(tmp_path / "out"), "SAVED": str(out / "txl"),
+             "TFLITE": str(out / "txl.tflite")}
+    argv = [paths.get(a, a) for a in argv]
+    if not any(a in ("--saved-model", "--tflite") for a in argv):
+        argv += ["--workdir", str(workdir)]
+    from keras_txl import io
+
+    monkeypatch.setattr(io, "load_pretrained", lambda *a, **k: pytest.fail("model read"))
+    refused(capsys, [*argv, "--vocabulary-file", str(vocabulary)],
+            rf"--vocabulary-file applies to --from-official only; {re.escape(source)}.* "
+            r"Leave --vocabulary-file out\.")
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_flag_messages(word_run, tmp_path, capsys):
     workdir, _ = word_run
     refused(capsys, ["export", "--workdir", str(workdir), "--out", str(tmp_path),

@@ -452,6 +452,33 @@ def test_re_sharding_a_trained_workdir_keeps_the_resume_exact(tmp_path, capsys):
         assert losses[step] == pytest.approx(reference[step], rel=1e-6), step
 
 
+def test_shard_tokens_without_data_on_a_prepared_workdir_is_refused(tmp_path, capsys):
+    # Without --data the prepared shards were used as they were, and the
+    # --shard-tokens given was dropped in silence.
+    folder = write_corpus(tmp_path / "c")
+    workdir = str(tmp_path / "w")
+    assert main(["prepare", "--data", folder, "--workdir", workdir,
+                 "--shard-tokens", "1024"]) == 0
+    capsys.readouterr()
+    train = pathlib.Path(workdir) / "data" / "train"
+    before = shards.ShardedTokens(train).index["shards"]
+    assert main(["train", "--workdir", workdir, "--preset", "tiny", "--steps", "1",
+                 "--shard-tokens", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert (f"txl train: error: --shard-tokens 2048: {workdir}/data's shards hold 1024 "
+            f"tokens each, and cutting them again encodes the corpus: pass --data "
+            f"{os.path.abspath(folder)} (the corpus they were prepared from) with it, or "
+            "leave --shard-tokens out.") in err, err
+    assert shards.ShardedTokens(train).index["shards"] == before
+    assert not (pathlib.Path(workdir) / "checkpoints").exists()
+    # The recorded value, or none, reads the shards as they are.
+    from keras_txl.training.run import prepare_data
+
+    for value in (None, 1024):
+        _, splits = prepare_data(None, workdir, shard_tokens=value)
+        assert splits["train"].index["shards"] == before
+
+
 def test_tokenizer_flags_other_than_the_workdirs_are_said_in_flags(tmp_path, capsys):
     folder = write_corpus(tmp_path / "c")
     workdir = str(tmp_path / "w")

@@ -927,6 +927,15 @@ def _prepare_data(source, workdir, tokenizer_kind=None, data_dir=None, download=
                 "tokens are the same, else the run says what to do.")
         if meta is not None and tokenizer is not None and all(
                 shards.is_complete(os.path.join(data_cache, s), meta["key"]) for s in SPLITS):
+            recorded = meta.get("shard_tokens")
+            if shard_tokens is not None and shard_tokens != recorded:
+                # Cutting the shards again reads the corpus: without it the
+                # flag was dropped in silence.
+                raise ValueError(
+                    f"{named} {shard_tokens}: {data_cache}'s shards hold {recorded} tokens "
+                    f"each, and cutting them again encodes the corpus: pass --data "
+                    f"{meta.get('source')} (the corpus they were prepared from) with it, "
+                    f"or leave {named} out.")
             logger.info("No --data: using the shards prepared from %s.", meta.get("source"))
             return tokenizer, {s: _verified(os.path.join(data_cache, s)) for s in SPLITS}
         cached = [os.path.join(data_cache, f"{s}.npy") for s in SPLITS]

@@ -479,6 +479,28 @@ def test_shard_tokens_without_data_on_a_prepared_workdir_is_refused(tmp_path, ca
         assert splits["train"].index["shards"] == before
 
 
+def test_the_same_corpus_read_with_another_char_symbols_names_the_flag(tmp_path, capsys):
+    # It said "--data ... has different content" of the very same files.
+    folder = write_corpus(tmp_path / "c")
+    workdir = str(tmp_path / "w")
+    assert main(["prepare", "--data", folder, "--workdir", workdir]) == 0
+    capsys.readouterr()
+    assert main(["prepare", "--data", folder, "--workdir", workdir,
+                 "--char-symbols", "yes"]) == 2
+    err = capsys.readouterr().err
+    assert (f"read with --char-symbols no; this run reads --data "
+            f"{os.path.abspath(folder)!r} with --char-symbols yes. Its tokenizer and "
+            "prepared shards belong to that reading") in err, err
+    assert "pass --char-symbols no (or leave the flag out if it was the default)" in err
+    assert "different content" not in err
+    # Other bytes as well: other content, said as before.
+    with open(os.path.join(folder, "valid.txt"), "a") as f:
+        f.write("one more line\n")
+    assert main(["prepare", "--data", folder, "--workdir", workdir,
+                 "--char-symbols", "yes"]) == 2
+    assert "has different content" in capsys.readouterr().err
+
+
 def test_tokenizer_flags_other_than_the_workdirs_are_said_in_flags(tmp_path, capsys):
     folder = write_corpus(tmp_path / "c")
     workdir = str(tmp_path / "w")

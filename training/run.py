@@ -376,6 +376,16 @@ def _check_source(workdir, meta, corpus_source, data_cache, stat):
         raise ValueError(_rules_refusal_message(
             workdir, data_cache, os.path.join(workdir, "tokenizer"), old_rules, None,
             corpus_source.source, layouts=(old_layout, identity.get("layout"))))
+    reading = _reading_flags(meta.get("identity"), identity, sha == meta.get("sha256"))
+    if reading is not None:
+        # The same corpus read another way (by a flag): not other content.
+        was, now = reading
+        raise ValueError(
+            f"{workdir} was prepared from {meta.get('source')!r} read with {was}; this "
+            f"run reads --data {where!r} with {now}. Its tokenizer and prepared shards "
+            f"belong to that reading, and so do the checkpoints and model trained on "
+            f"them: pass {was} (or leave the flag out if it was the default), or train "
+            "in a new --workdir.")
     raise ValueError(
         f"{workdir} was prepared from {meta.get('source')!r}; --data "
         f"{where!r} has different content. Its tokenizer and prepared shards belong to "
@@ -383,6 +393,36 @@ def _check_source(workdir, meta, corpus_source, data_cache, stat):
         f"in a new --workdir (or, to start this one over, delete {data_cache}, "
         f"{os.path.join(workdir, 'tokenizer')} and its checkpoints/ and model/)."
     )
+
+
+def _reading_flags(old, new, same_bytes):
+    """(the flags the workdir's corpus was read with, this run's) when the
+    identities differ only in what `--char-symbols` (on the same bytes,
+    `same_bytes`), `--tfds-text-feature` and `--tfds-split` set, else None
+    (a TFDS dataset read with other flags gives other content)."""
+    if not isinstance(old, dict) or old == new:
+        return None
+    keys = {k for k in {*old, *new} if old.get(k) != new.get(k)}
+    if "char_symbols" in keys:
+        if not same_bytes:
+            return None  # other files as well
+        keys.discard("layout")  # splits <-> char-symbols: the flag's doing
+    if not keys or not keys <= {"char_symbols", "feature", "splits"}:
+        return None
+
+    def flags(identity):
+        words = []
+        for key in sorted(keys):
+            value = identity.get(key)
+            if key == "char_symbols":
+                words.append(f"--char-symbols {'yes' if value else 'no'}")
+            elif key == "feature":
+                words.append(f"--tfds-text-feature {value}")
+            elif isinstance(value, dict):
+                words += [f"--tfds-split {k}={v}" for k, v in sorted(value.items())]
+        return " ".join(words)
+
+    return flags(old), flags(new)
 
 
 def _discard_unfinished(data_cache, tokenizer_dir):

@@ -399,8 +399,10 @@ def build_parser():
         "score terms (a), (b), (d) of the paper, and the loss per position "
         "with and without memory.",
     )
-    p.add_argument("--workdir", required=True,
-                   help="training run; its model is WORKDIR/model/")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", default=None,
+                        help="training run; its model is WORKDIR/model/")
+    _add_preset_argument(source)
     p.add_argument("--text", required=True, metavar="FILE", help="a text file")
     p.add_argument("--out", required=True, help="output folder for the PNGs")
     p.add_argument("--layers", default="0", help="comma-separated layers "
@@ -440,8 +442,13 @@ def build_parser():
         "RECL per model for each r (training/recl.py).",
     )
     _add_data_arguments(p, "the first workdir's encoded split, WORKDIR/data/")
-    p.add_argument("--workdirs", nargs="+", required=True,
-                   metavar="[NAME=]WORKDIR", help="trained runs (a group)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdirs", nargs="+", default=None,
+                        metavar="[NAME=]WORKDIR", help="trained runs (a group)")
+    source.add_argument("--from-preset", dest="from_preset", nargs="+", default=None,
+                        metavar="[NAME=]DIR|HANDLE",
+                        help="saved models (a group), each " + PRESET_HELP
+                        + " (the first one's tokenizes --data, which is required)")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"],
                    help="which split the target tokens come from")
     p.add_argument("--r", nargs="+", type=float, default=[0.1, 0.5, 1.0],
@@ -1027,17 +1034,24 @@ def _attention(args):
     from keras_txl import insight
     from keras_txl import io
 
-    model_dir = os.path.join(args.workdir, "model")
-    if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
-        raise ValueError(f"No model in {model_dir}/ (train first).")
-    tokenizer_dir = io.tokenizer_directory(model_dir)
-    if tokenizer_dir is None:
-        raise ValueError(f"No tokenizer/ in {model_dir}: cannot read --text.")
     if not os.path.isfile(args.text):
         raise ValueError(f"--text {args.text!r} is not a file.")
+    if args.from_preset is not None:
+        model, tokenizer_dir = preset_model(args.from_preset)
+        if tokenizer_dir is None:
+            raise ValueError(
+                f"--from-preset {args.from_preset!r} has no tokenizer (no tokenizer.json "
+                "and assets/tokenizer/, e.g. a backbone's preset): cannot read --text.")
+    else:
+        model_dir = os.path.join(args.workdir, "model")
+        if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
+            raise ValueError(f"No model in {model_dir}/ (train first).")
+        tokenizer_dir = io.tokenizer_directory(model_dir)
+        if tokenizer_dir is None:
+            raise ValueError(f"No tokenizer/ in {model_dir}: cannot read --text.")
+        model = io.load_pretrained(model_dir)
     from keras_txl.tokenizers import load_tokenizer
 
-    model = io.load_pretrained(model_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     tokenizer.check_model_vocabulary(model.txl_config.vocabulary_size)
     with open(args.text, encoding="utf-8-sig") as f:  # a leading BOM is no text

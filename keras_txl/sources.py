@@ -1,6 +1,7 @@
-"""`--from-preset`, the model source shared by `txl eval`/`generate` (keras_txl/cli.py)
-and `txl export` (keras_txl/export/cli.py): in the model layer, so that both CLIs
-import it from below them (model <- training / export <- CLI)."""
+"""`--from-preset`, the model source shared by `txl eval`/`generate`/`attention`
+(keras_txl/cli.py), `txl recl` (training/recl.py) and `txl export`
+(keras_txl/export/cli.py): in the model layer, so that both CLIs import it from
+below them (model <- training / export <- CLI)."""
 
 PRESET_HELP = (
     "a saved model folder: a keras-hub preset (save_to_preset, "

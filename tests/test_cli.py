@@ -536,6 +536,53 @@ def test_export_reads_a_saved_preset_folder_with_its_tokenizer(saved_preset, tmp
     assert (out / "txl" / "1" / "assets.extra" / "tokenizer" / "tokenizer.json").is_file()
 
 
+def test_attention_and_recl_read_a_saved_preset_folder(saved_preset, tmp_path, capsys):
+    # `txl attention` and `txl recl` took only training runs; --from-preset
+    # gives what the same model gives from --workdir(s).
+    _, tmp = saved_preset
+    summaries, printed = {}, {}
+    for flag, source in (("--from-preset", tmp / "preset"), ("--workdir", tmp / "run")):
+        out = tmp_path / flag.strip("-")
+        assert main(["attention", flag, str(source), "--text", str(tmp / "text.txt"),
+                     "--out", str(out), "--layers", "all", "--heads", "1"]) == 0
+        printed[flag] = [os.path.relpath(p, out) for p in capsys.readouterr().out.split()]
+        summaries[flag] = json.loads((out / "insight.json").read_text())
+    assert printed["--from-preset"] == printed["--workdir"]
+    assert "attention_layer1_head1.png" in printed["--workdir"]
+    preset, workdir = summaries["--from-preset"], summaries["--workdir"]
+    assert preset.keys() == workdir.keys() and preset["segment"] == workdir["segment"]
+    for key in ("loss_with_memory", "loss_without_memory"):
+        np.testing.assert_allclose(preset[key], workdir[key], atol=1e-5)
+    results = {}
+    for flag, source in (("--from-preset", tmp / "preset"), ("--workdirs", tmp / "run")):
+        out = tmp_path / f"recl{flag}.json"
+        assert main(["recl", flag, f"a={source}", f"b={source}", "--data",
+                     str(tmp / "text.txt"), "--split", "train", "--contexts", "2", "4",
+                     "8", "--targets", "16", "--out", str(out)]) == 0
+        results[flag] = capsys.readouterr().out, json.loads(out.read_text())
+    (line, preset), (same, workdir) = results["--from-preset"], results["--workdirs"]
+    assert line == same  # the RECL line and its table
+    np.testing.assert_allclose(preset["mean_bpc"]["a"], workdir["mean_bpc"]["a"], atol=1e-5)
+    assert preset["models"]["a"]["from_preset"] == f"{tmp / 'preset'}"
+    assert workdir["models"]["a"]["workdir"] == f"{tmp / 'run'}"
+    # One source, and a preset holds no prepared text.
+    for argv in (["attention", "--from-preset", str(tmp / "preset"), "--workdir",
+                  str(tmp / "run"), "--text", str(tmp / "text.txt"), "--out", str(tmp_path)],
+                 ["recl", "--from-preset", str(tmp / "preset"), "--workdirs",
+                  str(tmp / "run")]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert re.search("argument --(workdir|workdirs): not allowed with argument "
+                         "--from-preset", capsys.readouterr().err)
+    assert main(["recl", "--from-preset", str(tmp / "preset")]) == 2
+    assert ("txl recl: error: --from-preset needs --data (the text to score)"
+            in capsys.readouterr().err)
+    missing = str(tmp_path / "no" / "preset")
+    assert main(["attention", "--from-preset", missing, "--text", str(tmp / "text.txt"),
+                 "--out", str(tmp_path / "x")]) == 2
+    assert f"error: --from-preset {missing!r}: no such folder" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"],
                                      ["eval", "--data", "{tmp}/text.txt"],
                                      ["export", "--out", "{tmp}/out"]])

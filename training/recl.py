@@ -457,12 +457,8 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
     model's tokenizer (`run.check_workdir_tokens`). `tfds`: the
     `text_feature`/`split_names` of a `tfds:` corpus."""
     if data:
-        from keras_txl.tokenizers import load_tokenizer
-        from keras_txl.training.corpora import load_corpus
-
-        tokenizer = load_tokenizer(tokenizer_directory(os.path.join(workdir, "model")))
-        corpus = load_corpus(data, data_dir=data_dir, download=download, **(tfds or {}))
-        return np.asarray(tokenizer.encode(corpus.split(split)), dtype=np.int32)
+        return encode_data(tokenizer_directory(os.path.join(workdir, "model")), data,
+                           split, data_dir, download, tfds)
     from keras_txl.training import shards
     from keras_txl.training.run import check_workdir_tokens
 
@@ -481,10 +477,22 @@ def load_tokens(workdir, data=None, split="test", data_dir=None,
     return np.load(path)
 
 
-def _bits_name(workdir):
+def encode_data(tokenizer_dir, data, split="test", data_dir=None, download=False,
+                tfds=None):
+    """The split of the corpus `data` encoded by the tokenizer in
+    `tokenizer_dir`, as int32 ids."""
+    from keras_txl.tokenizers import load_tokenizer
+    from keras_txl.training.corpora import load_corpus
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    corpus = load_corpus(data, data_dir=data_dir, download=download, **(tfds or {}))
+    return np.asarray(tokenizer.encode(corpus.split(split)), dtype=np.int32)
+
+
+def _bits_name(folder):
     """Bits per token named after what a token is: "bpc" for characters and
-    bytes (and when the workdir has no tokenizer), "bits_per_word", ..."""
-    folder = tokenizer_directory(os.path.join(workdir, "model"))
+    bytes (and for a model with no tokenizer, `folder` None),
+    "bits_per_word", ..."""
     if folder is None:
         return "bpc"
     from keras_txl.tokenizers import load_tokenizer
@@ -531,35 +539,65 @@ def check_recl_arguments(args):
     return contexts
 
 
-def recl_main(args):
-    """`txl recl`: RECL of a group of trained workdirs on one text."""
+def _load_member(path, from_preset):
+    """(model, tokenizer folder or None) of one model of the group: a
+    workdir's WORKDIR/model, or a --from-preset folder or handle."""
+    if from_preset:
+        from keras_txl.sources import preset_model
+
+        return preset_model(path)
     from keras_txl.io import load_pretrained
 
+    model_dir = os.path.join(path, "model")
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(
+            f"No trained model in {model_dir} (run `txl train` first)."
+        )
+    return load_pretrained(model_dir), tokenizer_directory(model_dir)
+
+
+def recl_main(args):
+    """`txl recl`: RECL of a group of trained workdirs (or saved presets,
+    `--from-preset`) on one text."""
     contexts = check_recl_arguments(args)
-    specs = [_parse_name(s) for s in args.workdirs]
+    from_preset = getattr(args, "from_preset", None) is not None
+    flag = "--from-preset" if from_preset else "--workdirs"
+    specs = [_parse_name(s) for s in (args.from_preset if from_preset else args.workdirs)]
     names = [n for n, _ in specs]
     if len(set(names)) != len(names):
         raise ValueError(
-            f"Two workdirs have the same name {names}; name them with "
+            f"Two models of {flag} have the same name {names}; name them with "
             "NAME=PATH."
         )
     from keras_txl.tokenizers import load_tokenizer
     from keras_txl.tokenizers import tokenizer_fingerprint
     from keras_txl.training.run import tfds_options
 
-    tokens = load_tokens(specs[0][1], args.data, args.split, args.data_dir,
-                         args.download, tfds=tfds_options(args))
+    first = None  # the first preset, read for its tokenizer before the text
+    if from_preset:
+        if not args.data:
+            raise ValueError(
+                "--from-preset needs --data (the text to score): a preset holds no "
+                "prepared splits (those are a training run's, --workdirs).")
+        first = _load_member(specs[0][1], True)
+        if first[1] is None:
+            raise ValueError(
+                f"--from-preset {specs[0][1]!r} has no tokenizer (no tokenizer.json and "
+                "assets/tokenizer/): the first model of the group tokenizes --data.")
+        tokens = encode_data(first[1], args.data, args.split, args.data_dir,
+                             args.download, tfds=tfds_options(args))
+        bits_folder = first[1]
+    else:
+        tokens = load_tokens(specs[0][1], args.data, args.split, args.data_dir,
+                             args.download, tfds=tfds_options(args))
+        bits_folder = tokenizer_directory(os.path.join(specs[0][1], "model"))
     fingerprint = None
     targets = spread_targets(len(tokens), args.targets, max(contexts))
     losses, settings, seconds = {}, {}, {}
     vocabulary = None
     for name, workdir in specs:
-        model_dir = os.path.join(workdir, "model")
-        if not os.path.isdir(model_dir):
-            raise FileNotFoundError(
-                f"No trained model in {model_dir} (run `txl train` first)."
-            )
-        model = load_pretrained(model_dir)
+        model, folder = first or _load_member(workdir, from_preset)
+        first = None
         cfg = model.txl_config
         if vocabulary is not None and cfg.vocabulary_size != vocabulary:
             raise ValueError(
@@ -567,7 +605,6 @@ def recl_main(args):
                 f"{vocabulary}: RECL compares models on the same tokens."
             )
         vocabulary = cfg.vocabulary_size
-        folder = tokenizer_directory(model_dir)
         if folder is not None:
             # The same size is not the same tokens: ids must mean the same.
             own = tokenizer_fingerprint(load_tokenizer(folder))
@@ -587,7 +624,8 @@ def recl_main(args):
                                   args.max_window)
         seconds[name] = round(time.perf_counter() - start, 1)
         settings[name] = {
-            "workdir": workdir, "attention_type": cfg.attention_type,
+            ("from_preset" if from_preset else "workdir"): workdir,
+            "attention_type": cfg.attention_type,
             "trained_memory_length": cfg.memory_length,
             "memory_length": memory,
             "reading": (
@@ -606,7 +644,7 @@ def recl_main(args):
                    for n, t in table.items()},
         "gains": {n: {str(r): [round(g, 5) for g in v["gains"]]
                       for r, v in t.items()} for n, t in table.items()},
-        f"mean_{_bits_name(specs[0][1])}": {
+        f"mean_{_bits_name(bits_folder)}": {
             n: [round(float(row.mean()) / math.log(2), 4) for row in losses[n]]
             for n in names},
         "contexts": contexts, "targets": int(len(targets)),

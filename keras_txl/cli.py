@@ -824,6 +824,26 @@ def _generate_caps(args):
     return caps if isinstance(caps, dict) else None
 
 
+# The Python arguments the library's checks name, and the `txl` flags that set them.
+_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+          "seed": "--seed", "segment_length": "--segment-length",
+          "max_new_tokens": "--max-new-tokens", "timeout": "--timeout",
+          "url": "--rest", "target": "--grpc", "model_name": "--model-name",
+          "prompts": "--prompt"}
+
+
+def _said_by_flag(error, names):
+    """`error` (a library check's ValueError, which names Python arguments:
+    "`top_k` must be ..., received top_k=-1") with the arguments of `names`
+    said as the flags that set them ("--top-k must be ..., received --top-k -1")."""
+    text = str(error)
+    for name in names:
+        flag = _FLAGS[name]
+        text = text.replace(f"`{name}`", flag).replace(f"received {name}=", f"received {flag} ")
+        text = text.replace(f"Received: {name}=", f"Received: {flag} ")
+    return ValueError(text)
+
+
 def _max_new_tokens_error(args, high, why, hint=""):
     return ValueError(
         f"--max-new-tokens (`max_new_tokens`) must be an integer in [1, "
@@ -839,8 +859,14 @@ def _check_generate_arguments(args):
     from keras_txl.generation import check_sampling
     from keras_txl.generation import check_seed
 
-    check_sampling(args.temperature, args.top_k, args.top_p)
-    check_seed(args.seed)
+    try:
+        check_sampling(args.temperature, args.top_k, args.top_p)
+        check_seed(args.seed)
+        if args.segment_length is not None:
+            checks.positive_int("segment_length", args.segment_length)
+    except ValueError as error:
+        raise _said_by_flag(error, ("temperature", "top_k", "top_p", "seed",
+                                    "segment_length")) from None
     # One bound for every source: model.generate allocates (batch, prompt +
     # new tokens) buffers up front and refuses more than MAX_GENERATE_LENGTH
     # in one call; the host loops keep to the same rule.
@@ -849,8 +875,6 @@ def _check_generate_arguments(args):
             args, MAX_GENERATE_LENGTH - 1,
             f" (one call generates at most {MAX_GENERATE_LENGTH} = 2**20 "
             "tokens, the prompt's included)")
-    if args.segment_length is not None:
-        checks.positive_int("segment_length", args.segment_length)
     caps = _generate_caps(args) if _uses_generate_signature(args) else None
     if caps and args.max_new_tokens > caps.get("max_new_tokens", float("inf")):
         raise _max_new_tokens_error(
@@ -1004,18 +1028,24 @@ def _serve_client(args):
     from keras_txl.export.serving_client import ServingError
     from keras_txl.export.serving_client import TXLServingClient
 
-    if args.rest:
-        client = TXLServingClient.rest(args.rest, args.model_name,
-                                       timeout=args.timeout)
-    else:
-        client = TXLServingClient.grpc(args.grpc, args.model_name,
-                                       timeout=args.timeout)
+    try:
+        if args.rest:
+            client = TXLServingClient.rest(args.rest, args.model_name,
+                                           timeout=args.timeout)
+        else:
+            client = TXLServingClient.grpc(args.grpc, args.model_name,
+                                           timeout=args.timeout)
+    except ValueError as error:
+        raise _said_by_flag(error, ("url", "target", "model_name", "timeout")) from None
     with client:
         try:
             texts, _ = client.generate(
                 args.prompt, args.max_new_tokens, temperature=args.temperature,
                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
             )
+        except ValueError as error:  # an argument, checked before anything is sent
+            raise _said_by_flag(error, ("prompts", "max_new_tokens", "temperature",
+                                        "top_k", "top_p", "seed")) from None
         except ServingError as e:
             where = f"--rest {args.rest!r}" if args.rest else f"--grpc {args.grpc!r}"
             # status None: no answer came (unreachable, timed out).

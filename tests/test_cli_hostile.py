@@ -287,6 +287,36 @@ def test_vocabulary_file_with_another_source_than_official_is_refused(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--top-k", "-1"], "--top-k must be an integer >= 0 (0 keeps every token), "
+     "received --top-k -1."),
+    (["--top-p", "0"], "--top-p must be in (0, 1] (1 keeps every token), received --top-p 0.0."),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 is greedy). "
+     "Received: --temperature nan."),
+    (["--seed", "-1"], "--seed must be None or an integer in [0, 2**63 - 1"),
+    (["--segment-length", "0"], "--segment-length must be a positive integer. "
+     "Received: --segment-length 0."),
+    (["serve-client", "--timeout", "0"], "--timeout must be a finite number > 0 and <= "
+     "1e+09. Received: --timeout 0.0."),
+    (["serve-client", "--max-new-tokens", "0"], "--max-new-tokens must be a positive "
+     "integer. Received: --max-new-tokens 0."),
+    (["serve-client", "--top-k", "-2"], "--top-k must be an integer >= 0"),
+    (["serve-client", "--rest", "localhost:8501"], "--rest must be an http:// or https:// "
+     "server root such as 'http://localhost:8501', received 'localhost:8501'."),
+])
+def test_sampling_and_client_flags_are_named_as_flags(tmp_path, capsys, argv, message):
+    # They named the Python arguments (`top_k` ..., received top_k=-1),
+    # not the flags typed; all are refused before a model or server is reached.
+    if argv[0] == "serve-client":
+        rest = argv[1:] if "--rest" in argv else ["--rest", "http://127.0.0.1:9", *argv[1:]]
+        argv = ["serve-client", "generate", *rest, "--prompt", "a"]
+    else:
+        argv = ["generate", "--workdir", str(tmp_path / "never_read"), "--prompt", "a", *argv]
+    line = refused(capsys, argv, "")
+    assert line.endswith(message) or message in line, line
+    assert "`" not in line and not re.search(r"[a-z_]=\S", line), line
+
+
 def test_export_flag_messages(word_run, tmp_path, capsys):
     workdir, _ = word_run
     refused(capsys, ["export", "--workdir", str(workdir), "--out", str(tmp_path),

@@ -1429,6 +1429,32 @@ def _check_paths(args):
         _check_text_file(args.text, "--text")
 
 
+# The flags that take a path (or several): a leading ~ is the home folder.
+_PATH_FLAGS = ("data", "data_dir", "workdir", "workdirs", "config", "vocabulary_file",
+               "from_preset", "from_hf", "from_official", "saved_model", "tflite",
+               "text", "out", "checkpoint")
+
+
+def _expand_home(args):
+    """`~/...` in the path flags, as the shell would have expanded it: the
+    shell does not in `--workdir=~/runs/x` (after '=') or in quotes, and the
+    run went to a folder named '~' in the current one."""
+    for name in _PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+        elif isinstance(value, list):
+            setattr(args, name, [_expand_spec(v) for v in value])
+
+
+def _expand_spec(value):
+    """`[NAME=]PATH` of --workdirs/--from-preset with PATH's ~ expanded."""
+    if not isinstance(value, str):
+        return value
+    name, sep, path = value.rpartition("=") if "=~" in value else ("", "", value)
+    return f"{name}{sep}{os.path.expanduser(path)}" if path.startswith("~") else value
+
+
 def _check_flags(parser, argv):
     """Exits with the command's usage when a `--flag` of `argv` is none of its
     command's (nor a prefix argparse resolves), naming the closest one: argparse
@@ -1462,6 +1488,7 @@ def main(argv=None):
     parser = build_parser()
     _check_flags(parser, sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(argv)
+    _expand_home(args)
     from keras_txl import console
 
     console.configure_logging(args.verbose)

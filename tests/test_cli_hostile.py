@@ -317,6 +317,28 @@ def test_sampling_and_client_flags_are_named_as_flags(tmp_path, capsys, argv, me
     assert "`" not in line and not re.search(r"[a-z_]=\S", line), line
 
 
+def test_a_tilde_the_shell_left_is_the_home_folder(tmp_path, capsys, monkeypatch):
+    # `--workdir=~/w` (no expansion after '=') prepared into a folder named
+    # '~' in the current one, and `--data=~/c` was "not found".
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    for split in ("train", "valid", "test"):
+        (home / "c").mkdir(parents=True, exist_ok=True)
+        (home / "c" / f"{split}.txt").write_text(WORDS_TEXT * 3)
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    assert main(["prepare", "--data=~/c", "--workdir=~/w"]) == 0
+    assert json.loads(capsys.readouterr().out)["workdir"] == str(home / "w")
+    assert (home / "w" / "tokenizer" / "tokenizer.json").is_file()
+    assert list(cwd.iterdir()) == []
+    from keras_txl.cli import _expand_home
+    from keras_txl.cli import build_parser
+
+    args = build_parser().parse_args(["recl", "--workdirs", "a=~/x", "~/y", "b=z"])
+    _expand_home(args)
+    assert args.workdirs == [f"a={home}/x", f"{home}/y", "b=z"]
+
+
 def test_export_flag_messages(word_run, tmp_path, capsys):
     workdir, _ = word_run
     refused(capsys, ["export", "--workdir", str(workdir), "--out", str(tmp_path),

@@ -231,10 +231,11 @@ def build_parser():
                    "else default)")
     p.add_argument("--tpu", default="", help="TPU name or address (strategy tpu)")
     p.add_argument("--cluster-timeout", dest="cluster_timeout",
-                   type=_positive_seconds_flag("--cluster-timeout"), default=600.0,
+                   type=_positive_seconds_flag("--cluster-timeout"), default=None,
                    metavar="SECONDS",
                    help="strategy multi_worker: how long each task waits for "
-                   "all tasks of TF_CONFIG to join before it stops with an error")
+                   "all tasks of TF_CONFIG to join before it stops with an error "
+                   "(default: 600)")
     p.add_argument("--loop", default=None, choices=["custom", "fit"],
                    help="custom: tf.function step under strategy.run; fit: "
                    "Keras fit with the stateful model (default: the config's, "
@@ -1308,6 +1309,16 @@ def _check_train_size(args):
         )
     finally:
         run.logger.disabled = quiet
+    # Given for a strategy that does not read it: refused, not dropped.
+    for flag, value, strategy in (("--tpu", args.tpu, "tpu"),
+                                  ("--cluster-timeout", args.cluster_timeout, "multi_worker")):
+        if value and train.strategy != strategy:
+            how = ("--strategy" if args.strategy is not None
+                   else "the strategy of --preset/--config/--set")
+            raise ValueError(
+                f"{flag} applies to --strategy {strategy}, and this run's strategy is "
+                f"{train.strategy!r} ({how}): leave {flag} out, or pass --strategy "
+                f"{strategy}.")
     if train.strategy == "tpu" and not args.tpu and not any(
             os.environ.get(v) for v in ("TPU_NAME", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS",
                                         "TPU_CONFIG")):

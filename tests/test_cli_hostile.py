@@ -190,6 +190,12 @@ def test_train_config_bounds_every_field(changes, pattern):
      r"--memory-length 1000000, .* and --batch-size 16 need a memory of 7.6 GiB .*"
      r"lower --memory-length or --batch-size"),
     (["--strategy", "tpu"], r"--strategy tpu needs --tpu"),
+    # 6. flags of another strategy (they were dropped in silence)
+    (["--tpu", "local"], r"--tpu applies to --strategy tpu, and this run's strategy is "
+     r"'default' \(the strategy of --preset/--config/--set\): leave --tpu out, or pass "
+     r"--strategy tpu\.$"),
+    (["--strategy", "mirrored", "--cluster-timeout", "5"], r"--cluster-timeout applies to "
+     r"--strategy multi_worker, and this run's strategy is 'mirrored' \(--strategy\)"),
 ])
 def test_txl_train_refuses_before_building(tmp_path, capsys, monkeypatch, flags, pattern):
     never_train(monkeypatch)

@@ -1377,7 +1377,7 @@ def _train(args, workdir_locked=False):
          "precision": args.precision},
     )
     strategy = get_strategy(train_config.strategy, getattr(args, "tpu", ""),
-                            getattr(args, "cluster_timeout", CLUSTER_TIMEOUT_S))
+                            getattr(args, "cluster_timeout", None) or CLUSTER_TIMEOUT_S)
     chief = is_chief(strategy)
     # One writer per workdir: the chief holds the lock for the whole run.
     locked = chief and not workdir_locked

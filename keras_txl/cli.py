@@ -683,7 +683,7 @@ def _workdir_model_dir(args):
 
     out = tempfile.mkdtemp(prefix="txl-model-")
     atexit.register(shutil.rmtree, out, True)
-    return materialize_model_folder(args.workdir, args.checkpoint,
+    return materialize_model_folder(args.workdir, getattr(args, "checkpoint", None),
                                     out=os.path.join(out, "model"))
 
 
@@ -830,7 +830,7 @@ _FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"
           "seed": "--seed", "segment_length": "--segment-length",
           "max_new_tokens": "--max-new-tokens", "timeout": "--timeout",
           "url": "--rest", "target": "--grpc", "model_name": "--model-name",
-          "prompts": "--prompt"}
+          "prompts": "--prompt", "segment": "--segment"}
 
 
 def _said_by_flag(error, names):
@@ -1074,9 +1074,9 @@ def _attention(args):
                 f"--from-preset {args.from_preset!r} has no tokenizer (no tokenizer.json "
                 "and assets/tokenizer/, e.g. a backbone's preset): cannot read --text.")
     else:
-        model_dir = os.path.join(args.workdir, "model")
-        if not os.path.isfile(os.path.join(model_dir, io.CONFIG_FILE)):
-            raise ValueError(f"No model in {model_dir}/ (train first).")
+        # The newest of WORKDIR/model and its checkpoints, as for txl eval/generate
+        # (and a model folder given as --workdir named as such).
+        model_dir = _workdir_model_dir(args)
         tokenizer_dir = io.tokenizer_directory(model_dir)
         if tokenizer_dir is None:
             raise ValueError(f"No tokenizer/ in {model_dir}: cannot read --text.")
@@ -1114,13 +1114,16 @@ def _attention(args):
             )
         return values
 
-    paths = insight.attention_report(
-        model, ids, args.out,
-        layers=choose(args.layers, cfg.num_layers, "layers"),
-        heads=choose(args.heads, cfg.num_heads, "heads"),
-        segment=args.segment, max_segments=args.max_segments,
-        token_labels=[tokenizer.decode([i]) for i in range(cfg.vocabulary_size)],
-    )
+    layers = choose(args.layers, cfg.num_layers, "layers")
+    heads = choose(args.heads, cfg.num_heads, "heads")
+    try:
+        paths = insight.attention_report(
+            model, ids, args.out, layers=layers, heads=heads,
+            segment=args.segment, max_segments=args.max_segments,
+            token_labels=[tokenizer.decode([i]) for i in range(cfg.vocabulary_size)],
+        )
+    except ValueError as error:
+        raise _said_by_flag(error, ("segment",)) from None
     for path in paths:
         print(path)
     return 0
@@ -1247,13 +1250,23 @@ def _check_text_file(path, flag):
 
 
 def _check_workdir_folder(args):
-    """--workdir that is a file: named as such (not "not writable")."""
+    """--workdir that is a file: named as such (not "not writable", or
+    "no model in FILE/model/: train first"); --out of `txl attention` too."""
     path = getattr(args, "workdir", None)
     if path and os.path.lexists(path) and not os.path.isdir(path):
+        if args.command in ("train", "prepare"):
+            raise ValueError(
+                f"--workdir {path!r} is a file: it must be a folder (new or "
+                "existing) for the run."
+            )
         raise ValueError(
-            f"--workdir {path!r} is a file: it must be a folder (new or "
-            "existing) for the run."
-        )
+            f"--workdir {path!r} is a file: pass a training run's folder (the "
+            "--workdir of txl train).")
+    out = getattr(args, "out", None)
+    if args.command == "attention" and os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(
+            f"--out {out!r} is a file: it must be a folder (new or existing) for "
+            "the pictures.")
 
 
 def _flag_or_config(args, name):
@@ -1427,8 +1440,7 @@ def _check_paths(args):
         check_vocabulary_file(args)  # --from-official's alone
     if getattr(args, "vocabulary_file", None) is not None:
         _check_text_file(args.vocabulary_file, "--vocabulary-file")
-    if args.command in ("train", "prepare"):
-        _check_workdir_folder(args)
+    _check_workdir_folder(args)
     if args.command == "demo":
         _check_demo_arguments(args)
     if args.command == "attention":

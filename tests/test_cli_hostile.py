@@ -251,6 +251,36 @@ def test_attention_max_segments_and_binary_text(word_run, tmp_path, capsys):
             r"--text '.*bin.bin' is not UTF-8 text: byte 0xa6 at offset 3")
 
 
+def test_attention_and_reading_commands_name_a_wrong_path(word_run, tmp_path, capsys):
+    workdir, _ = word_run
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 4)
+    attention = ["attention", "--text", str(text)]
+    # --out a file: was "[Errno 17] File exists: '...'".
+    refused(capsys, [*attention, "--workdir", str(workdir), "--out", str(text)],
+            rf"--out {re.escape(repr(str(text)))} is a file: it must be a folder \(new or "
+            r"existing\) for the pictures\.$")
+    # A model folder: was "No model in .../model/model/ (train first)".
+    model_dir = str(workdir / "model")
+    refused(capsys, [*attention, "--workdir", model_dir, "--out", str(tmp_path / "p")],
+            rf"--workdir {re.escape(repr(model_dir))} is a model folder, not a training "
+            r"workdir: `txl eval/generate/export/attention --workdir` read a training run's "
+            rf"WORKDIR/model/; pass this folder as --from-preset {re.escape(repr(model_dir))} "
+            r"instead\.")
+    # --segment out of range: was "`segment` must be in ...".
+    refused(capsys, [*attention, "--workdir", str(workdir), "--out", str(tmp_path / "p"),
+                     "--segment", "99"],
+            r"--segment must be in \[0, \d+\) for this text .* received 99\.")
+    # A file as --workdir of a reading command: was "No model in FILE/model/ ...:
+    # train first".
+    for argv in (["eval"], ["generate", "--prompt", "the"],
+                 ["export", "--out", str(tmp_path / "e")], [*attention, "--out", "p"]):
+        refused(capsys, [*argv, "--workdir", str(text)],
+                rf"--workdir {re.escape(repr(str(text)))} is a file: pass a training run's "
+                r"folder \(the --workdir of txl train\)\.$")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
+
+
 def test_vocabulary_file_folder_and_binary(tmp_path, capsys, monkeypatch):
     never_train(monkeypatch)
     binary = tmp_path / "vocab.bin"

@@ -516,7 +516,8 @@ def _refuse_model_folder(workdir):
         parent = os.path.dirname(workdir.rstrip(os.sep)) or "."
         advice = f"pass the workdir that holds it, --workdir {parent!r}."
     else:
-        advice = ("`txl eval/generate/export --workdir` read a training run's WORKDIR/model/; "
+        advice = ("`txl eval/generate/export/attention --workdir` read a training run's "
+                  "WORKDIR/model/; "
                   f"pass this folder as --from-preset {workdir!r} instead.")
     raise ValueError(
         f"--workdir {workdir!r} is a model folder, not a training workdir: {advice}")

@@ -700,6 +700,24 @@ def _parse_ids(text, name):
         ) from None
 
 
+def _with_generation_memory(model, memory_length):
+    """`model` with a memory of --memory-length positions, refused with the
+    flag named when that memory alone passes what one call may hold (it
+    ended in TensorFlow's ResourceExhaustedError traceback)."""
+    from keras_txl.causal_lm import MAX_INITIAL_MEMORY_BYTES
+
+    config = model.txl_config
+    memory = 4 * config.num_layers * memory_length * config.hidden_dim
+    if memory > MAX_INITIAL_MEMORY_BYTES:
+        raise ValueError(
+            f"--memory-length {memory_length} needs a memory of {memory / 2**30:.1f} GiB "
+            f"per prompt ({config.num_layers} layers x {memory_length} x hidden "
+            f"{config.hidden_dim}, float32), more than the "
+            f"{MAX_INITIAL_MEMORY_BYTES // 2**30} GiB one call may hold: lower "
+            "--memory-length.")
+    return model.with_settings(memory_length=memory_length)
+
+
 def _generation_source(args):
     """(backend, tokenizer folder or `Tokenizer` or None) for `txl generate`."""
     if args.checkpoint is not None and not args.workdir:
@@ -711,6 +729,7 @@ def _generation_source(args):
     if memory_length is not None:
         if memory_length < 1:
             raise ValueError(f"--memory-length must be >= 1, received {memory_length}.")
+        _check_lengths(args, {"memory_length": memory_length})
         if not (args.from_official or args.workdir or args.from_hf or args.from_preset):
             raise ValueError(
                 "--memory-length applies to Keras sources (--workdir, --from-preset, "
@@ -719,12 +738,12 @@ def _generation_source(args):
     if args.from_official:
         model, tokenizer = _official_model(args)
         if memory_length is not None:
-            model = model.with_settings(memory_length=memory_length)
+            model = _with_generation_memory(model, memory_length)
         return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer
     if args.from_preset:
         model, tokenizer_dir = preset_model(args.from_preset, args.vocabulary_file)
         if memory_length is not None:
-            model = model.with_settings(memory_length=memory_length)
+            model = _with_generation_memory(model, memory_length)
         return generation.KerasBackend(model, use_cache=args.use_cache), tokenizer_dir
     if args.workdir or args.from_hf:
         if args.workdir:
@@ -741,7 +760,7 @@ def _generation_source(args):
             model_dir = args.from_hf
             model = load_hf_checkpoint(model_dir)
         if memory_length is not None:
-            model = model.with_settings(memory_length=memory_length)
+            model = _with_generation_memory(model, memory_length)
         backend = generation.KerasBackend(model, use_cache=args.use_cache)
         return backend, io.tokenizer_directory(model_dir)
     from keras_txl.export.generation import SavedModelBackend

@@ -281,6 +281,27 @@ def test_attention_and_reading_commands_name_a_wrong_path(word_run, tmp_path, ca
     assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
 
 
+def test_a_generation_memory_too_large_is_named_by_its_flag(word_run, capsys, monkeypatch):
+    # --memory-length 99999999 ended in TensorFlow's ResourceExhaustedError
+    # traceback (47.68 GiB for the tiny model's cache).
+    workdir, _ = word_run
+    argv = ["generate", "--workdir", str(workdir), "--prompt", "the", "--max-new-tokens", "2"]
+    refused(capsys, [*argv, "--memory-length", "99999999"],
+            r"--memory-length 99999999 exceeds the limit max_sequence_length=1048576")
+    from keras_txl import causal_lm
+
+    # The bytes of the memory itself: checked against the bound one call may
+    # hold (made small here: the tiny model's memory is a few MB).
+    monkeypatch.setattr(causal_lm, "MAX_INITIAL_MEMORY_BYTES", 1 << 20)
+    config = keras_txl.load_pretrained(str(workdir / "model")).txl_config
+    L, D = config.num_layers, config.hidden_dim
+    gib = 4 * L * 100_000 * D / 2**30
+    refused(capsys, [*argv, "--memory-length", "100000"],
+            rf"--memory-length 100000 needs a memory of {gib:.1f} GiB per prompt \({L} layers "
+            rf"x 100000 x hidden {D}, float32\), more than the 0 GiB one call may hold: "
+            r"lower --memory-length\.$")
+
+
 def test_vocabulary_file_folder_and_binary(tmp_path, capsys, monkeypatch):
     never_train(monkeypatch)
     binary = tmp_path / "vocab.bin"

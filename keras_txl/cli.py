@@ -1272,6 +1272,8 @@ def _check_workdir_folder(args):
     """--workdir that is a file: named as such (not "not writable", or
     "no model in FILE/model/: train first"); --out of `txl attention` too."""
     path = getattr(args, "workdir", None)
+    if args.command == "demo":
+        path = None  # said by writable_workdir, as txl train's was
     if path and os.path.lexists(path) and not os.path.isdir(path):
         if args.command in ("train", "prepare"):
             raise ValueError(

@@ -551,6 +551,11 @@ def _eval(args):
     --from-official."""
     if args.checkpoint is not None and not args.workdir:
         raise ValueError("--checkpoint needs --workdir.")
+    from keras_txl.training.run import tfds_options
+
+    # The corpus flags, checked whatever the source: without --data, --workdir
+    # scores its prepared split and they were dropped in silence.
+    tfds_options(args)
     if args.from_official is None and args.protocol is not None:
         from keras_txl.presets import eval_protocol
 

@@ -302,6 +302,21 @@ def test_a_generation_memory_too_large_is_named_by_its_flag(word_run, capsys, mo
             r"lower --memory-length\.$")
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--char-symbols", "yes"], "--char-symbols yes applies to a --data folder of "
+     "train.txt/valid.txt/test.txt (there is no --data): leave it out."),
+    (["--data-dir", "~/tensorflow_datasets"], "--data-dir applies to --data tfds:NAME only "
+     "(there is no --data): leave it out."),
+    (["--tfds-split", "valid=train[-2%:]", "--download"], "--tfds-split and --download apply "
+     "to --data tfds:NAME only (there is no --data): leave them out."),
+])
+def test_eval_workdir_corpus_flags_without_data_are_refused(tmp_path, capsys, flags, message):
+    # Without --data, txl eval --workdir scored its prepared split and
+    # dropped these in silence.
+    line = refused(capsys, ["eval", "--workdir", str(tmp_path / "never_read"), *flags], "")
+    assert line.endswith(message), line
+
+
 def test_vocabulary_file_folder_and_binary(tmp_path, capsys, monkeypatch):
     never_train(monkeypatch)
     binary = tmp_path / "vocab.bin"

@@ -415,9 +415,10 @@ def char_workdir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--segment-length", "0"], "`segment_length` must be a positive integer"),
-    (["--seed", "99999999999999999999999"], r"`seed` must be None or an integer in \[0, 2\*\*63"),
-    (["--top-k", "-1"], "`top_k`"),
+    # Named by the flag that set them, not by the Python argument.
+    (["--segment-length", "0"], "--segment-length must be a positive integer"),
+    (["--seed", "99999999999999999999999"], r"--seed must be None or an integer in \[0, 2\*\*63"),
+    (["--top-k", "-1"], "--top-k must be"),
     (["--max-new-tokens", "-2"], "`max_new_tokens`"),
 ])
 def test_txl_generate_reports_bad_arguments_before_any_output(char_workdir, capsys, flags,

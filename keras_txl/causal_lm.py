@@ -2093,6 +2093,12 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 "(one weight per row, (batch,), or per token, (batch, "
                 "segment_length)); received class_weight of "
                 f"{type(kwargs['class_weight']).__name__}.")
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (list, tuple)) and _holds_strings(validation):
+            # Keras reads a list or tuple as (x, y, sample_weight): three
+            # strings became a rank-0 x, four an unknown format. Strings are
+            # never targets nor weights: they are the texts.
+            kwargs["validation_data"] = (list(validation),)
         self._check_preprocessor_for(x, "fit()")
         if (
             isinstance(x, tf.data.Dataset)

@@ -1555,3 +1555,24 @@ def test_from_preset_stateful_alone_takes_a_stateful_presets_batch_size(tmp_path
     assert loaded.stateful and loaded.batch_size == 2
     np.testing.assert_array_equal(loaded.memory.numpy(), model.memory.numpy())
     np.testing.assert_array_equal(loaded(ids), model(ids))
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_validation_data_given_as_a_list_of_strings_is_validated_as_those_texts(count):
+    # Keras reads a list as the tuple (x, y, sample_weight): three strings
+    # became x="..." (rank 0, "must have a batch dimension"), four failed
+    # with "Data is expected to be in format `x`, `(x,)`, ...". A list of
+    # strings is the texts, as evaluate() reads it.
+    texts = ["some text here", "and another one", "a third", "the fourth one"]
+    validation = texts[:count]
+    keras.utils.set_random_seed(0)
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                  preprocessor=byte_preprocessor())
+    model.compile(optimizer=keras.optimizers.SGD(0.0))
+    history = model.fit(texts, batch_size=2, epochs=1, shuffle=False, verbose=0,
+                        validation_data=validation).history
+    expected = model.evaluate(validation, batch_size=2, verbose=0)[0]
+    np.testing.assert_allclose(history["val_loss"][0], expected, rtol=1e-6)
+    history = model.fit(texts, batch_size=2, epochs=1, shuffle=False, verbose=0,
+                        validation_data=tuple(validation)).history
+    np.testing.assert_allclose(history["val_loss"][0], expected, rtol=1e-6)

@@ -5,6 +5,7 @@ D hidden_dim, V vocabulary_size.
 """
 
 import copy
+import dataclasses
 import math
 import numbers
 import os
@@ -1548,8 +1549,14 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 alone takes a stateful preset's `batch_size`. The weights are
                 loaded into the model the files hold, which then gets
                 these settings (`with_settings`, as `load_preset` does).
-            **kwargs: passed to keras-hub (e.g. `dtype`).
+            **kwargs: `TransformerXLConfig` fields, evaluation settings
+                (`memory_length`, `clamp_length`, `same_length`, `dropout`,
+                ...) that override the preset's, as for `load_pretrained`
+                (a field the weights were trained with may be repeated, not
+                changed); the rest is passed to keras-hub (e.g. `dtype`).
         """
+        fields = {field.name for field in dataclasses.fields(TransformerXLConfig)}
+        changes = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
         stateful = kwargs.pop("stateful", None)
         batch_size = kwargs.pop("batch_size", None)
         if stateful is not None:
@@ -1589,6 +1596,13 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 or (stateful and batch_size != model.batch_size)
             ):
                 model = model.with_settings(stateful=stateful, batch_size=batch_size)
+        if changes:
+            # keras-hub passed them to the constructor, which refused them
+            # ("Unrecognized keyword arguments"): a copy with the settings,
+            # the preset's trained fields checked by `with_settings`.
+            model.txl_config.check_trained_fields(changes, f"the preset {preset!r}")
+            model = model.with_settings(stateful=model.stateful,
+                                        batch_size=model.batch_size, **changes)
         if model.preprocessor is not None:
             check_preprocessor(
                 model.preprocessor, model.txl_config.vocabulary_size, loaded=True

@@ -1576,3 +1576,27 @@ def test_validation_data_given_as_a_list_of_strings_is_validated_as_those_texts(
     history = model.fit(texts, batch_size=2, epochs=1, shuffle=False, verbose=0,
                         validation_data=tuple(validation)).history
     np.testing.assert_allclose(history["val_loss"][0], expected, rtol=1e-6)
+
+
+def test_from_preset_takes_evaluation_settings_as_load_pretrained_does(tmp_path):
+    # keras-hub's Backbone.from_preset merges config keywords into the
+    # config; the task's from_preset passed them to the constructor, which
+    # refused them ("Unrecognized keyword arguments ... {'memory_length': 7}"),
+    # although load_pretrained(preset, memory_length=...) takes them.
+    model, folder = word_preset(tmp_path)
+    ids = random_ids((2, 6), 5)
+    for stateful in (False, True):
+        loaded = TransformerXLCausalLM.from_preset(
+            str(folder), memory_length=7, clamp_length=5, dropout=0.25,
+            **({"stateful": True, "batch_size": 2} if stateful else {}))
+        assert loaded.stateful is stateful
+        config = loaded.txl_config
+        assert (config.memory_length, config.clamp_length, config.dropout) == (7, 5, 0.25)
+        assert config == model.txl_config.replace(memory_length=7, clamp_length=5, dropout=0.25)
+        assert loaded.preprocessor.tokenizer.get_vocabulary()[:2] == ["<eos>", "<unk>"]
+        expected = model.with_settings(memory_length=7, clamp_length=5, dropout=0.25)
+        np.testing.assert_array_equal(loaded.call_with_memory(ids)["log_probs"],
+                                      expected.call_with_memory(ids)["log_probs"])
+    with pytest.raises(ValueError, match=r"`hidden_dim`=16 contradicts .*hidden_dim=8"):
+        TransformerXLCausalLM.from_preset(str(folder), hidden_dim=16)
+

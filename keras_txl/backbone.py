@@ -263,7 +263,11 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
         return memory_mask
 
     def call(self, token_ids, memory=None, training=False, return_details=False,
-             memory_mask=None):
+             memory_mask=None, layer_intercept_fn=None):
+        """`layer_intercept_fn(x, index)`, keras-hub's hook of
+        `CausalLM.score`: called on the embeddings (index -1) and on each
+        block's output (0-based), its result going on in their place (into
+        the next block and the next layer's memory)."""
         cfg = self.config
         if isinstance(token_ids, dict):
             token_ids = token_ids["token_ids"]
@@ -275,6 +279,8 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
                 batch_size, cfg.num_layers, memory_length, cfg.hidden_dim
             )
         x = self._embed(token_ids, training)  # (B, T, D)
+        if layer_intercept_fn is not None:
+            x = layer_intercept_fn(x, -1)
         mask = self._attention_mask(segment_length)  # (T, K)
         if memory_mask is not None:
             mask = memory_attention_mask(mask, memory_mask)  # (B, T, K)
@@ -301,6 +307,8 @@ class TransformerXLBackbone(Backbone, metaclass=SubclassedModelType):
                 x, attention = x
                 details["attention"].append(attention)
                 details["hidden"].append(x)
+            if layer_intercept_fn is not None:
+                x = layer_intercept_fn(x, layer)
         x = self._output_dropout(x, training=training)
         # Memory is float32 whatever the compute dtype (it is exported and
         # fed back by clients).

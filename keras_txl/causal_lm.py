@@ -1021,6 +1021,60 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         memory_mask = self._memory_mask_for(memory, memory_mask, token_ids.shape[0])
         return self._forward(token_ids, memory, training, return_hidden, memory_mask)
 
+    def score(self, token_ids, padding_mask=None, scoring_mode="logits",
+              layer_intercept_fn=None, target_ids=None):
+        """keras-hub's `CausalLM.score` (as `GPT2CausalLM`'s and
+        `GemmaCausalLM`'s): the scores of each token of `token_ids`, read
+        from a zero memory (`call_with_memory` scores a segment after a
+        memory).
+
+        Args:
+            token_ids: (B, T) int, e.g. the ids `generate` returned.
+            padding_mask: (B, T) or None. As in keras-hub it changes no
+                score: attention is causal, so the padding at the end of
+                a row is never attended to by the tokens before it.
+            scoring_mode: "logits" or "loss".
+            layer_intercept_fn: None or `fn(x, index)` returning x: called
+                on the (B, T, D) embeddings (index -1) and each block's
+                output (0-based index), its result used in their place.
+            target_ids: (B, T) int target of each position (required with
+                "loss"), e.g. `ops.roll(token_ids, -1, axis=1)`.
+
+        Returns:
+            "logits": (B, T, V) float32 log-probabilities (a softmax of
+            them gives the same probabilities as of logits); "loss":
+            (B, T) float32 negative log-likelihood of each target.
+        """
+        if scoring_mode not in ("logits", "loss"):
+            raise ValueError(
+                "`scoring_mode` must be 'logits' or 'loss', received "
+                f"scoring_mode={scoring_mode!r}.")
+        if scoring_mode == "loss" and target_ids is None:
+            raise ValueError(
+                "`target_ids` must be given with scoring_mode='loss': the "
+                "(batch, segment_length) id each position's loss is scored "
+                "against, e.g. keras.ops.roll(token_ids, -1, axis=1).")
+        if layer_intercept_fn is not None and not callable(layer_intercept_fn):
+            raise ValueError(
+                "`layer_intercept_fn` must be None or a function fn(x, index) "
+                f"returning x, received {type(layer_intercept_fn).__name__}.")
+        token_ids = self._check_token_ids(token_ids)
+        if padding_mask is not None:
+            shape = tuple(ops.shape(padding_mask))
+            if shape != tuple(token_ids.shape):
+                raise ValueError(
+                    "`padding_mask` must have the (batch, segment_length) shape of "
+                    f"`token_ids`, {tuple(token_ids.shape)}, received shape {shape}.")
+        hidden, _ = self.backbone(
+            token_ids, None, training=False,
+            memory_mask=self.backbone.resolve_memory_mask(
+                None, None, ops.shape(token_ids)[0]),
+            layer_intercept_fn=layer_intercept_fn)
+        if scoring_mode == "logits":
+            return self.log_probs_from_hidden(hidden)
+        target_ids = self._check_targets(target_ids, tuple(token_ids.shape), "token_ids")
+        return self.nll_from_hidden(hidden, target_ids)
+
     def _forward(self, token_ids, memory, training=False, return_hidden=False,
                  memory_mask=None):
         """`call_with_memory` on checked arguments."""

@@ -1600,3 +1600,47 @@ def test_from_preset_takes_evaluation_settings_as_load_pretrained_does(tmp_path)
     with pytest.raises(ValueError, match=r"`hidden_dim`=16 contradicts .*hidden_dim=8"):
         TransformerXLCausalLM.from_preset(str(folder), hidden_dim=16)
 
+
+def test_score_gives_keras_hubs_logits_and_losses_with_its_layer_hook():
+    # GPT2CausalLM and GemmaCausalLM have keras-hub's score(); ours had
+    # none (AttributeError).
+    model = generation_model()
+    ids = np.stack([random_ids((10,), 31, seed=1), random_ids((10,), 31, seed=2)])
+    expected = np.asarray(model.call_with_memory(ids)["log_probs"])
+    logits = np.asarray(model.score(ids, padding_mask=np.ones((2, 10), bool)))
+    np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=1e-6)
+    targets = np.roll(ids, -1, axis=1)
+    losses = np.asarray(model.score(ids, scoring_mode="loss", target_ids=targets))
+    picked = -np.take_along_axis(expected, targets[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(losses, picked, rtol=1e-5, atol=1e-5)
+    # The hook: every activation in order; what it returns goes on.
+    seen = []
+    same = model.score(ids, layer_intercept_fn=lambda x, i: seen.append(i) or x)
+    assert seen == [-1] + list(range(model.txl_config.num_layers))
+    np.testing.assert_allclose(np.asarray(same), expected, rtol=1e-6, atol=1e-6)
+    changed = model.score(ids, layer_intercept_fn=lambda x, i: x * 0 if i == 0 else x)
+    assert np.abs(np.asarray(changed) - expected).max() > 1e-3
+    # keras-hub's example: gradients of the losses with respect to the embeddings.
+    embeddings = {}
+
+    def watch(x, i):
+        if i == -1:
+            tape.watch(x)
+            embeddings["x"] = x
+        return x
+
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(model.score(ids, scoring_mode="loss", target_ids=targets,
+                                          layer_intercept_fn=watch))
+    gradient = tape.gradient(total, embeddings["x"])
+    assert gradient.shape == (2, 10, model.txl_config.hidden_dim)
+    assert np.abs(gradient.numpy()).max() > 0
+    for kwargs, message in (
+            ({"scoring_mode": "probs"}, "`scoring_mode` must be 'logits' or 'loss'"),
+            ({"scoring_mode": "loss"}, "`target_ids` must be given with scoring_mode='loss'"),
+            ({"scoring_mode": "loss", "target_ids": targets[:, :4]},
+             r"`targets` must have the \(batch, segment_length\) shape"),
+            ({"padding_mask": np.ones((2, 3), bool)}, "`padding_mask` must have the"),
+            ({"layer_intercept_fn": 3}, "`layer_intercept_fn` must be None or a function")):
+        with pytest.raises(ValueError, match=message):
+            model.score(ids, **kwargs)

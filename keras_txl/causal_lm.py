@@ -339,6 +339,34 @@ def _check_targets_and_weights(x, y, sample_weight, vocabulary_size, token_loss,
                 f"{weights[~np.isfinite(weights)][0]}.")
 
 
+def _check_targets_given(x, y, name="x"):
+    """Token ids `fit` / `evaluate` read without their targets (the next
+    token of each position), refused by name: TensorFlow failed in the
+    loss with "None values not supported." Strings make their own; a
+    generator or a Keras PyDataset cannot be looked into."""
+    if y is not None or x is None or _reads_strings(x):
+        return
+    hint = ("`model.preprocessor(texts)` returns x, y and sample_weight; "
+            "`preprocessor.ordered_segments(texts, batch_size)` and "
+            "`keras_txl.training.data.lm_dataset` give (x, y) batches")
+    if isinstance(x, tf.data.Dataset):
+        spec = x.element_spec
+        if isinstance(spec, tuple):
+            if len(spec) != 1:
+                return
+            spec = spec[0]
+        if _is_string_spec(spec):
+            return
+        raise ValueError(
+            f"`{name}` is a tf.data.Dataset of token ids without targets: its "
+            "elements must be (x, y) or (x, y, sample_weight), y the next token "
+            f"of each position ({hint}); received elements of {spec}.")
+    if isinstance(x, (dict, list, np.ndarray)) or tf.is_tensor(x):
+        raise ValueError(
+            f"`y` must hold the targets when `{name}` is token ids: the next "
+            f"token of each position, of the ids' shape ({hint}); received y=None.")
+
+
 def _check_validation_data(validation):
     if isinstance(validation, tuple) and 2 <= len(validation) <= 3:
         for i, value in enumerate(validation):
@@ -1407,6 +1435,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
         ignore_class = getattr(losses[0], "_fn_kwargs", {}).get("ignore_class") \
             if token_loss else None
         checked = [((x, y, sample_weight), ("x", "y", "sample_weight"))]
+        if losses:
+            _check_targets_given(x, y)
+            if isinstance(validation, tf.data.Dataset):
+                _check_targets_given(validation, None, "validation_data")
         if isinstance(validation, tuple) and 2 <= len(validation) <= 3:
             given = (*validation, None)[:3]
             checked.append((given, tuple(f"validation_data[{i}]" for i in range(3))))

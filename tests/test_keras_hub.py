@@ -1644,3 +1644,29 @@ def test_score_gives_keras_hubs_logits_and_losses_with_its_layer_hook():
             ({"layer_intercept_fn": 3}, "`layer_intercept_fn` must be None or a function")):
         with pytest.raises(ValueError, match=message):
             model.score(ids, **kwargs)
+
+
+def test_token_ids_without_targets_are_refused_naming_y():
+    # Ids (the preprocessor's dict, an array, a dataset of them) without
+    # their targets failed deep in the loss with TensorFlow's "None values
+    # not supported."
+    texts = ["some text here", "and another one", "a third", "the fourth one"]
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                  preprocessor=byte_preprocessor())
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    x, y, w = model.preprocessor(texts)
+    for call in (model.fit, model.evaluate):
+        for data in (x, x["token_ids"], np.asarray(x["token_ids"])):
+            with pytest.raises(ValueError, match="`y` must hold the targets"):
+                call(data, verbose=0)
+        for data in (tf.data.Dataset.from_tensor_slices(x).batch(2),
+                     tf.data.Dataset.from_tensor_slices((x["token_ids"],)).batch(2)):
+            with pytest.raises(ValueError, match=r"elements must be \(x, y\)"):
+                call(data, verbose=0)
+    with pytest.raises(ValueError, match=r"`validation_data` .*elements must be \(x, y\)"):
+        model.fit(x, y, validation_data=tf.data.Dataset.from_tensor_slices(x).batch(2),
+                  verbose=0)
+    # With them (and strings, which make their own) it trains as before.
+    model.fit(x, y, sample_weight=w, batch_size=2, verbose=0)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(2), verbose=0)
+    model.fit(texts, batch_size=2, verbose=0)

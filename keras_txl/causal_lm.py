@@ -367,6 +367,23 @@ def _check_targets_given(x, y, name="x"):
             f"token of each position, of the ids' shape ({hint}); received y=None.")
 
 
+def _check_batched_texts(x, name="x"):
+    """A tf.data.Dataset of single strings (rank 0) given to a model
+    without state, where each string is one sample: refused by name, as
+    Keras reads a dataset's elements as batches (single strings failed
+    with "Cannot take the length of shape with unknown rank")."""
+    if not isinstance(x, tf.data.Dataset):
+        return
+    spec = x.element_spec
+    if isinstance(spec, tuple) and spec:
+        spec = spec[0]
+    if _is_string_spec(spec) and spec.shape.rank == 0:
+        raise ValueError(
+            f"`{name}` is a tf.data.Dataset of single strings, but Keras reads a "
+            "dataset's elements as batches (each string is one sample of a model "
+            f"without state): batch it, `{name}.batch(batch_size)`.")
+
+
 def _check_validation_data(validation):
     if isinstance(validation, tuple) and 2 <= len(validation) <= 3:
         for i, value in enumerate(validation):
@@ -1404,6 +1421,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 lambda inputs, targets: inputs)
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
             return keras.Model.predict(self, segments, None, *args, **kwargs)
+        if not self.stateful:
+            _check_batched_texts(x)
         _check_in_memory_data(x)
         batch_size = self._check_stateful_data(x, batch_size, "predicts")
         return super().predict(x, batch_size, *args, **kwargs)
@@ -1419,6 +1438,8 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             x = self._ordered_segments(x, "evaluate()")
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ResetMemory()]
             return keras.Model.evaluate(self, x, None, None, *args, **kwargs)
+        if not self.stateful:
+            _check_batched_texts(x)
         if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         _check_in_memory_data(x, y, kwargs.get("sample_weight"))
@@ -2243,6 +2264,9 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
                 kwargs["validation_data"] = self._ordered_segments(
                     validation, "validation")
             return keras.Model.fit(self, x, **kwargs)
+        if not self.stateful:
+            _check_batched_texts(x)
+            _check_batched_texts(kwargs.get("validation_data"), "validation_data")
         if _reads_strings(x):
             _nothing_made_by_the_preprocessor(sample_weight=kwargs.get("sample_weight"))
         _check_in_memory_data(x, y, kwargs.get("sample_weight"))

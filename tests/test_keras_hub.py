@@ -1670,3 +1670,22 @@ def test_token_ids_without_targets_are_refused_naming_y():
     model.fit(x, y, sample_weight=w, batch_size=2, verbose=0)
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(2), verbose=0)
     model.fit(texts, batch_size=2, verbose=0)
+
+
+def test_an_unbatched_dataset_of_strings_is_refused_saying_batch_it():
+    # Without state each string is one sample: single strings failed with
+    # "Cannot take the length of shape with unknown rank" (fit, evaluate)
+    # or a rank error on a (8,) token_ids (predict).
+    texts = ["some text here", "and another one", "a third"]
+    model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                  preprocessor=byte_preprocessor())
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    single = tf.data.Dataset.from_tensor_slices(texts)
+    for call in (model.fit, model.evaluate, model.predict):
+        for data in (single, single.map(lambda t: (t,))):
+            with pytest.raises(ValueError, match=r"`x` is a tf.data.Dataset of single "
+                                                 r"strings.*\.batch\(batch_size\)"):
+                call(data, verbose=0)
+    with pytest.raises(ValueError, match=r"`validation_data` is a tf.data.Dataset of single"):
+        model.fit(single.batch(2), validation_data=single, verbose=0)
+    assert model.predict(single.batch(2), verbose=0).shape == (3, 8, 256)

@@ -2220,6 +2220,10 @@ class TransformerXLCausalLM(CausalLM, metaclass=SubclassedModelType):
             # strings became a rank-0 x, four an unknown format. Strings are
             # never targets nor weights: they are the texts.
             kwargs["validation_data"] = (list(validation),)
+        if kwargs.get("validation_split") and isinstance(x, (list, tuple)) and _holds_strings(x):
+            # Keras splits arrays only ("`validation_split` is only supported
+            # for Tensors or NumPy arrays"): the same strings as one.
+            x = np.asarray(x)
         self._check_preprocessor_for(x, "fit()")
         if (
             isinstance(x, tf.data.Dataset)

@@ -1689,3 +1689,20 @@ def test_an_unbatched_dataset_of_strings_is_refused_saying_batch_it():
     with pytest.raises(ValueError, match=r"`validation_data` is a tf.data.Dataset of single"):
         model.fit(single.batch(2), validation_data=single, verbose=0)
     assert model.predict(single.batch(2), verbose=0).shape == (3, 8, 256)
+
+
+def test_validation_split_takes_a_list_of_strings_as_an_array_of_them():
+    # Keras' split takes arrays only: a list of strings failed with
+    # "`validation_split` is only supported for Tensors or NumPy arrays",
+    # the same strings as an array passed.
+    texts = ["some text here", "and another one", "a third", "the fourth one", "fifth"]
+    histories = []
+    for data in (texts, np.asarray(texts)):
+        keras.utils.set_random_seed(0)
+        model = TransformerXLCausalLM(tiny_config(vocabulary_size=256),
+                                      preprocessor=byte_preprocessor())
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        histories.append(model.fit(data, validation_split=0.4, batch_size=2, epochs=2,
+                                   verbose=0).history)
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-6)

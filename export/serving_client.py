@@ -277,6 +277,7 @@ class RestTransport:
             raise ValueError(
                 f"`retries` must be an integer >= 0. Received: retries={retries!r}."
             )
+        _check_model_name(model_name)
         self.url = url.rstrip("/")
         self.model_name = model_name
         self.version = version
@@ -428,6 +429,29 @@ def _check_number(name, value, positive=False, most=None):
         raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}.")
 
 
+def _check_model_name(model_name):
+    """The served model's name, which goes into the REST URL's path
+    (`/v1/models/NAME`) and the gRPC request: `a/b` or `a?b` reached
+    another URL than the model's, and the server answered about that."""
+    if (not isinstance(model_name, str) or not model_name
+            or any(c in model_name for c in "/?#%") or model_name != model_name.strip()
+            or any(c.isspace() for c in model_name)):
+        raise ValueError(
+            "`model_name` must be the served model's name (TF Serving's --model_name: no "
+            f"'/', '?', '#', '%' or spaces). Received: model_name={model_name!r}.")
+
+
+def _check_grpc_target(target):
+    """HOST:PORT: without a port gRPC connects to 443, where no TF Serving
+    listens by default (its gRPC port is 8500), and the call then failed
+    as UNAVAILABLE after the whole timeout."""
+    if not isinstance(target, str) or ":" not in target or target.endswith(":"):
+        raise ValueError(
+            "`target` must be HOST:PORT, such as 'localhost:8500' (TF Serving's gRPC "
+            "port is 8500 by default; without a port gRPC would connect to 443). "
+            f"Received: target={target!r}.")
+
+
 # --- gRPC -----------------------------------------------------------------------
 
 
@@ -450,6 +474,9 @@ class GrpcTransport:
                  backoff=0.5):
         import grpc
 
+        _check_model_name(model_name)
+        if channel is None:
+            _check_grpc_target(target)
         _check_number("timeout", timeout, positive=True, most=MAX_TIMEOUT_SECONDS)
         _check_number("backoff", backoff)
         if (isinstance(retries, bool) or not isinstance(retries, numbers.Integral)

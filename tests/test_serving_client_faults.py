@@ -317,3 +317,21 @@ def test_an_empty_memory_over_rest_is_said_not_misread():
     with pytest.raises(ServingError, match="exported with memory_length=0.*Use gRPC"):
         client.reset(batch_size=1)
     assert client.memory is None
+
+
+def test_a_grpc_target_without_a_port_and_a_model_name_that_is_no_name_are_refused():
+    # `--grpc localhost` connected to port 443 and failed as UNAVAILABLE after
+    # the whole timeout; `--model-name a/b` went into the REST URL's path.
+    from keras_txl.export.serving_client import GrpcTransport
+
+    for target in ("localhost", "127.0.0.1", "localhost:", 8500):
+        with pytest.raises(ValueError, match=r"`target` must be HOST:PORT, such as "
+                           r"'localhost:8500' .*Received: target="):
+            GrpcTransport(target)
+    GrpcTransport("127.0.0.1:1", timeout=1).close()
+    for name in ("a/b", "a?b", "", " txl", "my model", None):
+        with pytest.raises(ValueError, match=r"`model_name` must be the served model's name"):
+            RestTransport("http://127.0.0.1:1", name)
+        with pytest.raises(ValueError, match=r"`model_name` must be the served model's name"):
+            GrpcTransport("127.0.0.1:1", name)
+    assert RestTransport("http://127.0.0.1:1", "txl-v2.small_1").model_name == "txl-v2.small_1"

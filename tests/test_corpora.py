@@ -628,6 +628,23 @@ def _official_symbol_ids(folder):
     return idx2sym, {s: [sym2idx[t] for line in lines[s] for t in line] for s in lines}
 
 
+def _assert_reference_ids(corpus, folder, workdir, vocabulary, ids):
+    """`corpus`'s tokenizer, and `txl prepare`'s streamed vocabulary and
+    shards of `folder`, give the reference's `vocabulary` and `ids` (per
+    split); returns the tokenizer."""
+    from keras_txl.training.run import prepare_data
+
+    tokenizer = corpus.build_tokenizer()
+    assert tokenizer.vocabulary == vocabulary
+    for split in corpora.SPLITS:
+        assert tokenizer.encode(corpus.split(split)).tolist() == ids[split]
+    prepared, shards = prepare_data(str(folder), str(workdir))
+    assert prepared.vocabulary == vocabulary
+    for split in corpora.SPLITS:
+        assert np.asarray(shards[split]).tolist() == ids[split]
+    return tokenizer
+
+
 def _official_prep(folder, data, dataset):
     """`prep_enwik8.py` / `prep_text8.py` on `data` (bytes / str), with the
     last `len(data) // 20` for test and the same before it for valid (their
@@ -660,18 +677,8 @@ def test_symbol_files_get_the_reference_ids_and_vocabulary(tmp_path, dataset):
     vocabulary, ids = _official_symbol_ids(folder)
     corpus = corpora.load_corpus(folder)
     assert corpus.layout == "char-symbols"
-    tokenizer = corpus.build_tokenizer()
-    assert tokenizer.vocabulary == vocabulary
+    tokenizer = _assert_reference_ids(corpus, folder, tmp_path / "w", vocabulary, ids)
     assert tokenizer.unk_id is None and tokenizer.eos_id is None
-    for split in corpora.SPLITS:
-        assert tokenizer.encode(corpus.split(split)).tolist() == ids[split]
-    # txl prepare's streamed vocabulary and shards: the same ids.
-    from keras_txl.training.run import prepare_data
-
-    prepared, shards = prepare_data(str(folder), str(tmp_path / "w"))
-    assert prepared.vocabulary == vocabulary
-    for split in corpora.SPLITS:
-        assert np.asarray(shards[split]).tolist() == ids[split]
     # A vocabulary cut by the caller needs an id for the symbols left out:
     # '<unk>', last, the other ids unchanged.
     cut = corpus.build_tokenizer(max_size=4)
@@ -713,17 +720,8 @@ def test_wikitext_gets_the_reference_ids(tmp_path):
     vocabulary, ids = _official_wikitext_ids(folder)
     assert vocabulary.index("<unk>") == 3
     corpus = corpora.load_corpus(folder)
-    tokenizer = corpus.build_tokenizer()
-    assert tokenizer.vocabulary == vocabulary
+    tokenizer = _assert_reference_ids(corpus, folder, tmp_path / "w", vocabulary, ids)
     assert (tokenizer.eos_id, tokenizer.unk_id) == (0, 3)
-    for split in corpora.SPLITS:
-        assert tokenizer.encode(corpus.split(split)).tolist() == ids[split]
-    from keras_txl.training.run import prepare_data
-
-    prepared, shards = prepare_data(str(folder), str(tmp_path / "w"))
-    assert prepared.vocabulary == vocabulary
-    for split in corpora.SPLITS:
-        assert np.asarray(shards[split]).tolist() == ids[split]
     # Text without '<unk>' (the reference would have no unknown word): the
     # other ids are the reference's and '<unk>' comes last, also when a
     # --vocab-size cuts the vocabulary.

@@ -131,8 +131,9 @@ def main(argv=None):
                                ("--eval-memory", args.eval_memory, 0),
                                ("--eval-segment", args.eval_segment, 1),
                                ("--eval-batch", args.eval_batch, 1),
-                               ("--eval-steps", args.eval_steps, 3)):
-        if value < least:
+                               ("--eval-steps", args.eval_steps, 3),
+                               ("--num-layers", args.num_layers, 1)):
+        if value is not None and value < least:
             parser.error(f"{flag} must be >= {least}; received {value}")
     if args.cutoffs is not None and not all(
             c.strip().isdigit() for c in args.cutoffs.split(",")):

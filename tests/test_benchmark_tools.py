@@ -76,6 +76,7 @@ def test_attention_matmuls_reports_each_product_and_mode(capsys):
 @pytest.mark.parametrize("benchmark, argv, message", [
     ("adaptive_nll", ["--rows", "0"], "--rows must be >= 1; received 0"),
     ("adaptive_nll", ["--eval-steps", "2"], "--eval-steps must be >= 3; received 2"),
+    ("adaptive_nll", ["--num-layers", "0"], "--num-layers must be >= 1; received 0"),
     ("adaptive_nll", ["--cutoffs", "200;400"],
      "--cutoffs must be comma-separated positive integers"),
     ("adaptive_nll", ["--modes", "xla,fast"],
